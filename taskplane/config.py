@@ -1,0 +1,161 @@
+"""Configuration: the gateway's YAML file (pools, replicas, tenants, scheduler) and the
+``TASKPLANE_*`` settings.
+
+Precedence is flags, then environment variables, then the file. Every loader error is a
+``ConfigError`` whose message names the file, the field and what to do about it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from taskplane.context import Priority
+from taskplane.errors import ConfigError
+
+GpuName = Literal["h100", "h200", "b200", "l40s", "a100", "cpu"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplicaConfig(_Strict):
+    url: str = Field(description="Base URL of an OpenAI-compatible vLLM server, e.g. http://10.0.0.5:8000")
+    gpu: GpuName = Field(default="h100", description="GPU generation; sets the timing model and default price")
+    kv_events: str | None = Field(default=None, description="ZMQ endpoint of vLLM's KV-event publisher")
+    cost_per_hour_usd: float | None = Field(default=None, ge=0, description="price; default from the price book")
+    name: str | None = Field(default=None, description="stable replica name; default derived from the URL")
+    metrics_url: str | None = Field(default=None, description="Prometheus endpoint; default URL + /metrics")
+    kv_blocks: int | None = Field(default=None, ge=1, description="KV blocks; default read from /metrics")
+    block_size: int | None = Field(default=None, ge=1, description="tokens per KV block; default from /metrics")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+    @property
+    def replica_name(self) -> str:
+        return self.name or self.url.split("://", 1)[1]
+
+
+class PoolConfig(_Strict):
+    model: str = Field(description="model name clients ask for")
+    fallback: str | None = Field(default=None, description="a cheaper model calls may be moved to")
+    max_context_tokens: int = Field(default=8192, ge=1, description="prompt + completion limit")
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    discovery: dict[str, Any] | None = Field(
+        default=None, description="Kubernetes endpoint discovery instead of a static replica list"
+    )
+
+
+class TenantConfig(_Strict):
+    id: str
+    api_key_sha256: str | None = Field(default=None, description="hex sha256 of the tenant's API key")
+    max_priority: Priority = Field(default=Priority.STANDARD, description="highest priority the tenant may ask for")
+    weight: float = Field(default=1.0, gt=0, description="fair-share weight inside a priority band")
+    excluded_gpus: list[GpuName] = Field(default_factory=list, description="GPU generations never used")
+    max_concurrent: int = Field(default=256, ge=1, description="concurrent requests in flight")
+
+
+class PluginConfig(_Strict):
+    type: str = Field(description="registered plugin type name")
+    weight: float = Field(default=1.0, ge=0, description="scorer weight; ignored for filters")
+    params: dict[str, Any] = Field(default_factory=dict, description="plugin-specific settings")
+
+
+class SchedulerConfig(_Strict):
+    policy: str = Field(default="taskplane", description="a named policy preset (see taskplane.scheduler.policies)")
+    filters: list[PluginConfig] | None = Field(default=None, description="override the preset's filters")
+    scorers: list[PluginConfig] | None = Field(default=None, description="override the preset's scorers")
+    seed: int = Field(default=0, description="tie-break seed of the picker")
+    admission: bool = Field(default=True, description="priority admission queue and shedding")
+    response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_tokens: int = Field(default=8192, ge=1)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class GatewayConfig(_Strict):
+    pools: list[PoolConfig] = Field(min_length=1)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    auth: bool = Field(default=True, description="require tenant API keys (off under `taskplane dev`)")
+    admin_token_sha256: str | None = Field(default=None, description="sha256 of the admin token for /admin and /reports")
+    database_url: str | None = Field(default=None, description="postgresql+asyncpg:// URL for cost rows")
+    outbox_dir: str | None = Field(default=None, description="durable outbox for cost rows while Postgres is down")
+
+    def pool_for(self, model: str) -> PoolConfig | None:
+        for pool in self.pools:
+            if pool.model == model:
+                return pool
+        return None
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        for t in self.tenants:
+            if t.id == tenant_id:
+                return t
+        return None
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_gateway_config(path: str | Path) -> GatewayConfig:
+    """Load and validate the gateway YAML; raise ``ConfigError`` with one clear line on failure."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"gateway config {p}: no such file; pass --config with a YAML file (see README)")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"gateway config {p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_gateway_config(data, source=str(p))
+
+
+def parse_gateway_config(data: Any, *, source: str = "config") -> GatewayConfig:
+    """Validate already-parsed YAML data."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"gateway config {source}: expected a mapping with 'pools:' at the top")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"gateway config {source}: {_describe(exc)}") from None
+
+
+class Settings(BaseSettings):
+    """Process-wide settings from ``TASKPLANE_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="TASKPLANE_", extra="ignore")
+
+    database_url: str | None = None
+    temporal_address: str | None = None
+    temporal_namespace: str = "default"
+    gateway_url: str | None = None
+    state_dir: str = ".taskplane"
+    log_level: str = "info"
+
+
+def settings() -> Settings:
+    return Settings()
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("TASKPLANE_STATE_DIR", ".taskplane")).resolve()

@@ -1,0 +1,1 @@
+"""Postgres: models, migrations runner, idempotent writers with a durable outbox."""

@@ -1,0 +1,75 @@
+"""Plain records of what happened: one per LLM call attempt and one per task.
+
+The gateway, the workflows and the cluster simulator all produce these, so one report
+code reads both live Postgres rows and simulated runs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class Outcome(StrEnum):
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    SHED = "shed"
+    CACHED = "cached"  # served from the exact response cache; no GPU time
+
+
+class TaskStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    FAILED_DEADLINE = "failed-deadline"
+    CANCELLED = "cancelled"
+
+
+class AttemptRecord(BaseModel):
+    """One LLM call attempt. ``attempt_key`` is unique: writing it twice is a no-op."""
+
+    attempt_key: str = Field(description="call id + gateway try; the idempotency key")
+    task_id: str | None = None
+    step: int | None = None
+    attempt: int = 1
+    session_id: str | None = None
+    tenant: str = "default"
+    agent: str | None = None
+    model_requested: str
+    model_served: str | None = None
+    replica: str | None = None
+    gpu: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    gpu_seconds: float = 0.0
+    price_version: int | None = None
+    cost_usd: float = 0.0
+    outcome: Outcome = Outcome.SUCCESS
+    error_type: str | None = None
+    started_at: datetime
+
+
+class TaskRecord(BaseModel):
+    """One agent task (a Temporal workflow). Upserted at start and at end."""
+
+    task_id: str
+    agent: str
+    tenant: str = "default"
+    priority: str = "standard"
+    status: TaskStatus = TaskStatus.RUNNING
+    deadline: datetime | None = None
+    deadline_met: bool | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    cost_usd: float = 0.0
+    attempts: int = 0
+    retries: int = 0
+    error: str | None = None
