@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taskplane.context import Priority
@@ -47,12 +47,76 @@ class ReplicaConfig(_Strict):
         return self.name or self.url.split("://", 1)[1]
 
 
+class DiscoveryConfig(_Strict):
+    """Where a pool's replicas come from in Kubernetes (see taskplane.engines.discovery).
+
+    ``source: endpointslices`` (default) follows the EndpointSlices of ``service`` (a
+    headless Service over the vLLM pods); ``source: pods`` follows the pods matching
+    ``label_selector``. Only ready endpoints become replicas; scale-ups and scale-downs
+    reach the gateway without a restart.
+    """
+
+    source: Literal["endpointslices", "pods"] = Field(
+        default="endpointslices", description="follow a Service's EndpointSlices, or labelled pods"
+    )
+    namespace: str | None = Field(
+        default=None, description="namespace to watch; default: the gateway pod's own namespace"
+    )
+    service: str | None = Field(
+        default=None, description="Service whose EndpointSlices list the replicas (source endpointslices)"
+    )
+    label_selector: str | None = Field(
+        default=None,
+        description="Kubernetes label selector, e.g. 'taskplane.io/pool=llama-3-1-8b'; required for "
+        "source pods, an extra filter on the EndpointSlices otherwise",
+    )
+    port: int | str = Field(
+        default="http", description="port name (or number) of the OpenAI-compatible server"
+    )
+    kv_events_port: int | str | None = Field(
+        default="kv-events", description="port name (or number) of vLLM's ZMQ KV-event publisher; null: none"
+    )
+    scheme: Literal["http", "https"] = Field(default="http", description="scheme of the replica URLs")
+    gpu: GpuName = Field(default="h100", description="GPU generation of the discovered replicas")
+    gpu_label: str = Field(
+        default="taskplane.io/gpu", description="pod label that overrides gpu per pod (source pods)"
+    )
+    cost_per_hour_usd: float | None = Field(
+        default=None, ge=0, description="price per replica-hour; default from the price book"
+    )
+    api_url: str | None = Field(
+        default=None,
+        description="Kubernetes API base URL; default: in-cluster (KUBERNETES_SERVICE_HOST/PORT)",
+    )
+    token_file: str | None = Field(
+        default=None, description="bearer token file; default: the pod's service account token"
+    )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle for the API server; default: the service account's ca.crt"
+    )
+    watch: bool = Field(default=True, description="stream changes with watch=1; false: list every poll_interval_s")
+    poll_interval_s: float = Field(
+        default=5.0, gt=0, description="list period without watch; retry delay after an error"
+    )
+    watch_timeout_s: int = Field(
+        default=300, ge=1, description="timeoutSeconds of one watch request before it is renewed"
+    )
+
+    @model_validator(mode="after")
+    def _target(self) -> DiscoveryConfig:
+        if self.source == "endpointslices" and not (self.service or self.label_selector):
+            raise ValueError("discovery needs 'service' (or 'label_selector') for source endpointslices")
+        if self.source == "pods" and not self.label_selector:
+            raise ValueError("discovery with source pods needs 'label_selector'")
+        return self
+
+
 class PoolConfig(_Strict):
     model: str = Field(description="model name clients ask for")
     fallback: str | None = Field(default=None, description="a cheaper model calls may be moved to")
     max_context_tokens: int = Field(default=8192, ge=1, description="prompt + completion limit")
     replicas: list[ReplicaConfig] = Field(default_factory=list)
-    discovery: dict[str, Any] | None = Field(
+    discovery: DiscoveryConfig | None = Field(
         default=None, description="Kubernetes endpoint discovery instead of a static replica list"
     )
 
