@@ -28,6 +28,7 @@ class ReplicaView:
     inflight_prefill_tokens: int = 0  # prompt tokens queued/being prefilled (gateway's own count)
     inflight_decode_tokens: int = 0  # completion tokens still to generate
     has_kv_events: bool = False
+    max_num_seqs: int = 256  # the engine's batch limit (vLLM --max-num-seqs)
 
 
 @dataclass(slots=True)
@@ -48,6 +49,10 @@ class CallRequest:
     sunk_cost_usd: float = 0.0
     allow_fallback: bool = False
     now_s: float = 0.0  # decision time (wall or virtual), seconds
+    agent: str | None = None  # agent name: session-pin TTLs are learned per agent
+    call_id: str | None = None  # stable id of the call (correlates decide/observe_completion)
+    block_size: int = 16  # tokens per block used to compute block_hashes
+    tokenized: bool = True  # False: block_hashes are text_chain_hashes (approximate index only)
 
 
 class Action(StrEnum):
@@ -69,3 +74,22 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)  # plugin -> score of the chosen replica
     reason: str = ""
     retry_after_s: float | None = None
+    gpu: str | None = None  # GPU generation of the chosen replica
+    predicted_queue_ms: float | None = None
+    session_moved: bool = False  # the session's pin was broken and it moved to this replica
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    """What happened to a placed call; feeds the latency model, session pins and fairness."""
+
+    replica: str
+    ok: bool = True  # False: the replica failed the call (pins to it are broken)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    completion_tokens: int = 0
+    queue_s: float = 0.0  # time held in the admission queue
+    ttft_s: float | None = None  # dispatch to first token (engine queue + prefill)
+    total_s: float | None = None  # dispatch to last token
+    batch_size: int | None = None  # running requests on the replica while decoding, if known
+    cold_start_s: float | None = None  # weight-load time paid by this call, if any

@@ -1,0 +1,74 @@
+"""Chained block hashes of a token sequence, the key of every KV lookup.
+
+The gateway hashes a prompt's tokens and the KV index hashes the tokens carried by vLLM's
+``BlockStored`` events with this same function, so the two meet without trusting vLLM's own
+hashes (which are seeded per process). A block's hash covers its parent's hash, so equal
+hashes mean equal *prefixes*, not just equal blocks. Only full blocks are hashed: vLLM
+caches only full blocks.
+
+blake2b with an 8-byte digest is deterministic across processes and machines (unlike
+Python's ``hash()``) and costs about half a microsecond per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+#: Parent hash of a sequence's first block (a fixed constant, so every process agrees).
+ROOT: int = int.from_bytes(hashlib.blake2b(b"taskplane/kv-root/v1", digest_size=8).digest(), "little")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _token_bytes(tokens: Sequence[int]) -> bytes:
+    """Tokens as little-endian int64 bytes (packed in C: struct for lists, numpy for arrays)."""
+    if isinstance(tokens, np.ndarray):
+        return np.ascontiguousarray(tokens, dtype="<i8").tobytes()
+    return struct.pack(f"<{len(tokens)}q", *tokens)
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
+    """Chained 64-bit hashes of the full blocks of ``tokens``.
+
+    ``hashes[i]`` identifies ``tokens[: (i + 1) * block_size]`` following ``parent`` (pass the
+    last hash of an earlier call to continue a chain). A trailing partial block is ignored.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    n_full = len(tokens) // block_size
+    if n_full == 0:
+        return []
+    raw = _token_bytes(tokens[: n_full * block_size])
+    step = block_size * 8
+    blake = hashlib.blake2b
+    out: list[int] = []
+    h = parent & _MASK64
+    for i in range(n_full):
+        digest = blake(h.to_bytes(8, "little") + raw[i * step : (i + 1) * step], digest_size=8).digest()
+        h = int.from_bytes(digest, "little")
+        out.append(h)
+    return out
+
+
+def text_chain_hashes(text: str, chars_per_block: int = 64, parent: int = ROOT) -> list[int]:
+    """Chained hashes of fixed-size character chunks, for when no tokenizer is configured.
+
+    These live in a different hash space from token hashes, so only the approximate index
+    (the gateway's own routing history) can match them; set ``CallRequest.tokenized=False``.
+    """
+    if chars_per_block <= 0:
+        raise ValueError(f"chars_per_block must be positive, got {chars_per_block}")
+    data = text.encode("utf-8")
+    n_full = len(data) // chars_per_block
+    blake = hashlib.blake2b
+    out: list[int] = []
+    h = parent & _MASK64
+    for i in range(n_full):
+        chunk = data[i * chars_per_block : (i + 1) * chars_per_block]
+        h = int.from_bytes(blake(h.to_bytes(8, "little") + chunk, digest_size=8, person=b"tp-text").digest(), "little")
+        out.append(h)
+    return out
