@@ -1,0 +1,207 @@
+"""The live registry of replicas: configuration, health, scraped metrics and the
+gateway's own in-flight counts, turned into the plain ``ReplicaView`` snapshot the
+scheduler decides on.
+
+Health is learned two ways: a periodic probe of ``/metrics`` (which also gives vLLM's
+queue and KV numbers) and passive failures seen while proxying, so a dead replica
+stops receiving calls within one failed attempt rather than one scrape interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import structlog
+
+from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
+from taskplane.scheduler.types import ReplicaView
+
+log = structlog.get_logger(__name__)
+
+#: Default prices per GPU-hour (USD) when a replica's config names none; the price
+#: book in Postgres versions them.
+DEFAULT_PRICE_PER_HOUR = {
+    "b200": 6.00,
+    "h200": 3.80,
+    "h100": 2.50,
+    "a100": 1.60,
+    "l40s": 0.90,
+    "cpu": 0.10,
+}
+
+
+@dataclass
+class ReplicaState:
+    """Everything the gateway knows about one replica."""
+
+    config: ReplicaConfig
+    pool: PoolConfig
+    healthy: bool = True
+    consecutive_failures: int = 0
+    down_until: float = 0.0
+    kv_blocks_total: int = 0
+    kv_usage: float = 0.0
+    block_size: int = 16
+    num_running: int = 0
+    num_waiting: int = 0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    inflight: int = 0
+    inflight_prompt_tokens: int = 0
+    inflight_decode_tokens: int = 0
+    last_scrape: float = 0.0
+    kv_events_live: bool = False
+    served_tokens: int = 0
+    errors: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.replica_name
+
+    @property
+    def price_per_hour(self) -> float:
+        if self.config.cost_per_hour_usd is not None:
+            return self.config.cost_per_hour_usd
+        return DEFAULT_PRICE_PER_HOUR.get(self.config.gpu, 2.50)
+
+    @property
+    def metrics_url(self) -> str:
+        return self.config.metrics_url or f"{self.config.url}/metrics"
+
+    def view(self) -> ReplicaView:
+        total = self.kv_blocks_total or self.config.kv_blocks or 4096
+        free = max(0, round(total * (1.0 - self.kv_usage)))
+        return ReplicaView(
+            name=self.name,
+            model=self.pool.model,
+            gpu=self.config.gpu,
+            cost_per_hour_usd=self.price_per_hour,
+            healthy=self.healthy and time.monotonic() >= self.down_until,
+            model_loaded=True,
+            kv_blocks_total=total,
+            kv_blocks_free=free,
+            block_size=self.config.block_size or self.block_size,
+            num_running=max(self.num_running, 0),
+            num_waiting=max(self.num_waiting, self.inflight - self.num_running, 0),
+            inflight_prefill_tokens=self.inflight_prompt_tokens,
+            inflight_decode_tokens=self.inflight_decode_tokens,
+            has_kv_events=self.kv_events_live,
+        )
+
+
+class ReplicaRegistry:
+    """Replicas by name; scrapes their metrics in the background."""
+
+    def __init__(self, config: GatewayConfig, *, scrape_interval_s: float = 1.0) -> None:
+        self.config = config
+        self.scrape_interval_s = scrape_interval_s
+        self.replicas: dict[str, ReplicaState] = {}
+        for pool in config.pools:
+            for rc in pool.replicas:
+                self.add(pool, rc)
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def add(self, pool: PoolConfig, rc: ReplicaConfig) -> ReplicaState:
+        state = ReplicaState(config=rc, pool=pool, block_size=rc.block_size or 16)
+        self.replicas[state.name] = state
+        return state
+
+    def remove(self, name: str) -> None:
+        self.replicas.pop(name, None)
+
+    def set_pool_replicas(self, pool: PoolConfig, configs: list[ReplicaConfig]) -> tuple[list[str], list[str]]:
+        """Replace a pool's replica set (discovery); return (added, removed) names."""
+        wanted = {rc.replica_name: rc for rc in configs}
+        current = {n for n, s in self.replicas.items() if s.pool.model == pool.model}
+        added = [n for n in wanted if n not in current]
+        removed = [n for n in current if n not in wanted]
+        for n in removed:
+            self.remove(n)
+        for n in added:
+            self.add(pool, wanted[n])
+        return added, removed
+
+    def for_model(self, model: str) -> list[ReplicaState]:
+        return [s for s in self.replicas.values() if s.pool.model == model]
+
+    def views(self, model: str | None = None) -> list[ReplicaView]:
+        return [s.view() for s in self.replicas.values() if model is None or s.pool.model == model]
+
+    def mark_failure(self, name: str, *, hard: bool) -> None:
+        """A proxied call failed: a hard failure (connect refused, timeout) takes the
+        replica out until a scrape sees it again; soft failures (5xx) count up."""
+        s = self.replicas.get(name)
+        if s is None:
+            return
+        s.errors += 1
+        s.consecutive_failures += 1
+        if hard or s.consecutive_failures >= 3:
+            s.healthy = False
+            s.down_until = time.monotonic() + 2.0
+            log.warning("replica_marked_down", replica=name, hard=hard)
+
+    def mark_success(self, name: str) -> None:
+        s = self.replicas.get(name)
+        if s is not None:
+            s.consecutive_failures = 0
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(2.0, connect=1.0))
+        await self.scrape_all()
+        self._task = asyncio.create_task(self._loop(), name="replica-scrape")
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._client:
+            await self._client.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.scrape_interval_s)
+            try:
+                await self.scrape_all()
+            except Exception as exc:  # never let the loop die
+                log.warning("scrape_loop_error", error=str(exc))
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(s) for s in list(self.replicas.values())))
+
+    async def scrape(self, s: ReplicaState) -> None:
+        from taskplane.engines.metrics import parse_metrics
+
+        assert self._client is not None
+        try:
+            resp = await self._client.get(s.metrics_url)
+            resp.raise_for_status()
+            m = parse_metrics(resp.text)
+        except Exception as exc:
+            if s.healthy:
+                log.warning("replica_unreachable", replica=s.name, error=type(exc).__name__)
+            s.healthy = False
+            return
+        was = s.healthy
+        s.healthy = True
+        s.consecutive_failures = 0
+        s.down_until = 0.0
+        s.num_running = int(m.num_running)
+        s.num_waiting = int(m.num_waiting)
+        s.kv_usage = float(m.kv_cache_usage)
+        if m.num_gpu_blocks:
+            s.kv_blocks_total = int(m.num_gpu_blocks)
+        if m.block_size:
+            s.block_size = int(m.block_size)
+        s.prefix_queries = float(m.prefix_cache_queries)
+        s.prefix_hits = float(m.prefix_cache_hits)
+        s.last_scrape = time.monotonic()
+        if not was:
+            log.info("replica_up", replica=s.name)

@@ -1,0 +1,497 @@
+"""One LLM call through the gateway: authenticate, validate, place, proxy, retry, cost,
+record.
+
+A replica failure before anything was streamed is retried on another replica inside
+the gateway; every attempt — successful or not — becomes one ``AttemptRecord`` written
+through the durable cost writer, keyed so that a retried activity never counts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import structlog
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from taskplane.config import GatewayConfig, PoolConfig
+from taskplane.context import (
+    R_CACHED_TOKENS,
+    R_COST,
+    R_GPU,
+    R_MODEL,
+    R_QUEUE_MS,
+    R_REPLICA,
+    CallContext,
+    parse_headers,
+)
+from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.engines.tokenize import chat_tokens, tokenize
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import auth, costing
+from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.gateway.placement import Placer
+from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
+from taskplane.scheduler.hashing import chain_hashes
+from taskplane.scheduler.types import Action, CallRequest, Decision
+from taskplane.store.records import AttemptRecord, Outcome
+
+log = structlog.get_logger(__name__)
+
+MAX_TRIES = 3
+DEFAULT_MAX_TOKENS = 256
+
+
+class AttemptSink:
+    """Where attempt records go (the durable cost writer); a no-op when none is set."""
+
+    async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
+        return None
+
+
+@dataclass
+class Call:
+    """Everything known about one incoming call."""
+
+    kind: str  # "chat" or "completions"
+    body: dict[str, Any]
+    ctx: CallContext
+    pool: PoolConfig
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    client_wants_usage: bool
+    deterministic: bool
+    request: CallRequest
+    call_id: str
+    received: float = field(default_factory=time.monotonic)
+
+
+def _error_response(exc: TaskplaneError) -> JSONResponse:
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+class Gateway:
+    """The gateway's behaviour, independent of the web framework's routing."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ReplicaRegistry,
+        placer: Placer,
+        sink: AttemptSink,
+        metrics: GatewayMetrics,
+        response_cache: Any | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.placer = placer
+        self.sink = sink
+        self.metrics = metrics
+        self.response_cache = response_cache
+        limits = config.limits
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(limits.request_timeout_s, connect=2.0),
+            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+        )
+        self._tenant_inflight: dict[str, int] = {}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    # ---- request intake -------------------------------------------------
+    def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
+        tenant_from_key = auth.authenticate(self.config, headers)
+        ctx = parse_headers(headers, tenant=tenant_from_key)
+        tenant_cfg = self.config.tenant(ctx.tenant)
+        if self.config.auth or tenant_cfg is not None:
+            auth.enforce_priority_cap(tenant_cfg, ctx.priority)
+        model_cls = ChatRequest if kind == "chat" else CompletionRequest
+        typed, body = parse_body(raw, model_cls)
+        pool = self.config.pool_for(typed.model)
+        if pool is None:
+            known = ", ".join(p.model for p in self.config.pools)
+            raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
+        if isinstance(typed, ChatRequest):
+            tokens = chat_tokens(message_dicts(typed))
+        else:
+            assert isinstance(typed, CompletionRequest)
+            tokens = tokenize(typed.prompt_text)
+        max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
+        if max_tokens > self.config.limits.max_tokens:
+            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {self.config.limits.max_tokens}")
+        if len(tokens) + max_tokens > pool.max_context_tokens:
+            raise TaskplaneError(
+                ErrorType.INVALID_REQUEST,
+                f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
+            )
+        block_size = self._block_size(pool)
+        request = CallRequest(
+            model=pool.model,
+            prompt_tokens=len(tokens),
+            max_tokens=max_tokens,
+            block_hashes=chain_hashes(tokens, block_size),
+            tenant=ctx.tenant,
+            priority=ctx.priority.value,
+            session_id=ctx.session_key,
+            task_id=ctx.task_id,
+            step=ctx.step,
+            steps_remaining=ctx.steps_remaining,
+            budget_ms=ctx.budget_ms,
+            sunk_cost_usd=ctx.sunk_cost_usd,
+            allow_fallback=ctx.allow_fallback,
+            now_s=time.monotonic(),
+        )
+        stream_opts = body.get("stream_options") or {}
+        return Call(
+            kind=kind,
+            body=body,
+            ctx=ctx,
+            pool=pool,
+            prompt_tokens=len(tokens),
+            max_tokens=max_tokens,
+            stream=bool(typed.stream),
+            client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
+            deterministic=typed.temperature == 0 and not typed.stream,
+            request=request,
+            call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
+        )
+
+    def _block_size(self, pool: PoolConfig) -> int:
+        for s in self.registry.for_model(pool.model):
+            return s.config.block_size or s.block_size
+        return 16
+
+    # ---- the call -------------------------------------------------------
+    async def handle(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Any:
+        try:
+            call = self.prepare(kind, raw, headers)
+        except TaskplaneError as exc:
+            self.metrics.requests.labels(model="?", outcome=exc.error_type.value).inc()
+            return _error_response(exc)
+        tenant_cfg = self.config.tenant(call.ctx.tenant)
+        limit = tenant_cfg.max_concurrent if tenant_cfg else 1024
+        if self._tenant_inflight.get(call.ctx.tenant, 0) >= limit:
+            exc = TaskplaneError(ErrorType.OVERLOADED, f"tenant {call.ctx.tenant} has {limit} calls in flight (its limit)", retry_after_s=1)
+            await self._record_unplaced(call, exc, Outcome.SHED)
+            return _error_response(exc)
+        self._tenant_inflight[call.ctx.tenant] = self._tenant_inflight.get(call.ctx.tenant, 0) + 1
+        release = True
+        try:
+            if self.response_cache is not None and call.deterministic:
+                cached = self.response_cache.get(self._cache_key(call))
+                if cached is not None:
+                    return await self._serve_cached(call, cached)
+            result = await self._run(call)
+            if isinstance(result, StreamingResponse):
+                release = False  # the stream releases when it ends
+            return result
+        finally:
+            if release:
+                self._tenant_inflight[call.ctx.tenant] -= 1
+
+    def _cache_key(self, call: Call) -> str:
+        from taskplane.scheduler.response_cache import cache_key
+
+        return cache_key(call.pool.model, call.kind, call.body)
+
+    async def _serve_cached(self, call: Call, cached: dict[str, Any]) -> JSONResponse:
+        self.metrics.cache_hits.inc()
+        self.metrics.requests.labels(model=call.pool.model, outcome="cached").inc()
+        rec = self._record(call, try_index=0, replica=None, outcome=Outcome.CACHED, model_served=call.pool.model,
+                           started=datetime.now(UTC))
+        rec.cached_tokens = call.prompt_tokens
+        await self.sink.record_attempt(rec)
+        return JSONResponse(cached, headers={R_REPLICA: "response-cache", R_GPU: "none", R_CACHED_TOKENS: str(call.prompt_tokens),
+                                             R_QUEUE_MS: "0", R_COST: "0", R_MODEL: call.pool.model})
+
+    async def _place(self, call: Call, exclude: set[str]) -> tuple[Decision, float]:
+        t0 = time.monotonic()
+        call.request.now_s = t0
+        decision = await self.placer.place(call.request, exclude=exclude)
+        queue_ms = (time.monotonic() - t0) * 1000.0
+        self.metrics.queue.observe(queue_ms / 1000.0)
+        return decision, queue_ms
+
+    async def _run(self, call: Call) -> Any:
+        exclude: set[str] = set()
+        last_error: TaskplaneError | None = None
+        for try_index in range(MAX_TRIES):
+            decision, queue_ms = await self._place(call, exclude)
+            if decision.action is not Action.PLACE or decision.replica is None:
+                exc = self._decision_error(decision, call)
+                if last_error is not None and decision.action is Action.NO_REPLICA:
+                    exc = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last_error.message}")
+                outcome = Outcome.SHED if decision.action in (Action.SHED, Action.UNMEETABLE) else Outcome.ERROR
+                await self._record_unplaced(call, exc, outcome, try_index=try_index)
+                self.metrics.requests.labels(model=call.pool.model, outcome=exc.error_type.value).inc()
+                return _error_response(exc)
+            replica = self.registry.replicas.get(decision.replica)
+            if replica is None:
+                exclude.add(decision.replica)
+                continue
+            outcome = await self._attempt(call, decision, replica, try_index, queue_ms)
+            if isinstance(outcome, TaskplaneError):
+                last_error = outcome
+                exclude.add(replica.name)
+                self.metrics.retries.inc()
+                continue
+            return outcome
+        assert last_error is not None
+        self.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
+        return _error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
+
+    def _decision_error(self, d: Decision, call: Call) -> TaskplaneError:
+        if d.action is Action.SHED:
+            return TaskplaneError(ErrorType.OVERLOADED, d.reason or "overloaded: shed by admission control", retry_after_s=d.retry_after_s or 1.0)
+        if d.action is Action.UNMEETABLE:
+            return TaskplaneError(ErrorType.DEADLINE_UNMEETABLE, d.reason or f"no replica can answer within the {call.ctx.budget_ms:.0f} ms budget")
+        return TaskplaneError(ErrorType.NO_REPLICA, d.reason or f"no healthy replica serves {call.pool.model}", retry_after_s=1.0)
+
+    def _upstream_body(self, call: Call, model: str) -> dict[str, Any]:
+        body = dict(call.body)
+        body["model"] = model
+        if call.stream:
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
+        return body
+
+    async def _attempt(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float) -> Any:
+        """One upstream attempt. Returns a response, or a TaskplaneError when a retry elsewhere may help."""
+        model = decision.model or call.pool.model
+        path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
+        url = replica.config.url + path
+        started_wall = datetime.now(UTC)
+        t0 = time.monotonic()
+        replica.inflight += 1
+        replica.inflight_prompt_tokens += call.prompt_tokens
+        replica.inflight_decode_tokens += call.max_tokens
+        batch_start = replica.inflight
+        self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
+        done = False
+
+        def finish() -> int:
+            nonlocal done
+            if done:
+                return replica.inflight
+            done = True
+            batch_end = replica.inflight
+            replica.inflight -= 1
+            replica.inflight_prompt_tokens -= call.prompt_tokens
+            replica.inflight_decode_tokens -= call.max_tokens
+            self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
+            return batch_end
+
+        try:
+            req = self.client.build_request("POST", url, json=self._upstream_body(call, model))
+            resp = await self.client.send(req, stream=True)
+        except (httpx.HTTPError, OSError) as exc:
+            batch_end = finish()
+            self.registry.mark_failure(replica.name, hard=True)
+            err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} failed: {type(exc).__name__}")
+            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end,
+                                      timeout=isinstance(exc, httpx.TimeoutException))
+            return err
+        if resp.status_code >= 500 or resp.status_code == 429:
+            await resp.aread()
+            await resp.aclose()
+            batch_end = finish()
+            self.registry.mark_failure(replica.name, hard=False)
+            err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} answered {resp.status_code}")
+            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            return err
+        if resp.status_code >= 400:
+            body = await resp.aread()
+            await resp.aclose()
+            batch_end = finish()
+            err = self._engine_client_error(resp.status_code, body)
+            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            self.metrics.requests.labels(model=call.pool.model, outcome=err.error_type.value).inc()
+            return _error_response(err)
+        self.registry.mark_success(replica.name)
+        if call.stream:
+            return self._stream(call, decision, replica, try_index, queue_ms, t0, started_wall, resp, finish, batch_start)
+        try:
+            raw = await resp.aread()
+            data = json.loads(raw)
+            usage = data.get("usage") or {}
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            await resp.aclose()
+            batch_end = finish()
+            self.registry.mark_failure(replica.name, hard=False)
+            err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} sent a broken response: {type(exc).__name__}")
+            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            return err
+        await resp.aclose()
+        batch_end = finish()
+        total_ms = (time.monotonic() - t0) * 1000.0
+        rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, None, usage, started_wall, batch_start, batch_end, model)
+        await self.sink.record_attempt(rec)
+        self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens)
+        if self.response_cache is not None and call.deterministic:
+            self.response_cache.put(self._cache_key(call), data)
+        return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
+
+    def _engine_client_error(self, status: int, body: bytes) -> TaskplaneError:
+        try:
+            msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
+        except (ValueError, AttributeError):
+            msg = body[:200].decode("utf-8", "replace")
+        etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
+        return TaskplaneError(etype, f"the engine refused the request: {msg}")
+
+    def _stream(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float, t0: float,
+                started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int) -> StreamingResponse:
+        model = decision.model or call.pool.model
+
+        async def body() -> AsyncIterator[bytes]:
+            ttft_ms: float | None = None
+            usage: dict[str, Any] = {}
+            ok = False
+            buf = b""
+            try:
+                async for chunk in resp.aiter_bytes():
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        event, buf = buf.split(b"\n\n", 1)
+                        out = self._filter_event(event, call, usage)
+                        if ttft_ms is None and (b'"content"' in event or b'"text"' in event):
+                            ttft_ms = (time.monotonic() - t0) * 1000.0
+                        if event.strip() == b"data: [DONE]":
+                            ok = True
+                        if out is not None:
+                            yield out + b"\n\n"
+                if buf.strip():
+                    yield buf
+            except (httpx.HTTPError, OSError) as exc:
+                log.warning("stream_broken", replica=replica.name, error=type(exc).__name__)
+                self.registry.mark_failure(replica.name, hard=True)
+            finally:
+                await resp.aclose()
+                batch_end = finish()
+                self._tenant_inflight[call.ctx.tenant] -= 1
+                total_ms = (time.monotonic() - t0) * 1000.0
+                if ok:
+                    rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, ttft_ms, usage, started_wall,
+                                               batch_start, batch_end, model)
+                else:
+                    rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
+                                       started=started_wall)
+                    rec.error_type = ErrorType.REPLICA_ERROR.value
+                    rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
+                    self._charge(rec, replica, total_ms, batch_start, batch_end)
+                await self.sink.record_attempt(rec)
+                self._completed(call, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens)
+
+        headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{queue_ms:.1f}", R_MODEL: model,
+                   "Cache-Control": "no-cache"}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    def _filter_event(self, event: bytes, call: Call, usage: dict[str, Any]) -> bytes | None:
+        """Capture usage from the final SSE chunk; hide it if the client did not ask for it."""
+        line = event.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            return event
+        try:
+            data = json.loads(line[5:])
+        except ValueError:
+            return event
+        u = data.get("usage") if isinstance(data, dict) else None
+        if u:
+            usage.update(u)
+            if not call.client_wants_usage:
+                if not data.get("choices"):
+                    return None
+                data["usage"] = None
+                return b"data: " + json.dumps(data).encode()
+        return event
+
+    # ---- records --------------------------------------------------------
+    def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
+                started: datetime) -> AttemptRecord:
+        return AttemptRecord(
+            attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
+            task_id=call.ctx.task_id,
+            step=call.ctx.step,
+            attempt=call.ctx.attempt,
+            session_id=call.ctx.session_key,
+            tenant=call.ctx.tenant,
+            agent=call.ctx.agent,
+            model_requested=call.pool.model,
+            model_served=model_served,
+            replica=replica.name if replica else None,
+            gpu=replica.config.gpu if replica else None,
+            prompt_tokens=call.prompt_tokens,
+            outcome=outcome,
+            started_at=started,
+        )
+
+    def _charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
+        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
+        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
+        self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
+
+    def _success_record(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
+                        total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any], started: datetime,
+                        batch_start: int, batch_end: int, model: str) -> AttemptRecord:
+        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=model, started=started)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or call.prompt_tokens)
+        details = usage.get("prompt_tokens_details") or {}
+        rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+        rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
+        self._charge(rec, replica, total_ms, batch_start, batch_end)
+        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
+        self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
+        self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
+        self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
+        if ttft_ms is not None:
+            self.metrics.ttft.labels(model=call.pool.model).observe(ttft_ms / 1000.0)
+        return rec
+
+    async def _record_failed(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
+                             t0: float, started: datetime, err: TaskplaneError, batch_start: int, batch_end: int,
+                             timeout: bool = False) -> None:
+        total_ms = (time.monotonic() - t0) * 1000.0
+        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.TIMEOUT if timeout else Outcome.ERROR,
+                           model_served=decision.model or call.pool.model, started=started)
+        rec.error_type = err.error_type.value
+        rec.queue_ms, rec.total_ms = queue_ms, total_ms
+        self._charge(rec, replica, total_ms, batch_start, batch_end)
+        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
+        await self.sink.record_attempt(rec)
+        self._completed(call, decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
+
+    async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
+        rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
+        rec.error_type = err.error_type.value
+        await self.sink.record_attempt(rec)
+
+    def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int) -> None:
+        try:
+            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached)
+        except Exception as exc:  # placement feedback must never fail a call
+            log.warning("placer_feedback_failed", error=str(exc))
+
+    def _headers(self, replica: ReplicaState, rec: AttemptRecord, queue_ms: float, model: str) -> dict[str, str]:
+        return {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_CACHED_TOKENS: str(rec.cached_tokens),
+                R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.8f}", R_MODEL: model}
+
+
+async def wait_cancelled(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
