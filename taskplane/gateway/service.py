@@ -182,9 +182,9 @@ class Gateway:
         tenant_cfg = self.config.tenant(call.ctx.tenant)
         limit = tenant_cfg.max_concurrent if tenant_cfg else 1024
         if self._tenant_inflight.get(call.ctx.tenant, 0) >= limit:
-            exc = TaskplaneError(ErrorType.OVERLOADED, f"tenant {call.ctx.tenant} has {limit} calls in flight (its limit)", retry_after_s=1)
-            await self._record_unplaced(call, exc, Outcome.SHED)
-            return _error_response(exc)
+            over = TaskplaneError(ErrorType.OVERLOADED, f"tenant {call.ctx.tenant} has {limit} calls in flight (its limit)", retry_after_s=1)
+            await self._record_unplaced(call, over, Outcome.SHED)
+            return _error_response(over)
         self._tenant_inflight[call.ctx.tenant] = self._tenant_inflight.get(call.ctx.tenant, 0) + 1
         release = True
         try:

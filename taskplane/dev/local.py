@@ -1,0 +1,141 @@
+"""A small local cluster of real processes — simulated replicas and a gateway — on free
+ports, for tests, benchmarks and examples that need the HTTP path without the full dev
+stack (no Temporal). Everything it starts, ``stop()`` stops.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from taskplane.dev import processes as proc
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalReplica:
+    name: str
+    gpu: str
+    port: int
+    kv_port: int
+    pid: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_events(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_port}"
+
+
+class LocalCluster:
+    """N ``taskplane sim-engine`` processes behind one ``taskplane gateway`` process."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        replicas: int = 2,
+        gpus: list[str] | None = None,
+        database_url: str | None = None,
+        model: str = "llama-3.1-8b",
+        speed: float = 50.0,
+        kv_blocks: int = 2048,
+        config_overrides: dict[str, Any] | None = None,
+        replica_args: list[str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.database_url = database_url
+        self.model = model
+        self.speed = speed
+        self.kv_blocks = kv_blocks
+        self.config_overrides = config_overrides or {}
+        gpus = gpus or ["h100"]
+        self.replicas = [
+            LocalReplica(f"replica-{i}", gpus[i % len(gpus)], free_port(), free_port(), extra_args=list(replica_args or []))
+            for i in range(replicas)
+        ]
+        self.gateway_port = free_port()
+        self.gateway_pid: int | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def start_replica(self, r: LocalReplica) -> None:
+        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(r.port), "--gpu", r.gpu, "--model", self.model,
+               "--kv-blocks", str(self.kv_blocks), "--kv-events-port", str(r.kv_port), "--speed", str(self.speed), *r.extra_args]
+        r.pid = proc.spawn(cmd, self._log(r.name))
+        proc.wait_until(proc.http_ok(f"{r.url}/health"), r.name, 60, r.pid, self._log(r.name))
+
+    def kill_replica(self, index: int) -> None:
+        r = self.replicas[index]
+        proc.stop_pid(r.pid, timeout_s=2)
+        r.pid = None
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "pools": [{"model": self.model, "max_context_tokens": 8192,
+                       "replicas": [{"url": r.url, "gpu": r.gpu, "kv_events": r.kv_events, "name": r.name} for r in self.replicas]}],
+            "tenants": [{"id": "acme", "max_priority": "critical", "weight": 2.0},
+                        {"id": "globex", "max_priority": "interactive"},
+                        {"id": "default", "max_priority": "interactive"}],
+            "auth": False,
+            "outbox_dir": str(self.workdir / "outbox"),
+        }
+        cfg.update(self.config_overrides)
+        return cfg
+
+    def start_gateway(self) -> None:
+        cfg_file = self.workdir / "gateway.yaml"
+        cfg_file.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        env = {"TASKPLANE_STATE_DIR": str(self.workdir)}
+        if self.database_url:
+            env["TASKPLANE_DATABASE_URL"] = self.database_url
+        self.gateway_pid = proc.spawn(
+            [sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(cfg_file), "--port", str(self.gateway_port)],
+            self._log("gateway"), env=env,
+        )
+        proc.wait_until(proc.http_ok(f"{self.gateway_url}/healthz"), "gateway", 60, self.gateway_pid, self._log("gateway"))
+
+    def stop_gateway(self) -> None:
+        proc.stop_pid(self.gateway_pid)
+        self.gateway_pid = None
+
+    def start(self) -> LocalCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            for r in self.replicas:
+                self.start_replica(r)
+            self.start_gateway()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.stop_gateway()
+        for r in self.replicas:
+            proc.stop_pid(r.pid, timeout_s=3)
+            r.pid = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
