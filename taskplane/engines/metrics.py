@@ -1,0 +1,100 @@
+"""Parse a vLLM (or simulated vLLM) ``/metrics`` page into a small typed snapshot.
+
+Only what placement and the reports need. Values are summed over label sets (several
+engines or models behind one endpoint); pass ``model`` to keep one ``model_name``.
+Names follow vLLM V1 (``vllm:kv_cache_usage_perc``, a fraction 0..1 despite its name),
+with V0's ``vllm:gpu_cache_usage_perc`` accepted as a fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(slots=True)
+class MetricsSnapshot:
+    num_running: float = 0.0
+    num_waiting: float = 0.0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    prefix_cache_queries: float = 0.0  # tokens
+    prefix_cache_hits: float = 0.0  # tokens
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    ttft_sum_s: float = 0.0
+    ttft_count: float = 0.0
+    e2e_sum_s: float = 0.0
+    e2e_count: float = 0.0
+    models: list[str] = field(default_factory=list)  # model_name labels seen
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def ttft_mean_s(self) -> float | None:
+        return self.ttft_sum_s / self.ttft_count if self.ttft_count else None
+
+
+# sample name -> snapshot attribute (summed)
+_SUMS = {
+    "vllm:num_requests_running": "num_running",
+    "vllm:num_requests_waiting": "num_waiting",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum_s",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
+    "vllm:e2e_request_latency_seconds_sum": "e2e_sum_s",
+    "vllm:e2e_request_latency_seconds_count": "e2e_count",
+}
+_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def _int_label(value: str | None) -> int | None:
+    if value is None or value in ("", "None", "null"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def parse_metrics(text: str, model: str | None = None) -> MetricsSnapshot:
+    """Parse Prometheus exposition text; raises ValueError if it is not parseable."""
+    snap = MetricsSnapshot()
+    usage: dict[str, list[float]] = {name: [] for name in _USAGE}
+    models: set[str] = set()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueError/TypeError on junk
+        raise ValueError(f"not Prometheus text: {exc}") from exc
+    for fam in families:
+        for s in fam.samples:
+            name, labels, value = s.name, s.labels, s.value
+            mname = labels.get("model_name")
+            if mname is not None:
+                models.add(mname)
+                if model is not None and mname != model:
+                    continue
+            attr = _SUMS.get(name)
+            if attr is not None:
+                setattr(snap, attr, getattr(snap, attr) + value)
+            elif name in usage:
+                usage[name].append(value)
+            elif name == "vllm:cache_config_info":
+                bs, nb = _int_label(labels.get("block_size")), _int_label(labels.get("num_gpu_blocks"))
+                if bs is not None:
+                    snap.block_size = bs
+                if nb is not None:
+                    snap.num_gpu_blocks = (snap.num_gpu_blocks or 0) + nb
+    for name in _USAGE:
+        if usage[name]:
+            snap.kv_cache_usage = sum(usage[name]) / len(usage[name])
+            break
+    snap.models = sorted(models)
+    return snap
