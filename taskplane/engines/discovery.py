@@ -1,0 +1,491 @@
+"""Replica discovery from the Kubernetes API, as an alternative to a static replica list.
+
+A pool whose config has ``discovery:`` (``DiscoveryConfig`` in taskplane/config.py)
+takes its replicas from the cluster: the EndpointSlices of a headless Service over the
+vLLM pods (default), or the pods matching a label selector. Only ready endpoints
+become replicas, so a pod that scales up joins once its readiness probe passes and a
+pod that scales down (or fails its probe) leaves, without restarting the gateway.
+
+The watcher is the informer pattern done small, over plain httpx: list (with
+pagination) to get the state and a ``resourceVersion``, then ``watch=1`` from that
+version; a watch that ends is renewed from the last version seen, one that has
+expired (410) is replaced by a fresh list, and any other error is retried after a
+delay. While the API is unreachable the last known replicas are kept: the gateway's
+own health checks take dead replicas out, discovery only changes membership.
+
+Credentials are the pod's service account (token re-read on every request, since
+bound tokens rotate) and the cluster CA; ``api_url`` points elsewhere (tests,
+``kubectl proxy``).
+
+The gateway calls::
+
+    await watch(pool, on_change)     # runs until cancelled
+
+where ``on_change(replicas)`` receives the pool's full list of discovered
+``ReplicaConfig`` (sorted by name) once at start and again whenever it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast, get_args
+
+import httpx
+import structlog
+
+from taskplane.config import DiscoveryConfig, GpuName, PoolConfig, ReplicaConfig
+from taskplane.errors import ConfigError
+
+log = structlog.get_logger(__name__)
+
+#: Where Kubernetes mounts a pod's service account credentials.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+#: The label the EndpointSlice controller puts on every slice of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+#: Called with the pool's discovered replicas; may be a plain function or a coroutine.
+ReplicaCallback = Callable[[list[ReplicaConfig]], Awaitable[None] | None]
+
+_GPU_NAMES = frozenset(get_args(GpuName))
+_MAX_RETRY_DELAY_S = 60.0
+_LIST_PAGE = 500
+
+
+class KubernetesApiError(Exception):
+    """A non-success answer from the API server (HTTP status or a watch ERROR event)."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+
+
+class _Expired(KubernetesApiError):
+    """410: the resourceVersion (or continue token) is too old; list again."""
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    """How to reach the API server: base URL, namespace, credentials."""
+
+    base_url: str
+    namespace: str
+    token_file: Path | None = None
+    verify: ssl.SSLContext | bool = True
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.token_file is not None:
+            token = self.token_file.read_text(encoding="utf-8").strip()
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+
+def resolve_access(
+    cfg: DiscoveryConfig,
+    *,
+    environ: Mapping[str, str] | None = None,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> KubeAccess:
+    """The API endpoint and credentials for ``cfg``: explicit fields first, then in-cluster."""
+    env = os.environ if environ is None else environ
+    base_url = cfg.api_url
+    if base_url is None:
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise ConfigError(
+                "discovery: not running in a Kubernetes pod (KUBERNETES_SERVICE_HOST is unset); "
+                "set discovery.api_url, e.g. http://127.0.0.1:8001 behind `kubectl proxy`"
+            )
+        host = f"[{host}]" if ":" in host else host
+        base_url = f"https://{host}:{port}"
+    base_url = base_url.rstrip("/")
+
+    namespace = cfg.namespace
+    if namespace is None:
+        ns_file = service_account_dir / "namespace"
+        if not ns_file.is_file():
+            raise ConfigError(
+                f"discovery: no namespace given and {ns_file} does not exist; set discovery.namespace"
+            )
+        namespace = ns_file.read_text(encoding="utf-8").strip()
+
+    token_file: Path | None
+    if cfg.token_file is not None:
+        token_file = Path(cfg.token_file)
+        if not token_file.is_file():
+            raise ConfigError(f"discovery.token_file {token_file}: no such file")
+    else:
+        default_token = service_account_dir / "token"
+        token_file = default_token if default_token.is_file() else None
+
+    verify: ssl.SSLContext | bool = True
+    ca_file = Path(cfg.ca_file) if cfg.ca_file else service_account_dir / "ca.crt"
+    if base_url.startswith("https://"):
+        if cfg.ca_file is not None and not ca_file.is_file():
+            raise ConfigError(f"discovery.ca_file {ca_file}: no such file")
+        if ca_file.is_file():
+            verify = ssl.create_default_context(cafile=str(ca_file))
+    return KubeAccess(base_url=base_url, namespace=namespace, token_file=token_file, verify=verify)
+
+
+# ---------------------------------------------------------------------------------------
+# Objects to replicas (pure functions: the same answer for the same API objects)
+
+
+def _port_number(spec: int | str | None, named: Mapping[str, int]) -> int | None:
+    """A port given by number, or looked up by name among ``named``."""
+    if spec is None:
+        return None
+    if isinstance(spec, int):
+        return spec
+    if spec.isdigit():
+        return int(spec)
+    return named.get(spec)
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_port: int | None,
+             gpu: str) -> ReplicaConfig:
+    host = _host(address)
+    return ReplicaConfig(
+        url=f"{cfg.scheme}://{host}:{http_port}",
+        name=name,
+        gpu=cast(GpuName, gpu),  # callers pass a member of GpuName
+        kv_events=f"tcp://{host}:{kv_port}" if kv_port is not None else None,
+        cost_per_hour_usd=cfg.cost_per_hour_usd,
+    )
+
+
+def replicas_from_endpointslices(
+    slices: Iterable[Mapping[str, Any]], cfg: DiscoveryConfig, *, warn: Callable[[str], None] | None = None
+) -> list[ReplicaConfig]:
+    """Ready endpoints of the given EndpointSlices (discovery.k8s.io/v1) as replicas.
+
+    An endpoint whose ``ready`` condition is absent counts as ready, as the API
+    documents; terminating endpoints never do. A pod listed in two slices (the
+    controller moves endpoints between slices) appears once, under its pod name.
+    """
+    found: dict[str, ReplicaConfig] = {}
+    for sl in sorted(slices, key=lambda s: str(s.get("metadata", {}).get("name", ""))):
+        slice_name = sl.get("metadata", {}).get("name", "?")
+        if sl.get("addressType") not in ("IPv4", "IPv6"):
+            continue
+        named = {p["name"]: int(p["port"]) for p in sl.get("ports") or [] if p.get("name") and p.get("port")}
+        http_port = _port_number(cfg.port, named)
+        if http_port is None:
+            if sl.get("endpoints") and warn:
+                warn(f"EndpointSlice {slice_name} has no port named {cfg.port!r}; name the Service port")
+            continue
+        kv_port = _port_number(cfg.kv_events_port, named)
+        if cfg.kv_events_port is not None and kv_port is None and sl.get("endpoints") and warn:
+            warn(f"EndpointSlice {slice_name} has no port named {cfg.kv_events_port!r}; "
+                 "replicas run without KV events")
+        for ep in sl.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            if cond.get("ready") is False or cond.get("terminating") is True:
+                continue
+            addresses = ep.get("addresses") or []
+            if not addresses:
+                continue
+            target = ep.get("targetRef") or {}
+            name = str(target.get("name") or addresses[0])
+            found[name] = _replica(cfg, name, addresses[0], http_port, kv_port, cfg.gpu)
+    return [found[n] for n in sorted(found)]
+
+
+def _pod_ready(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def replicas_from_pods(
+    pods: Iterable[Mapping[str, Any]], cfg: DiscoveryConfig, *, warn: Callable[[str], None] | None = None
+) -> list[ReplicaConfig]:
+    """Running, ready, not-deleting pods (core/v1) as replicas.
+
+    Ports are looked up by name among the pods' container ports; the GPU generation
+    comes from the pod label ``cfg.gpu_label`` when it names a known generation.
+    """
+    found: dict[str, ReplicaConfig] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        name = str(meta.get("name", ""))
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not _pod_ready(status):
+            continue
+        address = status.get("podIP")
+        if not address:
+            continue
+        named = {
+            p["name"]: int(p["containerPort"])
+            for c in (pod.get("spec") or {}).get("containers") or []
+            for p in c.get("ports") or []
+            if p.get("name") and p.get("containerPort")
+        }
+        http_port = _port_number(cfg.port, named)
+        if http_port is None:
+            if warn:
+                warn(f"pod {name} has no container port named {cfg.port!r}")
+            continue
+        kv_port = _port_number(cfg.kv_events_port, named)
+        label_gpu = (meta.get("labels") or {}).get(cfg.gpu_label)
+        gpu = label_gpu if isinstance(label_gpu, str) and label_gpu in _GPU_NAMES else cfg.gpu
+        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu)
+    return [found[n] for n in sorted(found)]
+
+
+# ---------------------------------------------------------------------------------------
+# The watcher
+
+
+def _status_error(body: Any, code: int) -> KubernetesApiError:
+    reason, message = "Error", ""
+    if isinstance(body, dict):
+        reason = str(body.get("reason") or reason)
+        message = str(body.get("message") or "")
+        code = int(body.get("code") or code)
+    cls = _Expired if code == 410 else KubernetesApiError
+    return cls(code, reason, message)
+
+
+def _hint(exc: KubernetesApiError) -> str:
+    if exc.code == 401:
+        return "the service account token was refused"
+    if exc.code == 403:
+        return "grant get/list/watch on endpointslices and pods (deploy/k8s/base/gateway/rbac.yaml)"
+    return ""
+
+
+class KubernetesDiscovery:
+    """Follows one pool's replicas in the Kubernetes API (see the module docstring)."""
+
+    def __init__(
+        self,
+        pool: PoolConfig,
+        *,
+        client: httpx.AsyncClient | None = None,
+        access: KubeAccess | None = None,
+    ) -> None:
+        if pool.discovery is None:
+            raise ConfigError(f"pool {pool.model}: no 'discovery:' section to discover replicas from")
+        self.pool = pool
+        self.cfg: DiscoveryConfig = pool.discovery
+        self.access = access or resolve_access(self.cfg)
+        self._client = client
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._resource_version = ""
+        self._warned: set[str] = set()
+        self._log = log.bind(pool=pool.model, source=self.cfg.source, namespace=self.access.namespace)
+
+    # -- what to ask for ------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        ns = self.access.namespace
+        if self.cfg.source == "pods":
+            return f"/api/v1/namespaces/{ns}/pods"
+        return f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+
+    @property
+    def label_selector(self) -> str:
+        parts = []
+        if self.cfg.source == "endpointslices" and self.cfg.service:
+            parts.append(f"{SERVICE_NAME_LABEL}={self.cfg.service}")
+        if self.cfg.label_selector:
+            parts.append(self.cfg.label_selector)
+        return ",".join(parts)
+
+    def replicas(self) -> list[ReplicaConfig]:
+        """The replicas the objects seen so far describe."""
+        if self.cfg.source == "pods":
+            return replicas_from_pods(self._objects.values(), self.cfg, warn=self._warn)
+        return replicas_from_endpointslices(self._objects.values(), self.cfg, warn=self._warn)
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self._log.warning("discovery_misconfigured", problem=message)
+
+    # -- HTTP -----------------------------------------------------------------------
+
+    async def _get_json(self, client: httpx.AsyncClient, params: dict[str, str]) -> dict[str, Any]:
+        resp = await client.get(self.access.base_url + self.path, params=params, headers=self.access.headers())
+        try:
+            body = resp.json()
+        except json.JSONDecodeError:
+            body = None
+        if resp.status_code != 200:
+            raise _status_error(body, resp.status_code)
+        if not isinstance(body, dict):
+            raise KubernetesApiError(resp.status_code, "BadResponse", "expected a JSON object")
+        return body
+
+    async def _list(self, client: httpx.AsyncClient) -> None:
+        """Replace the known objects (and resourceVersion) with a fresh list."""
+        objects: dict[str, dict[str, Any]] = {}
+        params = {"limit": str(_LIST_PAGE)}
+        if self.label_selector:
+            params["labelSelector"] = self.label_selector
+        while True:
+            body = await self._get_json(client, params)
+            for item in body.get("items") or []:
+                objects[item["metadata"]["name"]] = item
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                self._objects = objects
+                self._resource_version = str(meta.get("resourceVersion", ""))
+                return
+            params["continue"] = str(token)
+
+    async def _watch(self, client: httpx.AsyncClient) -> AsyncIterator[None]:
+        """Apply watch events to the known objects, from and advancing
+        ``self._resource_version``; yield after each event."""
+        params = {
+            "watch": "1",
+            "resourceVersion": self._resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.cfg.watch_timeout_s),
+        }
+        if self.label_selector:
+            params["labelSelector"] = self.label_selector
+        timeout = httpx.Timeout(10.0, read=self.cfg.watch_timeout_s + 30.0)
+        async with client.stream(
+            "GET", self.access.base_url + self.path, params=params, headers=self.access.headers(), timeout=timeout
+        ) as resp:
+            if resp.status_code != 200:
+                body_text = await resp.aread()
+                try:
+                    body = json.loads(body_text)
+                except json.JSONDecodeError:
+                    body = None
+                raise _status_error(body, resp.status_code)
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    raise _status_error(obj, 500)
+                if kind in ("ADDED", "MODIFIED"):
+                    self._objects[obj["metadata"]["name"]] = obj
+                elif kind == "DELETED":
+                    self._objects.pop(obj["metadata"]["name"], None)
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self._resource_version = str(rv)
+                yield None
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def list_replicas(self) -> list[ReplicaConfig]:
+        """One list, no watch: the replicas right now."""
+        async with self._session() as client:
+            await self._list(client)
+        return self.replicas()
+
+    def _session(self) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        if self._client is not None:
+            return _Borrowed(self._client)
+        return httpx.AsyncClient(verify=self.access.verify, timeout=httpx.Timeout(30.0))
+
+    async def snapshots(self) -> AsyncGenerator[list[ReplicaConfig], None]:
+        """Yield the replica list after the first successful list and on every change.
+
+        Runs until the consumer stops iterating (or the task is cancelled).
+        """
+        last: list[ReplicaConfig] | None = None
+        failures = 0
+        async with self._session() as client:
+            while True:
+                try:
+                    await self._list(client)
+                    failures = 0
+                    current = self.replicas()
+                    if current != last:
+                        self._report(last, current)
+                        last = current
+                        yield list(current)
+                    if not self.cfg.watch:
+                        await asyncio.sleep(self.cfg.poll_interval_s)
+                        continue
+                    while True:  # renew each watch that times out, from the last version seen
+                        async for _ in self._watch(client):
+                            current = self.replicas()
+                            if current != last:
+                                self._report(last, current)
+                                last = current
+                                yield list(current)
+                except _Expired:
+                    self._log.info("discovery_relist", reason="resourceVersion expired")
+                except (httpx.HTTPError, KubernetesApiError, ValueError, KeyError) as exc:
+                    failures += 1
+                    delay = min(self.cfg.poll_interval_s * 2 ** (failures - 1), _MAX_RETRY_DELAY_S)
+                    hint = _hint(exc) if isinstance(exc, KubernetesApiError) else ""
+                    self._log.warning(
+                        "discovery_api_error", error=str(exc) or type(exc).__name__, hint=hint,
+                        retry_in_s=delay, url=self.access.base_url + self.path,
+                    )
+                    await asyncio.sleep(delay)
+
+    def _report(self, before: list[ReplicaConfig] | None, after: list[ReplicaConfig]) -> None:
+        old = {r.replica_name for r in before or []}
+        new = {r.replica_name for r in after}
+        self._log.info(
+            "discovery_replicas", count=len(after), added=sorted(new - old), removed=sorted(old - new)
+        )
+
+
+class _Borrowed(AbstractAsyncContextManager[httpx.AsyncClient]):
+    """Async context manager around a caller's client that does not close it."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def watch(
+    pool: PoolConfig,
+    on_change: ReplicaCallback,
+    *,
+    client: httpx.AsyncClient | None = None,
+    access: KubeAccess | None = None,
+) -> None:
+    """Follow ``pool``'s replicas in Kubernetes until cancelled.
+
+    ``on_change`` receives the full, name-sorted list of discovered replicas once the
+    first list succeeds and again on every change; an exception it raises stops the
+    watch. Raises ``ConfigError`` at once when the pool cannot be discovered at all
+    (no discovery section, not in a cluster and no api_url).
+    """
+    discovery = KubernetesDiscovery(pool, client=client, access=access)
+    async with aclosing(discovery.snapshots()) as stream:
+        async for replicas in stream:
+            result = on_change(replicas)
+            if inspect.isawaitable(result):
+                await result
+
+
+async def discover_once(
+    pool: PoolConfig, *, client: httpx.AsyncClient | None = None, access: KubeAccess | None = None
+) -> list[ReplicaConfig]:
+    """The pool's ready replicas right now (one list call)."""
+    return await KubernetesDiscovery(pool, client=client, access=access).list_replicas()
