@@ -53,6 +53,7 @@ class CallRequest:
     call_id: str | None = None  # stable id of the call (correlates decide/observe_completion)
     block_size: int = 16  # tokens per block used to compute block_hashes
     tokenized: bool = True  # False: block_hashes are text_chain_hashes (approximate index only)
+    avoid_replicas: tuple[str, ...] = ()  # never place here (a retry after a replica failed)
 
 
 class Action(StrEnum):
@@ -84,7 +85,8 @@ class CallOutcome:
     """What happened to a placed call; feeds the latency model, session pins and fairness."""
 
     replica: str
-    ok: bool = True  # False: the replica failed the call (pins to it are broken)
+    ok: bool = True  # False: the replica failed the call (the session's pin is broken)
+    gpu: str | None = None  # GPU generation (default: the one recorded at decision time)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     completion_tokens: int = 0

@@ -1,0 +1,228 @@
+"""Admission control (axis 5 and "delay the work"): a queue in front of each pool.
+
+Order of service, from the outside in:
+
+1. **priority band**: critical > interactive > standard > batch; a band is served only
+   when every more urgent band is empty;
+2. **weighted fair share between tenants** inside a band: start-time fair queueing — each
+   tenant's next call gets a virtual start tag ``max(tenant's last finish, band clock)``,
+   the smallest tag goes first, and serving it advances the tenant's finish by
+   ``cost / weight``. A tenant with weight 2 gets twice the calls (or tokens) of a tenant
+   with weight 1 while both have work queued; a tenant returning from idle gets no credit
+   for the time it was away;
+3. **earliest deadline first** inside a tenant's share (calls without a deadline last; ties
+   go to the call with more money sunk into its task, then first come).
+
+EDF is applied inside a tenant rather than across tenants on purpose: across tenants a
+tenant could take the whole band by sending tight deadlines.
+
+The queue is plain data driven by the caller with explicit times, so the asyncio gateway
+and the discrete-event simulator use it the same way (through ``Scheduler.decide`` and
+``Scheduler.release``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from taskplane.context import Priority
+from taskplane.scheduler.types import CallRequest
+from taskplane.scheduler.workflow import task_value
+
+BANDS: tuple[str, ...] = tuple(p.value for p in Priority)  # most urgent first
+_RANK = {name: i for i, name in enumerate(BANDS)}
+
+
+def band_rank(priority: str) -> int:
+    """0 for critical ... 3 for batch; unknown names count as standard."""
+    return _RANK.get(str(priority).lower(), _RANK[Priority.STANDARD.value])
+
+
+def check_priority_cap(requested: str, max_priority: str) -> bool:
+    """True when a tenant capped at ``max_priority`` may ask for ``requested``.
+
+    The gateway answers 403 ``forbidden`` when this is False.
+    """
+    return band_rank(requested) >= band_rank(max_priority)
+
+
+@dataclass(slots=True)
+class AdmissionSettings:
+    """How admission control behaves (defaults suit an agent fleet)."""
+
+    max_waiting_per_replica: int = 2  # a replica with this many engine-queued calls is saturated
+    max_queue: int = 4096  # calls held per pool; beyond it the least valuable call is shed
+    shed_bands: tuple[str, ...] = ("interactive", "standard", "batch")  # critical is never shed
+    fair_unit: str = "tokens"  # fair share counts "tokens" (prompt + max_tokens) or "calls"
+    min_retry_after_s: float = 1.0
+    max_retry_after_s: float = 60.0
+
+    def retry_after(self, wait_s: float) -> float:
+        return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
+
+
+@dataclass(slots=True, eq=False)
+class QueuedCall:
+    call: CallRequest
+    seq: int  # arrival order
+    band: int
+    tenant: str
+    enqueued_s: float
+    deadline_s: float  # absolute (inf when the call has no budget)
+    value: float  # money at risk (workflow context)
+    cost: float  # fair-share units
+    service_s: float  # best predicted service time on an idle replica
+    live: bool = True
+
+    @property
+    def key(self) -> tuple[float, float, int]:
+        return (self.deadline_s, -self.value, self.seq)
+
+
+@dataclass(slots=True)
+class _Band:
+    heaps: dict[str, list[tuple[float, float, int, QueuedCall]]] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)  # tenant -> virtual finish tag
+    clock: float = 0.0  # start tag of the call last served
+    size: int = 0
+
+
+class AdmissionQueue:
+    """The queue of one pool (one model)."""
+
+    def __init__(
+        self,
+        pool: str,
+        *,
+        weight_of: Callable[[str], float] | Mapping[str, float] | None = None,
+        fair_unit: str = "tokens",
+    ) -> None:
+        self.pool = pool
+        if weight_of is None:
+            self._weight: Callable[[str], float] = lambda _t: 1.0
+        elif isinstance(weight_of, Mapping):
+            table = dict(weight_of)
+            self._weight = lambda t: float(table.get(t, 1.0))
+        else:
+            self._weight = weight_of
+        self.fair_unit = fair_unit
+        self._bands = [_Band() for _ in BANDS]
+        self._entries: dict[int, QueuedCall] = {}  # id(call) -> entry
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[QueuedCall]:
+        return iter(list(self._entries.values()))
+
+    def __contains__(self, call: object) -> bool:
+        return id(call) in self._entries
+
+    def depths(self) -> dict[str, int]:
+        return {name: self._bands[i].size for i, name in enumerate(BANDS)}
+
+    # -- in
+
+    def push(self, call: CallRequest, now_s: float, *, service_s: float = 0.0) -> QueuedCall:
+        band = band_rank(call.priority)
+        deadline = now_s + call.budget_ms / 1000.0 if call.budget_ms is not None else math.inf
+        cost = 1.0 if self.fair_unit == "calls" else float(max(call.prompt_tokens + call.max_tokens, 1))
+        self._seq += 1
+        entry = QueuedCall(call, self._seq, band, call.tenant, now_s, deadline, task_value(call), cost, service_s)
+        b = self._bands[band]
+        heap = b.heaps.get(call.tenant)
+        if heap is None:
+            heap = b.heaps[call.tenant] = []
+        heapq.heappush(heap, (deadline, -entry.value, entry.seq, entry))
+        b.size += 1
+        self._entries[id(call)] = entry
+        return entry
+
+    # -- out
+
+    def _top(self, heap: list[tuple[float, float, int, QueuedCall]]) -> QueuedCall | None:
+        while heap and not heap[0][3].live:
+            heapq.heappop(heap)
+        return heap[0][3] if heap else None
+
+    def _choose(self) -> tuple[_Band, str, QueuedCall] | None:
+        for b in self._bands:
+            if b.size == 0:
+                continue
+            best: tuple[float, str, QueuedCall] | None = None
+            for tenant, heap in list(b.heaps.items()):
+                top = self._top(heap)
+                if top is None:
+                    del b.heaps[tenant]
+                    continue
+                start = max(b.finish.get(tenant, 0.0), b.clock)
+                if best is None or (start, tenant) < (best[0], best[1]):
+                    best = (start, tenant, top)
+            if best is not None:
+                return b, best[1], best[2]
+        return None
+
+    def peek(self) -> QueuedCall | None:
+        """The call admission would release next."""
+        chosen = self._choose()
+        return chosen[2] if chosen else None
+
+    def pop(self) -> QueuedCall | None:
+        """Release the next call and charge its tenant's fair share."""
+        chosen = self._choose()
+        if chosen is None:
+            return None
+        b, tenant, entry = chosen
+        heapq.heappop(b.heaps[tenant])
+        if not b.heaps[tenant]:
+            del b.heaps[tenant]
+        start = max(b.finish.get(tenant, 0.0), b.clock)
+        b.finish[tenant] = start + entry.cost / max(self._weight(tenant), 1e-9)
+        b.clock = start
+        self._forget(entry)
+        return entry
+
+    def remove(self, call: CallRequest) -> QueuedCall | None:
+        """Take ``call`` out of the queue (cancelled, shed or timed out)."""
+        entry = self._entries.get(id(call))
+        if entry is None:
+            return None
+        self._forget(entry)
+        return entry
+
+    def _forget(self, entry: QueuedCall) -> None:
+        if entry.live:
+            entry.live = False
+            self._bands[entry.band].size -= 1
+            self._entries.pop(id(entry.call), None)
+
+    def expired(self, now_s: float) -> list[QueuedCall]:
+        """Remove and return calls that can no longer finish by their deadline."""
+        gone = [e for e in self._entries.values() if now_s + e.service_s > e.deadline_s]
+        for e in gone:
+            self._forget(e)
+        return gone
+
+    # -- shedding support
+
+    def ahead(self, band: int) -> int:
+        """Calls served before a new call of ``band`` at the latest (every call of an equal or
+        more urgent band; fair share may let it pass some of its own band)."""
+        return sum(self._bands[i].size for i in range(band + 1))
+
+    def has_at_or_above(self, band: int) -> bool:
+        return any(self._bands[i].size for i in range(band + 1))
+
+    def victim(self) -> QueuedCall | None:
+        """The call to shed first: least urgent band, least money at risk, latest deadline."""
+        for b in reversed(self._bands):
+            if b.size == 0:
+                continue
+            live = [h[3] for heap in b.heaps.values() for h in heap if h[3].live]
+            if live:
+                return min(live, key=lambda e: (e.value, -e.deadline_s, -e.seq))
+        return None

@@ -1,0 +1,28 @@
+"""Hard filters: health and the tenant's excluded GPU generations."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from taskplane.scheduler.framework import CycleState, Filter, register
+
+
+@register("healthy")
+class HealthyFilter(Filter):
+    """Drops replicas that failed their health check (or are draining)."""
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        return state.c(state.healthy)
+
+
+@register("tenant-gpu")
+class TenantGpuFilter(Filter):
+    """Drops GPU generations the call's tenant excludes (``tenants[].excluded_gpus``)."""
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        tenant = state.scheduler.tenants.get(state.request.tenant)
+        if tenant is None or not tenant.excluded_gpus:
+            return None
+        excluded = tenant.excluded_gpus
+        pool = state.pool
+        return np.fromiter((pool[i].gpu not in excluded for i in state.sel), dtype=bool, count=len(state.sel))

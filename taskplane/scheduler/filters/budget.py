@@ -1,0 +1,38 @@
+"""Latency budget (axis 6) as a filter: keep replicas predicted to finish within budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from taskplane.scheduler.framework import CycleState, Filter, param, register
+
+
+@dataclass(slots=True)
+class LatencyBudgetParams:
+    metric: Literal["total", "ttft"] = param("total", "compare the budget with predicted total time or time to first token")
+    slack: float = param(1.0, "a replica passes when predicted time <= budget * slack")
+    soft: bool = param(
+        True, "when no replica meets the budget keep them all (admission decides: move, shed or 504)"
+    )
+
+
+@register("latency-budget")
+class LatencyBudgetFilter(Filter):
+    """Drops replicas predicted to miss the call's deadline budget while others meet it."""
+
+    Params = LatencyBudgetParams
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        budget = state.request.budget_ms
+        if budget is None:
+            return None
+        p: LatencyBudgetParams = self.params
+        pred = state.prediction
+        times = pred.total_ms if p.metric == "total" else pred.ttft_ms
+        ok = state.c(times) <= budget * p.slack
+        if p.soft and not ok.any():
+            return None
+        return ok

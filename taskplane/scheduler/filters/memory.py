@@ -1,0 +1,37 @@
+"""Memory headroom (axis 2) as a filter: free KV blocks against the blocks the call needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from taskplane.scheduler.framework import CycleState, Filter, param, register
+
+
+@dataclass(slots=True)
+class MemoryHeadroomParams:
+    min_free_ratio: float = param(
+        1.0, "keep replicas whose free KV blocks are at least this multiple of the new blocks the call needs"
+    )
+    soft: bool = param(
+        True, "when no replica has the headroom keep them all (the engine will queue the call) instead of none"
+    )
+
+    def validate(self) -> None:
+        if self.min_free_ratio < 0:
+            raise ValueError("min_free_ratio must be >= 0")
+
+
+@register("memory-headroom")
+class MemoryHeadroomFilter(Filter):
+    """Drops replicas that would have to evict or queue to fit the call's KV blocks."""
+
+    Params = MemoryHeadroomParams
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        p: MemoryHeadroomParams = self.params
+        ok = state.c(state.free) >= state.c(state.new_blocks_needed()) * p.min_free_ratio
+        if p.soft and not ok.any():
+            return None
+        return ok

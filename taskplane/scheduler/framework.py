@@ -1,0 +1,422 @@
+"""The plugin framework: filters, then weighted normalised scorers, then a picker.
+
+Modelled on the Kubernetes scheduler framework and llm-d's endpoint picker. Each plugin is a
+small class with one job, a registered type name, a ``Params`` dataclass whose every field
+documents its default and meaning (``param(default, doc)``), and its own metrics. Adding an
+axis means adding a plugin, not editing a long function.
+
+* a **filter** returns a boolean mask over the current candidates (None keeps them all);
+* a **scorer** returns one score in [0, 1] per candidate, higher is better; the decision
+  adds the scores times their configured weights;
+* a **picker** chooses one candidate, by default the highest total, ties broken by a
+  seeded random generator so runs are reproducible.
+
+Everything a decision computes once and several plugins need (replica columns as numpy
+arrays, prefix matches, latency predictions) lives in :class:`CycleState`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import numpy as np
+
+from taskplane.errors import ConfigError
+from taskplane.scheduler.metrics import FILTERED, PLUGIN_SCORE
+from taskplane.scheduler.types import CallRequest, ReplicaView
+
+if TYPE_CHECKING:
+    from taskplane.scheduler.core import Scheduler
+    from taskplane.scheduler.latency import Prediction
+
+
+def param(default: Any, doc: str) -> Any:
+    """A documented plugin parameter (``dataclasses.field`` with its help text)."""
+    if isinstance(default, list | dict | set):
+        factory = type(default)
+        items = default
+        return field(default_factory=lambda: factory(items), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(slots=True)
+class NoParams:
+    """This plugin takes no parameters."""
+
+
+class Kind(enum.StrEnum):
+    FILTER = "filter"
+    SCORER = "scorer"
+    PICKER = "picker"
+
+
+class Plugin:
+    """Base of every plugin. Subclasses set ``type_name`` and ``Params``."""
+
+    kind: ClassVar[Kind]
+    type_name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any, *, name: str | None = None, weight: float = 1.0, policy: str = "custom") -> None:
+        self.params = params
+        self.name = name or self.type_name
+        self.weight = float(weight)
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, weight={self.weight}, params={self.params})"
+
+
+class Filter(Plugin):
+    kind = Kind.FILTER
+
+    def __init__(self, params: Any, **kw: Any) -> None:
+        super().__init__(params, **kw)
+        self._filtered = FILTERED.labels(self.policy, self.name)
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        """Boolean mask over ``state.sel`` (True = keep); None keeps every candidate."""
+        raise NotImplementedError
+
+
+class Scorer(Plugin):
+    kind = Kind.SCORER
+
+    def __init__(self, params: Any, **kw: Any) -> None:
+        super().__init__(params, **kw)
+        self._hist = PLUGIN_SCORE.labels(self.policy, self.name)
+
+    def score(self, state: CycleState) -> np.ndarray:
+        """Scores in [0, 1] for the candidates ``state.sel`` (higher is better)."""
+        raise NotImplementedError
+
+
+class Picker(Plugin):
+    kind = Kind.PICKER
+
+    def pick(self, state: CycleState, totals: np.ndarray) -> int:
+        """Position (into ``state.sel``) of the chosen candidate."""
+        raise NotImplementedError
+
+
+P = TypeVar("P", bound=type[Plugin])
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class Registry:
+    """Plugin types by extension point and registered name."""
+
+    def __init__(self) -> None:
+        self._types: dict[Kind, dict[str, type[Plugin]]] = {k: {} for k in Kind}
+
+    def register(self, type_name: str) -> Callable[[P], P]:
+        def deco(cls: P) -> P:
+            table = self._types[cls.kind]
+            if type_name in table and table[type_name] is not cls:
+                raise ValueError(f"{cls.kind} plugin type {type_name!r} is registered twice")
+            cls.type_name = type_name
+            table[type_name] = cls
+            return cls
+
+        return deco
+
+    def types(self, kind: Kind) -> dict[str, type[Plugin]]:
+        return dict(self._types[kind])
+
+    def get(self, kind: Kind, type_name: str) -> type[Plugin]:
+        cls = self._types[kind].get(type_name)
+        if cls is None:
+            known = ", ".join(sorted(self._types[kind])) or "(none)"
+            raise ConfigError(f"scheduler {kind} {type_name!r}: no such plugin type; known {kind}s: {known}")
+        return cls
+
+    def build(self, kind: Kind, spec: Any, *, policy: str = "custom") -> Plugin:
+        """Build a plugin from a ``PluginConfig`` (or a mapping with type/weight/params/name,
+        or just a type name). Every error is a ``ConfigError`` that names the plugin."""
+        if isinstance(spec, str):
+            type_name, weight, params, name = spec, 1.0, {}, None
+        elif isinstance(spec, Mapping):
+            type_name = spec.get("type", "")
+            weight = spec.get("weight", 1.0)
+            params = dict(spec.get("params") or {})
+            name = spec.get("name")
+        else:
+            type_name = getattr(spec, "type", "")
+            weight = getattr(spec, "weight", 1.0)
+            params = dict(getattr(spec, "params", None) or {})
+            name = getattr(spec, "name", None)
+        cls = self.get(kind, str(type_name))
+        where = f"scheduler {kind} {type_name!r}"
+        try:
+            weight = float(weight)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: weight {weight!r} is not a number") from None
+        if weight < 0 or not math.isfinite(weight):
+            raise ConfigError(f"{where}: weight must be a finite number >= 0, got {weight}")
+        p = build_params(cls.Params, params, where)
+        try:
+            return cls(p, name=name, weight=weight, policy=policy)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every registered plugin with its parameters (for docs and ``--help`` output)."""
+        out = []
+        for kind in Kind:
+            for type_name, cls in sorted(self._types[kind].items()):
+                fields = []
+                for f in dataclasses.fields(cls.Params):
+                    default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
+                    fields.append({"name": f.name, "default": default, "doc": f.metadata.get("doc", "")})
+                out.append({"kind": str(kind), "type": type_name, "doc": (cls.__doc__ or "").strip(), "params": fields})
+        return out
+
+
+REGISTRY = Registry()
+register = REGISTRY.register
+
+_SCALARS = (bool, int, float, str)
+
+
+def _check_type(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_check_type(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin in (list, tuple, set, frozenset):
+        return isinstance(value, list | tuple | set | frozenset)
+    if origin is dict:
+        return isinstance(value, Mapping)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def build_params(cls: type, params: Mapping[str, Any], where: str) -> Any:
+    """Validate ``params`` against the ``Params`` dataclass ``cls``."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields)) or "none"
+        raise ConfigError(f"{where}: unknown parameter(s) {', '.join(unknown)}; known: {known}")
+    hints = typing.get_type_hints(cls)
+    for key, value in params.items():
+        hint = hints.get(key, Any)
+        if not _check_type(value, hint):
+            raise ConfigError(f"{where}: parameter {key}={value!r} should be {getattr(hint, '__name__', hint)}")
+    try:
+        obj = cls(**params)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    for k, h in hints.items():
+        if h is float and isinstance(getattr(obj, k), int):
+            setattr(obj, k, float(getattr(obj, k)))
+    return obj
+
+
+# --------------------------------------------------------------------------- cycle state
+
+_COLUMNS = attrgetter(
+    "kv_blocks_free",
+    "kv_blocks_total",
+    "num_running",
+    "num_waiting",
+    "inflight_prefill_tokens",
+    "inflight_decode_tokens",
+    "cost_per_hour_usd",
+    "max_num_seqs",
+    "block_size",
+    "healthy",
+    "model_loaded",
+)
+
+
+class CycleState:
+    """Everything one decision computes once and its plugins share.
+
+    Arrays are over the pool (the replicas serving the call's model, in the given order);
+    ``sel`` holds the pool positions of the candidates still in play. Plugins read candidate
+    values with ``state.c(array)``.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        request: CallRequest,
+        pool: list[ReplicaView],
+        now_s: float,
+        model: str,
+    ) -> None:
+        self.scheduler = scheduler
+        self.request = request
+        self.pool = pool
+        self.now_s = now_s
+        self.model = model
+        self.n = len(pool)
+        cols = np.array([_COLUMNS(r) for r in pool], dtype=np.float64).reshape(self.n, 11)
+        self.free = cols[:, 0]
+        self.total = np.maximum(cols[:, 1], 1.0)
+        self.running = cols[:, 2]
+        self.waiting = cols[:, 3]
+        self.inflight_prefill = cols[:, 4]
+        self.inflight_decode = cols[:, 5]
+        self.cost_per_hour = cols[:, 6]
+        self.max_seqs = np.maximum(cols[:, 7], 1.0)
+        self.block_size = np.maximum(cols[:, 8], 1.0)
+        self.healthy = cols[:, 9] > 0
+        self.loaded = cols[:, 10] > 0
+        self.sel = np.arange(self.n)
+        self.rng = scheduler.rng
+        self._matched: dict[str, np.ndarray] = {}
+        self._prediction: Prediction | None = None
+        self._pinned = -2  # -2: not looked up yet
+        self.pinned_name: str | None = None
+        self.completion_tokens = scheduler.latency.expected_completion_tokens(model, request.max_tokens)
+        self.saturation_waiting = scheduler.saturation_waiting
+
+    # -- candidates
+
+    def c(self, arr: np.ndarray) -> np.ndarray:
+        """``arr`` restricted to the current candidates."""
+        return arr[self.sel]
+
+    def narrow(self, keep: np.ndarray) -> None:
+        self.sel = self.sel[keep]
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.pool]
+
+    # -- prompt
+
+    @property
+    def prompt_blocks(self) -> int:
+        req = self.request
+        return max(len(req.block_hashes), req.prompt_tokens // max(req.block_size, 1))
+
+    def matched(self, source: str = "auto") -> np.ndarray:
+        """Leading prompt blocks each pool replica holds (from the scheduler's KV index)."""
+        arr = self._matched.get(source)
+        if arr is None:
+            req = self.request
+            if req.block_hashes:
+                arr = self.scheduler.kv_index.match_array(
+                    req.block_hashes,
+                    [r.name for r in self.pool],
+                    source=source,
+                    block_size=req.block_size,
+                    tokenized=req.tokenized,
+                ).astype(np.float64)
+            else:
+                arr = np.zeros(self.n)
+            self._matched[source] = arr
+        return arr
+
+    def uncached_tokens(self, source: str = "auto") -> np.ndarray:
+        req = self.request
+        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, 0.0)
+
+    def new_blocks_needed(self) -> np.ndarray:
+        """KV blocks this call will allocate on each replica (prompt suffix + completion)."""
+        need_tokens = self.request.prompt_tokens + self.completion_tokens
+        return np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
+
+    # -- predictions
+
+    @property
+    def queued_tokens(self) -> np.ndarray:
+        avg_prompt = self.scheduler.latency.expected_prompt_tokens(self.model)
+        return np.maximum(self.inflight_prefill, self.waiting * avg_prompt)
+
+    @property
+    def prediction(self) -> Prediction:
+        """Predicted queue, prefill, decode, TTFT and total milliseconds per pool replica."""
+        if self._prediction is None:
+            lat = self.scheduler.latency
+            self._prediction = lat.predict(
+                params=lat.gpu_params([r.gpu for r in self.pool]),
+                uncached_tokens=self.uncached_tokens(),
+                queued_tokens=self.queued_tokens,
+                running=self.running,
+                loaded=self.loaded,
+                completion_tokens=self.completion_tokens,
+            )
+        return self._prediction
+
+    # -- load
+
+    @property
+    def saturated(self) -> np.ndarray:
+        """Replicas that should take no more work now (admission holds calls instead)."""
+        return (
+            (self.waiting >= self.saturation_waiting)
+            | (self.running >= self.max_seqs)
+            | (self.free < self.new_blocks_needed())
+        )
+
+    @property
+    def pinned(self) -> int:
+        """Pool position of the session's live pin, or -1."""
+        if self._pinned == -2:
+            self._pinned = -1
+            req = self.request
+            session = req.session_id or req.task_id
+            pins = self.scheduler.sessions
+            if session is not None and pins is not None:
+                name = pins.get(session, self.now_s)
+                self.pinned_name = name
+                if name is not None:
+                    for i, r in enumerate(self.pool):
+                        if r.name == name:
+                            self._pinned = i
+                            break
+        return self._pinned
+
+
+def minmax_low_is_better(values: np.ndarray) -> np.ndarray:
+    """llm-d style normalisation: (max - v) / (max - min); all equal -> all 1."""
+    if values.size == 0:
+        return values
+    lo = float(values.min())
+    hi = float(values.max())
+    if hi - lo <= 1e-12:
+        return np.ones_like(values)
+    return (hi - values) / (hi - lo)
+
+
+def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9) -> np.ndarray:
+    """min / v: 1 for the best candidate, proportionally less for worse ones.
+
+    Unlike min-max this does not blow a 1 % difference up to the full [0, 1] range.
+    """
+    if values.size == 0:
+        return values
+    v = np.maximum(values, floor)
+    return float(v.min()) / v

@@ -1,0 +1,627 @@
+"""Which replica holds how many leading blocks of a prompt: the KV index.
+
+Two indexes share one replica numbering and answer one ``match`` call:
+
+* the **precise** index, fed by vLLM's KV events per replica. ``BlockStored`` carries the
+  engine's block hashes *and* the token ids; we recompute our own chained hashes
+  (:func:`taskplane.scheduler.hashing.chain_hashes`) from the tokens, so the gateway can look
+  up hashes it computes from the prompt, and keep an engine-hash -> our-hash map per replica
+  so a later ``BlockRemoved`` (which carries engine hashes only) can be applied. Batches carry
+  sequence numbers: duplicates (replays) are ignored, a gap parks later batches until the
+  missing ones are replayed, and ``clear_replica`` gives up and resynchronises.
+* the **approximate** index, the gateway's own routing history: prompt block hashes ->
+  replica, with an LRU capacity per replica estimated from its KV blocks. It stands in for
+  replicas that publish no events, and for any replica whose event stream is out of sync.
+
+Both map each block hash to a bitmask of replica ids (a Python int), so ``match`` walks the
+prompt's hashes once, ANDing masks, and stops as soon as no replica is left: the cost is one
+dict lookup per matched block, independent of the number of replicas or indexed blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge
+
+from taskplane.scheduler.hashing import ROOT, chain_hashes
+
+KV_EVENTS = Counter(
+    "taskplane_kvindex_events_total", "KV events applied to the precise index", ["type"]
+)
+KV_BATCHES = Counter(
+    "taskplane_kvindex_batches_total", "KV event batches by outcome", ["outcome"]
+)
+KV_UNCHAINED = Counter(
+    "taskplane_kvindex_unchained_blocks_total",
+    "stored blocks skipped because their parent block is unknown (missed events)",
+)
+KV_BLOCKS = Gauge("taskplane_kvindex_blocks", "distinct block hashes indexed", ["index"])
+
+#: How many out-of-order batches a replica may park while waiting for a replay.
+MAX_PENDING_BATCHES = 4096
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(slots=True, frozen=True)
+class Stored:
+    """A normalised ``BlockStored`` event."""
+
+    block_hashes: tuple[Any, ...]
+    parent_block_hash: Any
+    token_ids: tuple[int, ...] | Sequence[int]
+    block_size: int
+    indexable: bool = True  # False for LoRA blocks and non-GPU tiers: never matched
+
+
+@dataclass(slots=True, frozen=True)
+class Removed:
+    """A normalised ``BlockRemoved`` event."""
+
+    block_hashes: tuple[Any, ...]
+    indexable: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class Cleared:
+    """A normalised ``AllBlocksCleared`` event."""
+
+
+Event = Stored | Removed | Cleared
+
+_STORED_ORDER = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+_REMOVED_ORDER = ("block_hashes", "medium")
+
+
+def _gpu_tier(medium: Any) -> bool:
+    return medium is None or str(medium).upper() == "GPU"
+
+
+def normalize_event(ev: Any) -> Event:
+    """Accept vLLM's KV events in any shape they reach us.
+
+    * a mapping with a ``"type"`` key (msgpack of vLLM's tagged msgspec structs),
+    * an object with those attributes (a msgspec Struct or dataclass, class name = type),
+    * a list whose first item is the type tag (array-like encoding, vLLM field order),
+    * an already normalised :class:`Stored` / :class:`Removed` / :class:`Cleared`.
+
+    Blocks of a LoRA adapter, of a non-GPU tier (``medium`` other than GPU) or of a
+    non-default KV cache group are kept out of the index: base-model prompts never hit them.
+    """
+    if isinstance(ev, Stored | Removed | Cleared):
+        return ev
+    if isinstance(ev, Mapping):
+        kind = ev.get("type")
+        get = ev.get
+    elif isinstance(ev, list | tuple) and ev and isinstance(ev[0], str):
+        kind = ev[0]
+        order = _STORED_ORDER if kind == "BlockStored" else _REMOVED_ORDER
+        values = dict(zip(order, ev[1:], strict=False))
+        get = values.get
+    else:
+        kind = getattr(ev, "type", None) or type(ev).__name__
+        def get(key: str, default: Any = None) -> Any:
+            return getattr(ev, key, default)
+    if kind == "BlockStored":
+        lora = get("lora_id") is not None or get("lora_name") is not None
+        group = get("group_idx")
+        ok = not lora and _gpu_tier(get("medium")) and (group is None or group == 0)
+        return Stored(
+            block_hashes=tuple(get("block_hashes") or ()),
+            parent_block_hash=get("parent_block_hash"),
+            token_ids=get("token_ids") or (),
+            block_size=int(get("block_size") or 0),
+            indexable=ok,
+        )
+    if kind == "BlockRemoved":
+        group = get("group_idx")
+        ok = _gpu_tier(get("medium")) and (group is None or group == 0)
+        return Removed(block_hashes=tuple(get("block_hashes") or ()), indexable=ok)
+    if kind == "AllBlocksCleared":
+        return Cleared()
+    raise ValueError(f"unknown KV event type {kind!r}: expected BlockStored, BlockRemoved or AllBlocksCleared")
+
+
+# --------------------------------------------------------------------------- replica ids
+
+
+class ReplicaSlots:
+    """Stable small integer ids for replica names (bit positions in the owner masks)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._free: list[int] = []
+        self._next = 0
+
+    def get(self, name: str) -> int | None:
+        return self._ids.get(name)
+
+    def ensure(self, name: str) -> int:
+        rid = self._ids.get(name)
+        if rid is None:
+            rid = self._free.pop() if self._free else self._next
+            if rid == self._next:
+                self._next += 1
+            self._ids[name] = rid
+        return rid
+
+    def release(self, name: str) -> None:
+        rid = self._ids.pop(name, None)
+        if rid is not None:
+            self._free.append(rid)
+
+    @property
+    def capacity(self) -> int:
+        """One more than the highest id ever handed out."""
+        return self._next
+
+    def ids_of(self, names: Sequence[str]) -> np.ndarray:
+        """Ids of ``names``; unknown names get ``capacity`` (an always-zero slot)."""
+        get = self._ids.get
+        cap = self._next
+        return np.fromiter((get(n, cap) for n in names), dtype=np.intp, count=len(names))
+
+    def names(self) -> list[str]:
+        return list(self._ids)
+
+
+# --------------------------------------------------------------------------- walk
+
+
+def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray) -> None:
+    """Write into ``out[id]`` the number of leading ``hashes`` replica ``id`` holds.
+
+    ``out`` must be zero where no match is found; it is only written for matching ids.
+    """
+    if not hashes:
+        return
+    get = owners.get
+    alive = get(hashes[0], 0)
+    if not alive:
+        return
+    i = 1
+    n = len(hashes)
+    while i < n:
+        cur = alive & get(hashes[i], 0)
+        if cur != alive:
+            _assign(alive & ~cur, i, out)
+            if not cur:
+                return
+            alive = cur
+        i += 1
+    _assign(alive, n, out)
+
+
+def _assign(mask: int, value: int, out: np.ndarray) -> None:
+    if mask.bit_count() <= 24:
+        while mask:
+            low = mask & -mask
+            out[low.bit_length() - 1] = value
+            mask ^= low
+        return
+    nbytes = (mask.bit_length() + 7) // 8
+    bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little")
+    out[np.flatnonzero(bits)] = value
+
+
+# --------------------------------------------------------------------------- precise
+
+
+class BatchStatus(enum.StrEnum):
+    APPLIED = "applied"  # applied (and any parked batches that now follow it)
+    DUPLICATE = "duplicate"  # already applied (a replay): ignored
+    GAP = "gap"  # later than expected: parked until the missing batches are replayed
+
+
+@dataclass(slots=True, frozen=True)
+class BatchResult:
+    status: BatchStatus
+    #: for GAP: the first missing sequence number (ask the publisher to replay from it)
+    replay_from: int | None = None
+
+
+class _PreciseReplica:
+    __slots__ = ("block_size", "eng2ours", "extra", "in_sync", "next_seq", "pending")
+
+    def __init__(self) -> None:
+        self.eng2ours: dict[Any, int] = {}
+        self.extra: dict[int, int] = {}  # our hash -> extra engine hashes mapping to it
+        self.block_size: int | None = None
+        self.next_seq: int | None = None
+        self.pending: dict[int, list[Any]] = {}
+        self.in_sync = True
+
+
+class PreciseIndex:
+    """Blocks each replica holds, from its KV events."""
+
+    def __init__(self, slots: ReplicaSlots) -> None:
+        self.slots = slots
+        self.owners: dict[int, int] = {}
+        self._replicas: dict[str, _PreciseReplica] = {}
+        self.unchained_blocks = 0
+        self.block_sizes: set[int] = set()  # every block size seen in events
+        self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
+
+    def _set_sync(self, name: str, rep: _PreciseReplica, value: bool) -> None:
+        rep.in_sync = value
+        rid = self.slots.ensure(name)
+        if rid >= len(self._auth):
+            grown = np.zeros(max(rid + 1, 2 * len(self._auth)), dtype=bool)
+            grown[: len(self._auth)] = self._auth
+            self._auth = grown
+        self._auth[rid] = value
+
+    def authoritative(self, ids: np.ndarray) -> np.ndarray:
+        """By replica id (as from ``ReplicaSlots.ids_of``): is the precise view exact?"""
+        auth = self._auth
+        if len(auth) < self.slots.capacity + 1:
+            grown = np.zeros(self.slots.capacity + 1, dtype=bool)
+            grown[: len(auth)] = auth
+            self._auth = auth = grown
+        return auth[ids]
+
+    # -- state
+
+    def knows(self, name: str) -> bool:
+        return name in self._replicas
+
+    def in_sync(self, name: str) -> bool:
+        rep = self._replicas.get(name)
+        return rep is not None and rep.in_sync
+
+    def block_size_of(self, name: str) -> int | None:
+        rep = self._replicas.get(name)
+        return rep.block_size if rep else None
+
+    def blocks_of(self, name: str) -> set[int]:
+        """Our hashes of the blocks ``name`` holds (for tests and introspection)."""
+        rep = self._replicas.get(name)
+        return set(rep.eng2ours.values()) if rep else set()
+
+    def __len__(self) -> int:
+        return len(self.owners)
+
+    def _rep(self, name: str) -> _PreciseReplica:
+        rep = self._replicas.get(name)
+        if rep is None:
+            rep = self._replicas[name] = _PreciseReplica()
+            self._set_sync(name, rep, True)
+        return rep
+
+    # -- batches with sequence numbers
+
+    def apply_batch(self, name: str, seq: int, events: Iterable[Any]) -> BatchResult:
+        """Apply one published batch, in sequence order.
+
+        The first batch seen from a replica fixes the expected sequence; if it is not 0 we
+        joined late and the replica counts as out of sync (its older blocks are unknown).
+        """
+        rep = self._rep(name)
+        if rep.next_seq is None:
+            if seq != 0:
+                self._set_sync(name, rep, False)
+            rep.next_seq = seq
+        if seq < rep.next_seq or seq in rep.pending:
+            KV_BATCHES.labels("duplicate").inc()
+            return BatchResult(BatchStatus.DUPLICATE)
+        if seq > rep.next_seq:
+            if len(rep.pending) >= MAX_PENDING_BATCHES:
+                # the replay is not coming: give up on the gap rather than grow without bound
+                self.clear_replica(name)
+                return self.apply_batch(name, seq, events)
+            rep.pending[seq] = list(events)
+            KV_BATCHES.labels("gap").inc()
+            return BatchResult(BatchStatus.GAP, replay_from=rep.next_seq)
+        self.apply_events(name, events)
+        rep.next_seq = seq + 1
+        while rep.next_seq in rep.pending:
+            self.apply_events(name, rep.pending.pop(rep.next_seq))
+            rep.next_seq += 1
+        KV_BATCHES.labels("applied").inc()
+        return BatchResult(BatchStatus.APPLIED)
+
+    def clear_replica(self, name: str) -> None:
+        """Forget what ``name`` holds (missed events that cannot be replayed).
+
+        Parked batches are kept and applied from the lowest one on; the replica stays out
+        of sync (matched through the approximate index as well) until the engine clears its
+        cache (``AllBlocksCleared``), because blocks stored during the gap stay unknown.
+        """
+        rep = self._rep(name)
+        self._drop_blocks(name, rep)
+        self._set_sync(name, rep, False)
+        if rep.pending:
+            start = min(rep.pending)
+            rep.next_seq = start
+            while rep.next_seq in rep.pending:
+                self.apply_events(name, rep.pending.pop(rep.next_seq))
+                rep.next_seq += 1
+            rep.pending = {s: ev for s, ev in rep.pending.items() if s > rep.next_seq}
+        else:
+            rep.next_seq = None
+        KV_BLOCKS.labels("precise").set(len(self.owners))
+
+    def remove_replica(self, name: str) -> None:
+        rep = self._replicas.pop(name, None)
+        if rep is not None:
+            self._drop_blocks(name, rep)
+            rid = self.slots.get(name)
+            if rid is not None and rid < len(self._auth):
+                self._auth[rid] = False
+        KV_BLOCKS.labels("precise").set(len(self.owners))
+
+    # -- events
+
+    def apply_events(self, name: str, events: Iterable[Any]) -> None:
+        """Apply events without sequence tracking (in-process engines, tests)."""
+        rep = self._rep(name)
+        bit = 1 << self.slots.ensure(name)
+        for raw in events:
+            ev = normalize_event(raw)
+            if isinstance(ev, Stored):
+                KV_EVENTS.labels("BlockStored").inc()
+                if ev.indexable:
+                    self._stored(rep, bit, ev)
+            elif isinstance(ev, Removed):
+                KV_EVENTS.labels("BlockRemoved").inc()
+                if ev.indexable:
+                    self._removed(rep, bit, ev.block_hashes)
+            else:
+                KV_EVENTS.labels("AllBlocksCleared").inc()
+                self._drop_blocks(name, rep)
+                self._set_sync(name, rep, True)  # the engine is empty now: its state is known
+        KV_BLOCKS.labels("precise").set(len(self.owners))
+
+    def _stored(self, rep: _PreciseReplica, bit: int, ev: Stored) -> None:
+        bs = ev.block_size
+        if bs <= 0 or not ev.block_hashes:
+            return
+        rep.block_size = bs
+        self.block_sizes.add(bs)
+        if ev.parent_block_hash is None:
+            parent = ROOT
+        else:
+            known = rep.eng2ours.get(ev.parent_block_hash)
+            if known is None:
+                # The parent's BlockStored was missed (or it was evicted before its child was
+                # stored): without it the chain cannot be rebuilt, and a block whose parent
+                # is unknown can never be part of a matched prefix anyway.
+                self.unchained_blocks += len(ev.block_hashes)
+                KV_UNCHAINED.inc(len(ev.block_hashes))
+                return
+            parent = known
+        ours = chain_hashes(ev.token_ids, bs, parent)
+        owners = self.owners
+        eng2ours = rep.eng2ours
+        for eng, our in zip(ev.block_hashes, ours, strict=False):
+            old = eng2ours.get(eng)
+            if old == our:
+                continue  # replayed event: idempotent
+            if old is not None:
+                self._unref(rep, bit, old)
+            eng2ours[eng] = our
+            mask = owners.get(our, 0)
+            if mask & bit:
+                rep.extra[our] = rep.extra.get(our, 0) + 1
+            else:
+                owners[our] = mask | bit
+
+    def _removed(self, rep: _PreciseReplica, bit: int, hashes: Iterable[Any]) -> None:
+        pop = rep.eng2ours.pop
+        for eng in hashes:
+            our = pop(eng, None)
+            if our is not None:
+                self._unref(rep, bit, our)
+
+    def _unref(self, rep: _PreciseReplica, bit: int, our: int) -> None:
+        extra = rep.extra.get(our)
+        if extra:
+            if extra == 1:
+                del rep.extra[our]
+            else:
+                rep.extra[our] = extra - 1
+            return
+        mask = self.owners.get(our, 0) & ~bit
+        if mask:
+            self.owners[our] = mask
+        else:
+            self.owners.pop(our, None)
+
+    def _drop_blocks(self, name: str, rep: _PreciseReplica) -> None:
+        rid = self.slots.get(name)
+        if rid is None:
+            return
+        keep = ~(1 << rid)
+        owners = self.owners
+        for our in set(rep.eng2ours.values()):
+            mask = owners.get(our, 0) & keep
+            if mask:
+                owners[our] = mask
+            else:
+                owners.pop(our, None)
+        rep.eng2ours.clear()
+        rep.extra.clear()
+
+
+# --------------------------------------------------------------------------- approximate
+
+
+class ApproxIndex:
+    """The gateway's own routing history: which prompt blocks were sent where.
+
+    Each replica keeps the most recently routed blocks up to its KV capacity (LRU, evicted
+    lazily in bulk so a record costs one dict write per block).
+    """
+
+    #: evict when a replica holds this much more than its capacity (amortises the sort)
+    SLACK = 1.125
+
+    def __init__(self, slots: ReplicaSlots) -> None:
+        self.slots = slots
+        self.owners: dict[int, int] = {}
+        self._lru: dict[str, dict[int, int]] = {}
+        self._tick = 0
+
+    def __len__(self) -> int:
+        return len(self.owners)
+
+    def blocks_of(self, name: str) -> set[int]:
+        return set(self._lru.get(name, ()))
+
+    def size_of(self, name: str) -> int:
+        """Blocks currently attributed to ``name``."""
+        return len(self._lru.get(name, ()))
+
+    def record(self, name: str, block_hashes: Sequence[int], capacity_blocks: int) -> None:
+        """Remember that ``block_hashes`` were just routed to ``name``."""
+        if not block_hashes:
+            return
+        bit = 1 << self.slots.ensure(name)
+        lru = self._lru.get(name)
+        if lru is None:
+            lru = self._lru[name] = {}
+        self._tick += 1
+        tick = self._tick
+        owners = self.owners
+        for h in block_hashes:
+            if h not in lru:
+                owners[h] = owners.get(h, 0) | bit
+            lru[h] = tick
+        cap = max(int(capacity_blocks), 1)
+        if len(lru) > cap * self.SLACK:
+            self._evict(lru, bit, cap)
+        KV_BLOCKS.labels("approximate").set(len(owners))
+
+    def _evict(self, lru: dict[int, int], bit: int, cap: int) -> None:
+        victims = sorted(lru.items(), key=lambda kv: kv[1])[: len(lru) - cap]
+        keep = ~bit
+        owners = self.owners
+        for h, _ in victims:
+            del lru[h]
+            mask = owners.get(h, 0) & keep
+            if mask:
+                owners[h] = mask
+            else:
+                owners.pop(h, None)
+
+    def remove_replica(self, name: str) -> None:
+        lru = self._lru.pop(name, None)
+        rid = self.slots.get(name)
+        if lru is None or rid is None:
+            return
+        keep = ~(1 << rid)
+        owners = self.owners
+        for h in lru:
+            mask = owners.get(h, 0) & keep
+            if mask:
+                owners[h] = mask
+            else:
+                owners.pop(h, None)
+        KV_BLOCKS.labels("approximate").set(len(owners))
+
+
+# --------------------------------------------------------------------------- facade
+
+
+class Source(enum.StrEnum):
+    AUTO = "auto"  # precise for in-sync event publishers, else max(precise, approximate)
+    PRECISE = "precise"
+    APPROXIMATE = "approximate"
+
+
+class KVIndex:
+    """The precise and approximate indexes behind one ``match`` call."""
+
+    def __init__(self) -> None:
+        self.slots = ReplicaSlots()
+        self.precise = PreciseIndex(self.slots)
+        self.approx = ApproxIndex(self.slots)
+
+    # -- feeding
+
+    def apply_batch(self, replica: str, seq: int, events: Iterable[Any]) -> BatchResult:
+        return self.precise.apply_batch(replica, seq, events)
+
+    def apply_events(self, replica: str, events: Iterable[Any]) -> None:
+        self.precise.apply_events(replica, events)
+
+    def clear_replica(self, replica: str) -> None:
+        self.precise.clear_replica(replica)
+
+    def record_routing(self, replica: str, block_hashes: Sequence[int], capacity_blocks: int) -> None:
+        self.approx.record(replica, block_hashes, capacity_blocks)
+
+    def remove_replica(self, replica: str) -> None:
+        """A replica left the pool: forget its blocks in both indexes and free its id."""
+        self.precise.remove_replica(replica)
+        self.approx.remove_replica(replica)
+        self.slots.release(replica)
+
+    # -- lookup
+
+    def match_array(
+        self,
+        block_hashes: Sequence[int],
+        replicas: Sequence[str],
+        *,
+        source: Source | str = Source.AUTO,
+        block_size: int | None = None,
+        tokenized: bool = True,
+    ) -> np.ndarray:
+        """Leading blocks of ``block_hashes`` held by each of ``replicas`` (an int array).
+
+        ``block_size``: the block size the hashes were computed with; replicas whose events
+        use another size cannot match precisely. ``tokenized=False`` (text hashes) consults
+        only the approximate index.
+        """
+        n = len(replicas)
+        if not block_hashes or n == 0:
+            return np.zeros(n, dtype=np.int64)
+        src = Source(source)
+        cap = self.slots.capacity + 1
+        ids = self.slots.ids_of(replicas)
+        use_precise = tokenized and src != Source.APPROXIMATE and bool(self.precise.owners)
+        use_approx = (src != Source.PRECISE or not tokenized) and bool(self.approx.owners)
+        precise = approx = None
+        if use_precise:
+            precise = np.zeros(cap, dtype=np.int64)
+            _walk(self.precise.owners, block_hashes, precise)
+            precise = precise[ids]
+            if block_size is not None and self.precise.block_sizes - {block_size}:
+                for i, name in enumerate(replicas):
+                    bs = self.precise.block_size_of(name)
+                    if bs is not None and bs != block_size and precise[i]:
+                        precise[i] = 0
+        if use_approx:
+            approx = np.zeros(cap, dtype=np.int64)
+            _walk(self.approx.owners, block_hashes, approx)
+            approx = approx[ids]
+        if precise is None:
+            return approx if approx is not None else np.zeros(n, dtype=np.int64)
+        if approx is None:
+            return precise
+        if src == Source.AUTO:
+            # in-sync publishers are authoritative; others take the better of the two views
+            authoritative = self.precise.authoritative(ids)
+            return np.where(authoritative, precise, np.maximum(precise, approx))
+        return np.maximum(precise, approx)
+
+    def match(
+        self,
+        block_hashes: Sequence[int],
+        replicas: Sequence[str],
+        *,
+        source: Source | str = Source.AUTO,
+        block_size: int | None = None,
+        tokenized: bool = True,
+    ) -> dict[str, int]:
+        """``{replica: leading_blocks_matched}`` for the replicas with at least one block."""
+        arr = self.match_array(block_hashes, replicas, source=source, block_size=block_size, tokenized=tokenized)
+        return {replicas[int(i)]: int(arr[i]) for i in np.flatnonzero(arr)}

@@ -1,0 +1,25 @@
+"""Scorers: a normalised score in [0, 1] per candidate replica, higher is better."""
+
+from taskplane.scheduler.scorers.cache import PrefixCacheScorer, SessionAffinityScorer
+from taskplane.scheduler.scorers.cost import DynamoCostScorer, GpuPriceScorer
+from taskplane.scheduler.scorers.load import KvUsageScorer, LeastLoadedScorer, QueueScorer
+from taskplane.scheduler.scorers.resources import (
+    LatencyScorer,
+    MemoryHeadroomScorer,
+    WeightWarmthScorer,
+)
+from taskplane.scheduler.scorers.workflow import WorkflowContextScorer
+
+__all__ = [
+    "DynamoCostScorer",
+    "GpuPriceScorer",
+    "KvUsageScorer",
+    "LatencyScorer",
+    "LeastLoadedScorer",
+    "MemoryHeadroomScorer",
+    "PrefixCacheScorer",
+    "QueueScorer",
+    "SessionAffinityScorer",
+    "WeightWarmthScorer",
+    "WorkflowContextScorer",
+]

@@ -1,0 +1,77 @@
+"""Price (axis 1) and the Dynamo-style KV cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from taskplane.scheduler.framework import (
+    CycleState,
+    Scorer,
+    minmax_low_is_better,
+    param,
+    ratio_low_is_better,
+    register,
+)
+
+
+@dataclass(slots=True)
+class GpuPriceParams:
+    per_call: bool = param(
+        True,
+        "rank by the estimated cost of this call (hourly price x predicted service time: prefill "
+        "of the uncached suffix + decode); false ranks by the plain hourly price",
+    )
+    budget_slack: float = param(1.0, "replicas predicted to exceed budget * slack score 0 while others meet it")
+
+
+@register("gpu-price")
+class GpuPriceScorer(Scorer):
+    """Cheapest replica that still meets the call's latency budget.
+
+    Score = cheapest estimated cost / this replica's; replicas predicted to miss the
+    budget score 0 whenever at least one replica meets it.
+    """
+
+    Params = GpuPriceParams
+
+    def score(self, state: CycleState) -> np.ndarray:
+        p: GpuPriceParams = self.params
+        price = state.c(state.cost_per_hour)
+        if p.per_call:
+            pred = state.prediction
+            service_s = (state.c(pred.prefill_ms) + state.c(pred.decode_ms)) / 1000.0
+            cost = price / 3600.0 * service_s
+        else:
+            cost = price
+        score = ratio_low_is_better(cost, floor=1e-12)
+        budget = state.request.budget_ms
+        if budget is not None:
+            meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack
+            if meets.any():
+                score = np.where(meets, score, 0.0)
+        return score
+
+
+@dataclass(slots=True)
+class DynamoCostParams:
+    overlap_weight: float = param(
+        1.0, "weight of the prefill blocks not cached on the replica against its active decode blocks"
+    )
+    source: str = param("auto", "KV index source for the overlap: auto, precise or approximate")
+
+
+@register("dynamo-cost")
+class DynamoCostScorer(Scorer):
+    """NVIDIA Dynamo KV router cost: overlap_weight x uncached prompt blocks + active blocks
+    (blocks held by running requests plus this call's), lowest wins; min-max normalised."""
+
+    Params = DynamoCostParams
+
+    def score(self, state: CycleState) -> np.ndarray:
+        p: DynamoCostParams = self.params
+        prompt_blocks = float(state.prompt_blocks)
+        prefill_blocks = np.maximum(prompt_blocks - state.c(state.matched(p.source)), 0.0)
+        active = state.c(state.total) - state.c(state.free) + prompt_blocks
+        return minmax_low_is_better(p.overlap_weight * prefill_blocks + active)

@@ -1,0 +1,44 @@
+"""Load scorers (the baselines' and llm-d's): queue length, KV usage, running + waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from taskplane.scheduler.framework import CycleState, Scorer, minmax_low_is_better, param, register
+
+
+@dataclass(slots=True)
+class QueueParams:
+    include_running: bool = param(False, "count running requests too, not only waiting ones")
+
+
+@register("queue")
+class QueueScorer(Scorer):
+    """llm-d queue-scorer: (max - waiting) / (max - min) over candidates; all equal -> 1."""
+
+    Params = QueueParams
+
+    def score(self, state: CycleState) -> np.ndarray:
+        q = state.c(state.waiting)
+        if self.params.include_running:
+            q = q + state.c(state.running)
+        return minmax_low_is_better(q)
+
+
+@register("kv-usage")
+class KvUsageScorer(Scorer):
+    """llm-d kv-cache-utilization-scorer: 1 - used KV blocks / total KV blocks."""
+
+    def score(self, state: CycleState) -> np.ndarray:
+        total = state.c(state.total)
+        return np.clip(state.c(state.free) / total, 0.0, 1.0)
+
+
+@register("least-loaded")
+class LeastLoadedScorer(Scorer):
+    """Fewest running + waiting requests: (max - load) / (max - min); all equal -> 1."""
+
+    def score(self, state: CycleState) -> np.ndarray:
+        return minmax_low_is_better(state.c(state.running) + state.c(state.waiting))

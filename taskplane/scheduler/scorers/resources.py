@@ -1,0 +1,53 @@
+"""Memory headroom (axis 2), weight warmth (axis 4) and predicted latency (axis 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from taskplane.scheduler.framework import CycleState, Scorer, param, ratio_low_is_better, register
+
+
+@register("memory-headroom")
+class MemoryHeadroomScorer(Scorer):
+    """Free KV blocks left after this call, as a fraction of the replica's KV blocks.
+
+    Keeps headroom for the sessions already living on a replica: a call that would push
+    it into evicting their blocks scores 0.
+    """
+
+    def score(self, state: CycleState) -> np.ndarray:
+        left = state.c(state.free) - state.c(state.new_blocks_needed())
+        return np.clip(left / state.c(state.total), 0.0, 1.0)
+
+
+@register("weight-warmth")
+class WeightWarmthScorer(Scorer):
+    """1 when the model's weights are loaded, 0 when placing here costs a cold start."""
+
+    def score(self, state: CycleState) -> np.ndarray:
+        return state.c(state.loaded).astype(np.float64)
+
+
+@dataclass(slots=True)
+class LatencyParams:
+    metric: Literal["total", "ttft"] = param(
+        "total", "rank by predicted total time (queue + prefill of the uncached suffix + decode) or TTFT"
+    )
+
+
+@register("latency")
+class LatencyScorer(Scorer):
+    """Predicted time on each replica, from live load and the self-calibrating GPU model.
+
+    Score = best predicted time / this replica's predicted time (1 for the fastest).
+    """
+
+    Params = LatencyParams
+
+    def score(self, state: CycleState) -> np.ndarray:
+        pred = state.prediction
+        times = pred.total_ms if self.params.metric == "total" else pred.ttft_ms
+        return ratio_low_is_better(state.c(times))

@@ -1,0 +1,162 @@
+"""Session pins: keep an agent's conversation on the replica that holds its KV cache.
+
+Between two calls of a session the agent runs a tool (a test suite, a web search); the pin
+must outlive that gap or the next call lands on a cold replica. How long a gap lasts depends
+on the agent, so the time-to-live is learned per agent from the gaps actually observed:
+mean + k standard deviations, clamped. Pins never expire while a call is in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+PINS_BROKEN = Counter(
+    "taskplane_scheduler_pins_broken_total",
+    "session pins broken (the session moved or lost its replica)",
+    ["policy", "reason"],
+)
+
+
+@dataclass(slots=True)
+class Pin:
+    replica: str
+    agent: str
+    last_end_s: float | None  # when the session's last call finished (None: one in flight)
+    inflight: int = 0
+
+
+class _GapStats:
+    __slots__ = ("mean", "n", "var")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.var = 0.0
+
+
+class SessionPins:
+    """Session -> replica pins with a TTL learned from each agent's tool-call gaps."""
+
+    def __init__(
+        self,
+        *,
+        default_ttl_s: float = 60.0,
+        min_ttl_s: float = 5.0,
+        max_ttl_s: float = 900.0,
+        k_std: float = 2.0,
+        alpha: float = 0.1,
+        min_samples: int = 3,
+        max_sessions: int = 1_000_000,
+        policy: str = "taskplane",
+    ) -> None:
+        self.default_ttl_s = default_ttl_s
+        self.min_ttl_s = min_ttl_s
+        self.max_ttl_s = max_ttl_s
+        self.k_std = k_std
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.max_sessions = max_sessions
+        self.policy = policy
+        self._pins: dict[str, Pin] = {}
+        self._gaps: dict[str, _GapStats] = {}
+        self.broken: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    # -- TTL learning
+
+    def ttl_for(self, agent: str | None) -> float:
+        stats = self._gaps.get(agent or "default")
+        if stats is None or stats.n < self.min_samples:
+            return self.default_ttl_s
+        ttl = stats.mean + self.k_std * math.sqrt(max(stats.var, 0.0))
+        return min(max(ttl, self.min_ttl_s), self.max_ttl_s)
+
+    def observe_gap(self, agent: str | None, gap_s: float) -> None:
+        if gap_s < 0:
+            return
+        stats = self._gaps.setdefault(agent or "default", _GapStats())
+        stats.n += 1
+        if stats.n == 1:
+            stats.mean, stats.var = gap_s, 0.0
+            return
+        a = max(self.alpha, 1.0 / stats.n)  # plain average until alpha takes over
+        delta = gap_s - stats.mean
+        stats.mean += a * delta
+        stats.var = (1 - a) * (stats.var + a * delta * delta)
+
+    # -- pins
+
+    def get(self, session: str | None, now_s: float) -> str | None:
+        """The replica ``session`` is pinned to, if the pin is still alive."""
+        if session is None:
+            return None
+        pin = self._pins.get(session)
+        if pin is None:
+            return None
+        if pin.inflight == 0 and pin.last_end_s is not None:
+            if now_s - pin.last_end_s > self.ttl_for(pin.agent):
+                del self._pins[session]
+                self._count("expired")
+                return None
+        return pin.replica
+
+    def placed(self, session: str | None, replica: str, now_s: float, agent: str | None = None) -> None:
+        """A call of ``session`` was placed on ``replica``: (re)pin it and learn the gap."""
+        if session is None:
+            return
+        pin = self._pins.get(session)
+        if pin is not None and pin.inflight == 0 and pin.last_end_s is not None:
+            self.observe_gap(pin.agent, now_s - pin.last_end_s)
+        if pin is None:
+            if len(self._pins) >= self.max_sessions:
+                self._evict_oldest()
+            pin = self._pins[session] = Pin(replica, agent or "default", None, 0)
+        pin.replica = replica
+        if agent:
+            pin.agent = agent
+        pin.inflight += 1
+        pin.last_end_s = None
+
+    def finished(self, session: str | None, now_s: float) -> None:
+        """A call of ``session`` finished: the tool-call gap starts now."""
+        if session is None:
+            return
+        pin = self._pins.get(session)
+        if pin is None:
+            return
+        pin.inflight = max(pin.inflight - 1, 0)
+        pin.last_end_s = now_s
+
+    def break_pin(self, session: str, reason: str) -> bool:
+        if self._pins.pop(session, None) is None:
+            return False
+        self._count(reason)
+        return True
+
+    def drop_replica(self, replica: str, reason: str) -> int:
+        """Break every pin to ``replica`` (it failed or left); returns how many."""
+        victims = [s for s, p in self._pins.items() if p.replica == replica]
+        for s in victims:
+            del self._pins[s]
+        if victims:
+            self._count(reason, len(victims))
+        return len(victims)
+
+    def pinned_on(self, replica: str, now_s: float) -> int:
+        """Live pins on ``replica`` (an engine may protect those sessions' blocks)."""
+        return sum(1 for s, p in list(self._pins.items()) if p.replica == replica and self.get(s, now_s))
+
+    def _evict_oldest(self) -> None:
+        # dicts keep insertion order: the first pin is the oldest session still tracked
+        for session in self._pins:
+            del self._pins[session]
+            return
+
+    def _count(self, reason: str, n: int = 1) -> None:
+        self.broken[reason] = self.broken.get(reason, 0) + n
+        PINS_BROKEN.labels(self.policy, reason).inc(n)
