@@ -1,0 +1,97 @@
+"""Exceptions an agent author sees, and the failure types a task ends with.
+
+Inside an agent these are ordinary Python exceptions the author may catch; when one
+escapes the agent the task ends and the exception's ``failure_type`` becomes the
+Temporal failure type, so the Temporal UI, the task row and ``TaskHandle.result()``
+all name the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentError(Exception):
+    """Base of the SDK's exceptions."""
+
+    failure_type = "AgentError"
+
+
+class LlmError(AgentError):
+    """An LLM call failed for good: a non-retryable gateway error, or retries ran out."""
+
+    failure_type = "LlmError"
+
+    def __init__(self, error_type: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+        self.retryable = retryable
+
+
+class StepFailed(AgentError):
+    """A ``@step`` (tool) failed for good after its retries."""
+
+    failure_type = "StepFailed"
+
+    def __init__(self, step: str, error_type: str, message: str) -> None:
+        super().__init__(f"step {step!r} failed ({error_type}): {message}")
+        self.step = step
+        self.error_type = error_type
+        self.message = message
+
+
+class DeadlineExceeded(AgentError):
+    """The task's deadline budget ran out (or the gateway says it cannot be met)."""
+
+    failure_type = "DeadlineExceeded"
+
+
+class BudgetExceeded(AgentError):
+    """The task's spend crossed its ``max_cost_usd``."""
+
+    failure_type = "BudgetExceeded"
+
+    def __init__(self, spent_usd: float, max_cost_usd: float) -> None:
+        super().__init__(
+            f"cost budget exceeded: spent ${spent_usd:.6f} of max_cost_usd=${max_cost_usd:.6f}; "
+            "raise max_cost_usd on the agent or in submit(), or make fewer/cheaper calls"
+        )
+        self.spent_usd = spent_usd
+        self.max_cost_usd = max_cost_usd
+
+
+class SubAgentFailed(AgentError):
+    """A sub-agent (child task) ended without success."""
+
+    failure_type = "SubAgentFailed"
+
+    def __init__(self, task_id: str, status: str, message: str, cost_usd: float) -> None:
+        super().__init__(f"sub-agent {task_id} {status}: {message}")
+        self.task_id = task_id
+        self.status = status
+        self.message = message
+        self.cost_usd = cost_usd
+
+
+class NotDeterministic(AgentError):
+    """The agent body did something only a ``@step`` may do (I/O, clocks, randomness)."""
+
+    failure_type = "AgentNotDeterministic"
+
+
+class TaskFailed(Exception):
+    """Raised by ``TaskHandle.result()`` when the task did not succeed."""
+
+    def __init__(self, task_id: str, status: str, failure_type: str, message: str, cost_usd: float | None) -> None:
+        super().__init__(f"task {task_id} {status} ({failure_type}): {message}")
+        self.task_id = task_id
+        self.status = status
+        self.failure_type = failure_type
+        self.message = message
+        self.cost_usd = cost_usd
+
+    @classmethod
+    def from_details(cls, task_id: str, failure_type: str, message: str, details: Any) -> TaskFailed:
+        info = details if isinstance(details, dict) else {}
+        return cls(task_id, str(info.get("status", "failed")), failure_type, message, info.get("cost_usd"))

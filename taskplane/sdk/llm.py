@@ -1,0 +1,118 @@
+"""``llm.chat`` / ``llm.complete``: an LLM call inside an agent is the ``llm_call`` activity.
+
+The agent awaits what looks like an OpenAI call; underneath, the call claims the next
+step index, becomes one Temporal activity (retried by the one policy of
+:mod:`taskplane.sdk.retry`, bounded by the task's deadline budget) and carries the
+task's context in a Temporal header to the activity, which sends it to the gateway.
+The result is the OpenAI response plus what the gateway reported (replica, GPU, cached
+tokens, cost), and the cost is added to the task's spend at once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+from taskplane.sdk import retry
+from taskplane.sdk.errors import DeadlineExceeded, LlmError
+from taskplane.sdk.runtime import TaskRuntime, runtime
+from taskplane.sdk.types import LlmRequest, LlmResponse
+
+__all__ = ["LlmResponse", "chat", "complete"]
+
+ACTIVITY_NAME = "llm_call"
+DEFAULT_TIMEOUT = timedelta(minutes=2)
+
+
+async def chat(
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    steps_remaining: int | None = None,
+    allow_fallback: bool | None = None,
+    timeout: timedelta | None = None,
+    **params: Any,
+) -> LlmResponse:
+    """An OpenAI chat completion through the gateway, as one durable step of the task.
+
+    ``params`` are OpenAI request fields (``max_tokens``, ``temperature``...).
+    ``steps_remaining`` overrides the task's estimate for this call; ``timeout`` bounds
+    one attempt (the task's deadline bounds all of them).
+    """
+    body: dict[str, Any] = {"model": model, "messages": messages, **params}
+    summary = f"{model} · {len(messages)} messages"
+    return await _call("chat", body, summary, steps_remaining, allow_fallback, timeout)
+
+
+async def complete(
+    *,
+    model: str,
+    prompt: str,
+    steps_remaining: int | None = None,
+    allow_fallback: bool | None = None,
+    timeout: timedelta | None = None,
+    **params: Any,
+) -> LlmResponse:
+    """An OpenAI text completion through the gateway, as one durable step of the task."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, **params}
+    summary = f"{model} · prompt {len(prompt)} chars"
+    return await _call("completion", body, summary, steps_remaining, allow_fallback, timeout)
+
+
+async def _call(
+    kind: str,
+    body: dict[str, Any],
+    summary: str,
+    steps_remaining: int | None,
+    allow_fallback: bool | None,
+    timeout: timedelta | None,
+) -> LlmResponse:
+    if body.get("stream"):
+        raise LlmError("invalid_request", "streaming is not supported inside an agent; drop stream=True")
+    rt = runtime("llm.chat / llm.complete")
+    budget_s = rt.budget_left()
+    rt.check_cost()
+    ctx = rt.next_llm_context(steps_remaining=steps_remaining, allow_fallback=allow_fallback)
+    attempt_timeout = timeout or DEFAULT_TIMEOUT
+    if budget_s is not None:
+        attempt_timeout = min(attempt_timeout, timedelta(seconds=budget_s))
+    rt.set_current(f"LLM step {ctx.step}: {summary}")
+    rt.pending_header = ctx
+    try:
+        result: LlmResponse = await workflow.execute_activity(
+            ACTIVITY_NAME,
+            LlmRequest(kind=kind, body=body, timeout_s=attempt_timeout.total_seconds()),
+            result_type=LlmResponse,
+            start_to_close_timeout=attempt_timeout + timedelta(seconds=5),
+            schedule_to_close_timeout=None if budget_s is None else timedelta(seconds=budget_s),
+            retry_policy=retry.LLM_RETRY_POLICY,
+            summary=f"LLM step {ctx.step} · {summary}",
+        )
+    except ActivityError as exc:
+        raise _llm_failure(rt, ctx.step, exc) from None
+    rt.add_call(result.cost_usd, result.attempt)
+    rt.publish()
+    rt.set_current(f"LLM step {ctx.step} done: {result.summary}")
+    rt.check_cost()
+    return result
+
+
+def _llm_failure(rt: TaskRuntime, step: int, exc: ActivityError) -> Exception:
+    """The author-facing exception for an LLM call that failed for good."""
+    cause = exc.cause
+    if isinstance(cause, ApplicationError):
+        if cause.type in retry.DEADLINE_TYPES:
+            return DeadlineExceeded(f"LLM step {step}: {cause.message}")
+        return LlmError(cause.type or "error", cause.message, retryable=not cause.non_retryable)
+    if isinstance(cause, TimeoutError):
+        budget = rt.budget_ms()
+        # schedule-to-close is only ever the deadline budget, so that timeout means "out of time".
+        if cause.type == TimeoutType.SCHEDULE_TO_CLOSE or (budget is not None and budget <= 1000):
+            return DeadlineExceeded(
+                f"LLM step {step} did not finish before the task's deadline ({rt.ctx.deadline})"
+            )
+        return LlmError("timeout", f"LLM step {step} timed out ({cause.type})", retryable=True)
+    return LlmError("error", f"LLM step {step} failed: {cause or exc}")

@@ -1,0 +1,145 @@
+"""``@step``: a function becomes an activity (a tool) with its own retries and timeout.
+
+Awaited inside an agent, a step runs once per task even across worker crashes (its
+result is in the history); anything non-deterministic - I/O, clocks, randomness,
+network - belongs here. Called outside an agent it is the plain function, so tools stay
+unit-testable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from temporalio import activity, workflow
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+from taskplane.sdk import retry
+from taskplane.sdk.convert import return_hint, summarize_args
+from taskplane.sdk.errors import DeadlineExceeded, StepFailed
+from taskplane.sdk.runtime import runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Every step the process has defined, by activity name (outside the sandbox only).
+STEPS: dict[str, Step] = {}
+
+DEFAULT_TIMEOUT = timedelta(minutes=5)
+
+
+class Step:
+    """A tool: an activity when awaited inside an agent, the plain function elsewhere."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        retries: int,
+        timeout: timedelta,
+        non_retryable: Sequence[type[BaseException] | str],
+        heartbeat: timedelta | None,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.retries = retries
+        self.timeout = timeout
+        self.heartbeat = heartbeat
+        self.non_retryable = [t if isinstance(t, str) else t.__name__ for t in non_retryable]
+        self.activity = activity.defn(name=name)(_as_async_activity(fn))
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any) -> Any:
+        if workflow.in_workflow():
+            return _run_step(self, args)
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"<taskplane step {self.name!r}>"
+
+
+def _as_async_activity(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An async activity with the function's signature; sync tools run in a thread."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any) -> Any:
+            return await fn(*args)
+
+        return run_async
+
+    @functools.wraps(fn)
+    async def run_in_thread(*args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    return run_in_thread
+
+
+@overload
+def step(fn: F, /) -> Step: ...
+
+
+@overload
+def step(
+    *,
+    name: str | None = None,
+    retries: int = 3,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    non_retryable: Sequence[type[BaseException] | str] = (),
+    heartbeat: timedelta | None = None,
+) -> Callable[[F], Step]: ...
+
+
+def step(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    retries: int = 3,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    non_retryable: Sequence[type[BaseException] | str] = (),
+    heartbeat: timedelta | None = None,
+) -> Step | Callable[[F], Step]:
+    """Make a function a tool step: ``retries`` retries after the first attempt, ``timeout``
+    per attempt, exceptions of the ``non_retryable`` types (classes or class names) fail at
+    once. The activity name is ``name`` or the function's name."""
+    if retries < 0:
+        raise ValueError("@step retries must be >= 0")
+
+    def wrap(f: F) -> Step:
+        s = Step(f, name or f.__name__, retries, timeout, non_retryable, heartbeat)
+        if not workflow.unsafe.in_sandbox():
+            STEPS[s.name] = s
+        return s
+
+    return wrap(fn) if fn is not None else wrap
+
+
+async def _run_step(s: Step, args: tuple[Any, ...]) -> Any:
+    rt = runtime(f"step {s.name!r}")
+    budget_s = rt.budget_left()
+    rt.set_current(f"tool {s.name}")
+    rt.pending_header = rt.tool_context()
+    try:
+        result = await workflow.execute_activity(
+            s.name,
+            args=list(args),
+            result_type=return_hint(s.fn),
+            start_to_close_timeout=s.timeout,
+            schedule_to_close_timeout=None if budget_s is None else timedelta(seconds=budget_s),
+            heartbeat_timeout=s.heartbeat,
+            retry_policy=retry.step_retry_policy(s.retries, s.non_retryable),
+            summary=summarize_args(s.name, args),
+        )
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_CLOSE:
+            raise DeadlineExceeded(f"tool {s.name!r} did not finish before the task's deadline") from None
+        if isinstance(cause, ApplicationError):
+            raise StepFailed(s.name, cause.type or "error", cause.message) from None
+        raise StepFailed(s.name, type(cause).__name__ if cause else "error", str(cause or exc)) from None
+    rt.set_current(f"tool {s.name} done")
+    return result

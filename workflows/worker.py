@@ -1,0 +1,184 @@
+"""The Temporal worker for agent tasks: the built-in activities, the example agents and
+any ``--module`` agents, on task queue ``taskplane``.
+
+``build_worker`` gives tests and the dev stack a worker to run in-process;
+``run_worker_blocking`` is ``taskplane worker``. Temporal's workflow sandbox stays on:
+the SDK and its pure dependencies pass through (imported once), the agents' own modules
+are re-imported per task so their determinism is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import structlog
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from taskplane.errors import UserError
+from taskplane.sdk.agent import AGENTS, Agent
+from taskplane.sdk.client import connect, taskplane_client
+from taskplane.sdk.interceptors import TaskplaneInterceptor
+from taskplane.sdk.resolve import resolve
+from taskplane.sdk.step import STEPS, Step
+from taskplane.temporal_names import TASK_QUEUE
+from workflows.activities import TaskplaneActivities
+from workflows.task_rows import TaskRowStore
+
+log = structlog.get_logger("taskplane.worker")
+
+#: Modules imported once, outside the sandbox: deterministic SDK code and pure libraries.
+PASSTHROUGH = (
+    "taskplane", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
+    "typing_inspection", "structlog", "msgspec", "httpx", "httpcore", "anyio", "sniffio",
+    "h11", "idna", "certifi",
+)
+
+EXAMPLE_MODULES = ("examples.research", "examples.coding", "examples.triage")
+
+
+def import_agent_module(name: str) -> ModuleType:
+    """Import ``pkg.module`` (or a ``path/to/file.py``) with a one-line error if it fails."""
+    if name.endswith(".py"):
+        path = Path(name).resolve()
+        if not path.exists():
+            raise UserError(f"--module {name}: no such file")
+        sys.path.insert(0, str(path.parent))
+        name = path.stem
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise UserError(f"--module {name}: cannot import it ({exc}); check the name and PYTHONPATH") from None
+
+
+def load_modules(modules: Sequence[str], include_examples: bool = True) -> list[ModuleType]:
+    loaded = [import_agent_module(m) for m in modules]
+    if include_examples:
+        for name in EXAMPLE_MODULES:
+            try:
+                loaded.append(importlib.import_module(name))
+            except ImportError as exc:
+                log.warning("examples_unavailable", module=name, error=str(exc))
+    return loaded
+
+
+def agents_and_steps(modules: Sequence[ModuleType]) -> tuple[list[Agent], list[Step]]:
+    """Agents found in ``modules`` (and every agent/step defined in the process so far)."""
+    agents: dict[str, Agent] = dict(AGENTS)
+    for module in modules:
+        for value in vars(module).values():
+            if isinstance(value, Agent):
+                agents[value.name] = value
+    return list(agents.values()), list(STEPS.values())
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+
+
+class TaskplaneWorker(Worker):
+    """A Temporal worker that also closes the activities' HTTP client and DB writer."""
+
+    def __init__(self, *args: Any, resources: TaskplaneActivities, agents: list[Agent], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resources = resources
+        self.agents = agents
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            await self.resources.aclose()
+
+
+async def build_worker(
+    client: Client,
+    gateway_url: str | None,
+    database_url: str | None,
+    modules: Sequence[str] = (),
+    *,
+    task_queue: str = TASK_QUEUE,
+    include_examples: bool = True,
+    outbox_dir: Path | None = None,
+    max_concurrent_activities: int = 200,
+) -> TaskplaneWorker:
+    """A worker serving the agents of ``modules`` (plus the examples) and the built-in activities."""
+    loaded = load_modules(modules, include_examples)
+    agents, steps = agents_and_steps(loaded)
+    resources = TaskplaneActivities(gateway_url, TaskRowStore(database_url, outbox_dir))
+    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps)]
+    try:
+        return TaskplaneWorker(
+            taskplane_client(client),
+            task_queue=task_queue,
+            workflows=[a.workflow_cls for a in agents],
+            activities=activities,
+            interceptors=[TaskplaneInterceptor()],
+            workflow_runner=sandbox_runner(),
+            max_concurrent_activities=max_concurrent_activities,
+            resources=resources,
+            agents=agents,
+        )
+    except Exception as exc:
+        await resources.aclose()
+        raise UserError(
+            f"an agent module cannot be loaded in Temporal's workflow sandbox: {exc}. Agent modules "
+            "are re-imported for every task, so module-level code must not do I/O, read clocks or "
+            "randomness, or start threads: move that into a @step function or into the agent body's tools"
+        ) from exc
+
+
+async def run_worker(
+    temporal_address: str | None,
+    gateway_url: str | None,
+    database_url: str | None,
+    modules: Sequence[str] = (),
+    *,
+    state_dir: Path | None = None,
+    task_queue: str = TASK_QUEUE,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Resolve the addresses, connect, serve until ``stop`` is set (or forever)."""
+    found = resolve(temporal_address=temporal_address, gateway_url=gateway_url, database_url=database_url,
+                    state_dir=state_dir, need_gateway=True)
+    client = await connect(found.temporal_address)
+    outbox = (state_dir or Path(".taskplane")) / "outbox" / "worker"
+    worker = await build_worker(client, found.gateway_url, found.database_url, modules,
+                                task_queue=task_queue, outbox_dir=outbox)
+    async with worker:
+        log.info("worker_started", task_queue=task_queue, temporal=found.temporal_address,
+                 gateway=found.gateway_url, database=bool(found.database_url),
+                 agents=sorted(a.name for a in worker.agents))
+        if stop is None:
+            stop = asyncio.Event()
+        await stop.wait()
+    log.info("worker_stopped")
+
+
+def run_worker_blocking(
+    temporal_address: str | None,
+    gateway_url: str | None,
+    database_url: str | None,
+    modules: Sequence[str] = (),
+) -> None:
+    """``taskplane worker``: run until SIGINT/SIGTERM, then finish in-flight work and exit."""
+    import os
+
+    state_dir = Path(os.environ["TASKPLANE_STATE_DIR"]) if os.environ.get("TASKPLANE_STATE_DIR") else None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(temporal_address, gateway_url, database_url, modules, state_dir=state_dir, stop=stop)
+
+    asyncio.run(main())
