@@ -44,8 +44,8 @@ def generate_text(rng: random.Random, n_chars: int) -> str:
     size = 0
     while size < n_chars:
         w = rng.choice(WORDS)
+        size += len(w) + (1 if parts else 0)
         parts.append(w)
-        size += len(w) + 1
     return " ".join(parts)[:n_chars]
 
 
