@@ -233,7 +233,7 @@ class _PreciseReplica:
         self.eng2ours: dict[Any, int] = {}
         self.extra: dict[int, int] = {}  # our hash -> extra engine hashes mapping to it
         self.block_size: int | None = None
-        self.next_seq: int | None = None
+        self.next_seq: int | None = 0  # None: accept the next batch as the start
         self.pending: dict[int, list[Any]] = {}
         self.in_sync = True
 
@@ -276,6 +276,11 @@ class PreciseIndex:
         rep = self._replicas.get(name)
         return rep is not None and rep.in_sync
 
+    def expected_seq(self, name: str) -> int | None:
+        """The next sequence number ``apply_batch`` will apply for ``name``."""
+        rep = self._replicas.get(name)
+        return rep.next_seq if rep else None
+
     def block_size_of(self, name: str) -> int | None:
         rep = self._replicas.get(name)
         return rep.block_size if rep else None
@@ -300,13 +305,11 @@ class PreciseIndex:
     def apply_batch(self, name: str, seq: int, events: Iterable[Any]) -> BatchResult:
         """Apply one published batch, in sequence order.
 
-        The first batch seen from a replica fixes the expected sequence; if it is not 0 we
-        joined late and the replica counts as out of sync (its older blocks are unknown).
+        A publisher counts from 0, so a first batch with a later number is a gap like any
+        other: replay from 0, or call ``clear_replica`` to start from what arrives.
         """
         rep = self._rep(name)
-        if rep.next_seq is None:
-            if seq != 0:
-                self._set_sync(name, rep, False)
+        if rep.next_seq is None:  # after clear_replica: adopt the stream where it is
             rep.next_seq = seq
         if seq < rep.next_seq or seq in rep.pending:
             KV_BATCHES.labels("duplicate").inc()
@@ -587,12 +590,13 @@ class KVIndex:
         src = Source(source)
         cap = self.slots.capacity + 1
         ids = self.slots.ids_of(replicas)
-        use_precise = tokenized and src != Source.APPROXIMATE and bool(self.precise.owners)
+        use_precise = tokenized and src != Source.APPROXIMATE
         use_approx = (src != Source.PRECISE or not tokenized) and bool(self.approx.owners)
         precise = approx = None
         if use_precise:
             precise = np.zeros(cap, dtype=np.int64)
-            _walk(self.precise.owners, block_hashes, precise)
+            if self.precise.owners:
+                _walk(self.precise.owners, block_hashes, precise)
             precise = precise[ids]
             if block_size is not None and self.precise.block_sizes - {block_size}:
                 for i, name in enumerate(replicas):
