@@ -71,8 +71,13 @@ def load_modules(modules: Sequence[str], include_examples: bool = True) -> list[
 
 
 def agents_and_steps(modules: Sequence[ModuleType]) -> tuple[list[Agent], list[Step]]:
-    """Agents found in ``modules`` (and every agent/step defined in the process so far)."""
-    agents: dict[str, Agent] = dict(AGENTS)
+    """The agents ``modules`` define or import by name, and every step defined so far.
+
+    Steps are harmless to register in bulk; agents are not (each is validated in the
+    sandbox), so only the requested modules' agents are served.
+    """
+    names = {m.__name__ for m in modules}
+    agents: dict[str, Agent] = {a.name: a for a in AGENTS.values() if a.__module__ in names}
     for module in modules:
         for value in vars(module).values():
             if isinstance(value, Agent):
@@ -129,8 +134,11 @@ async def build_worker(
         )
     except Exception as exc:
         await resources.aclose()
+        reason = str(exc)
+        if exc.__cause__ is not None:
+            reason += f" ({str(exc.__cause__).split('. If this is code', 1)[0]})"
         raise UserError(
-            f"an agent module cannot be loaded in Temporal's workflow sandbox: {exc}. Agent modules "
+            f"an agent module cannot be loaded in Temporal's workflow sandbox: {reason}. Agent modules "
             "are re-imported for every task, so module-level code must not do I/O, read clocks or "
             "randomness, or start threads: move that into a @step function or into the agent body's tools"
         ) from exc

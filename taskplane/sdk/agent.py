@@ -304,8 +304,9 @@ class AgentWorkflow:
     def _tp_classify(self, rt: TaskRuntime, exc: Exception) -> tuple[str, str, str]:
         """Map an exception that escaped the agent to (status, failure type, message)."""
         if type(exc).__name__ == "RestrictedWorkflowAccessError":
+            what = str(exc).split(". If this is code", 1)[0].rstrip(".")
             exc = NotDeterministic(
-                f"agent {rt.spec.name!r} did something only a @step may do: {exc}. An agent body is "
+                f"agent {rt.spec.name!r} did something only a @step may do ({what}). An agent body is "
                 "replayed deterministically: move I/O, clocks, randomness and network calls into a "
                 "@step function (a tool), use `await asyncio.sleep()` for waiting and pass values in "
                 "as arguments; module-level code must not do I/O at import either"

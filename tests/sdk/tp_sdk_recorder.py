@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,6 +21,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    at: float = 0.0
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Recorder:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with rec.lock:
-                    rec.calls.append(Recorded(self.path, headers, body))
+                    rec.calls.append(Recorded(self.path, headers, body, time.monotonic()))
                     failure = rec.failures.pop(0) if rec.failures else None
                 if failure is not None:
                     status, payload, extra = failure
