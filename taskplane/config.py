@@ -29,6 +29,7 @@ class ReplicaConfig(_Strict):
     url: str = Field(description="Base URL of an OpenAI-compatible vLLM server, e.g. http://10.0.0.5:8000")
     gpu: GpuName = Field(default="h100", description="GPU generation; sets the timing model and default price")
     kv_events: str | None = Field(default=None, description="ZMQ endpoint of vLLM's KV-event publisher")
+    kv_replay: str | None = Field(default=None, description="ZMQ endpoint of the publisher's replay socket (gap recovery)")
     cost_per_hour_usd: float | None = Field(default=None, ge=0, description="price; default from the price book")
     name: str | None = Field(default=None, description="stable replica name; default derived from the URL")
     metrics_url: str | None = Field(default=None, description="Prometheus endpoint; default URL + /metrics")

@@ -39,6 +39,10 @@ class LocalReplica:
     def kv_events(self) -> str:
         return f"tcp://127.0.0.1:{self.kv_port}"
 
+    @property
+    def kv_replay(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_port + 1000}"  # the sim's default replay port
+
 
 class LocalCluster:
     """N ``taskplane sim-engine`` processes behind one ``taskplane gateway`` process."""
@@ -91,7 +95,7 @@ class LocalCluster:
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             "pools": [{"model": self.model, "max_context_tokens": 8192,
-                       "replicas": [{"url": r.url, "gpu": r.gpu, "kv_events": r.kv_events, "name": r.name} for r in self.replicas]}],
+                       "replicas": [{"url": r.url, "gpu": r.gpu, "kv_events": r.kv_events, "kv_replay": r.kv_replay, "name": r.name} for r in self.replicas]}],
             "tenants": [{"id": "acme", "max_priority": "critical", "weight": 2.0},
                         {"id": "globex", "max_priority": "interactive"},
                         {"id": "default", "max_priority": "interactive"}],

@@ -181,7 +181,8 @@ def _start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, log
         url = f"http://127.0.0.1:{port}"
         _part(info, f"replica-{i}", pid, url, gpu=gpu)
         info["replicas"].append({"url": url, "gpu": gpu, "metrics_url": f"{url}/metrics",
-                                 "kv_events": f"tcp://127.0.0.1:{kv}", "name": f"replica-{i}"})
+                                 "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{kv + 1000}",
+                                 "name": f"replica-{i}"})
         pending.append((pid, url, log_file, i))
     console.print(f"starting {n} simulated replicas")
     for pid, url, log_file, i in pending:
@@ -202,7 +203,8 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
 
 
 def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
-    replicas = [{"url": r["url"], "gpu": r["gpu"], "kv_events": r["kv_events"], "name": r["name"]} for r in info["replicas"]]
+    replicas = [{"url": r["url"], "gpu": r["gpu"], "kv_events": r["kv_events"], "kv_replay": r.get("kv_replay"),
+                 "name": r["name"], "block_size": r.get("block_size")} for r in info["replicas"]]
     cpu = info.get("engine") == "vllm"
     return {
         "pools": [{"model": "llama-3.1-8b", "max_context_tokens": 8192, "replicas": replicas}],

@@ -9,12 +9,13 @@ core replaces it through the same interface.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 from taskplane.engines.registry import ReplicaRegistry
-from taskplane.scheduler.types import Action, CallRequest, Decision, ReplicaView
+from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 
 
 class Placer(Protocol):
@@ -68,3 +69,83 @@ class SessionAffinityPlacer:
 
 def now_s() -> float:
     return time.monotonic()
+
+
+class ScheduledPlacer:
+    """Places calls with the pure scheduler core; queued calls wait on a future until the
+    core releases them (a call finished, a replica joined, or the pump's tick)."""
+
+    PUMP_INTERVAL_S = 0.02
+
+    def __init__(self, scheduler: Any, registry: ReplicaRegistry, *, max_wait_s: float = 120.0) -> None:
+        self.scheduler = scheduler
+        self.registry = registry
+        self.max_wait_s = max_wait_s
+        self._waiting: dict[int, tuple[CallRequest, asyncio.Future[Decision]]] = {}
+        self._pump_task: asyncio.Task[None] | None = None
+
+    def _views(self) -> list[ReplicaView]:
+        return self.registry.views()
+
+    async def place(self, req: CallRequest, *, exclude: set[str]) -> Decision:
+        req.avoid_replicas = tuple(sorted(exclude))
+        decision = self.scheduler.decide(req, self._views(), now_s())
+        if decision.action is not Action.QUEUE:
+            return decision
+        fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._waiting[id(req)] = (req, fut)
+        self._ensure_pump()
+        wait_s = self.max_wait_s if req.budget_ms is None else max(0.05, req.budget_ms / 1000.0)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout=wait_s)
+        except TimeoutError:
+            self.scheduler.cancel(req)
+            return Decision(Action.SHED, reason="waited in the admission queue until the budget ran out", retry_after_s=1.0)
+        finally:
+            self._waiting.pop(id(req), None)
+
+    def _ensure_pump(self) -> None:
+        if self._pump_task is None or self._pump_task.done():
+            self._pump_task = asyncio.create_task(self._pump_loop(), name="admission-pump")
+
+    async def _pump_loop(self) -> None:
+        while self._waiting:
+            self.pump()
+            await asyncio.sleep(self.PUMP_INTERVAL_S)
+
+    def pump(self) -> None:
+        """Hand released calls their decisions."""
+        if not self._waiting:
+            return
+        for call, decision in self.scheduler.release(self._views(), now_s()):
+            entry = self._waiting.get(id(call))
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(decision)
+
+    def completed(
+        self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,
+        total_ms: float, cached_tokens: int,
+    ) -> None:
+        if decision.replica is None:
+            return
+        outcome = CallOutcome(
+            replica=decision.replica, ok=ok, prompt_tokens=req.prompt_tokens, cached_tokens=cached_tokens,
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000.0, total_s=total_ms / 1000.0,
+        )
+        self.scheduler.observe_completion(req, outcome, now_s())
+        if not ok:
+            self.scheduler.replica_failed(decision.replica)
+        self.pump()
+
+    def replica_removed(self, name: str) -> None:
+        self.scheduler.replica_removed(name)
+        self.pump()
+
+    async def on_kv_events(self, replica: str, events: list[Any]) -> None:
+        self.scheduler.on_kv_events(replica, events)
+        rs = self.registry.replicas.get(replica)
+        if rs is not None:
+            rs.kv_events_live = True
+
+    async def on_resync(self, replica: str) -> None:
+        self.scheduler.clear_replica(replica)

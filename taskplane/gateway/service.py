@@ -151,6 +151,9 @@ class Gateway:
             sunk_cost_usd=ctx.sunk_cost_usd,
             allow_fallback=ctx.allow_fallback,
             now_s=time.monotonic(),
+            agent=ctx.agent,
+            call_id=ctx.call_id,
+            block_size=block_size,
         )
         stream_opts = body.get("stream_options") or {}
         return Call(
@@ -162,7 +165,7 @@ class Gateway:
             max_tokens=max_tokens,
             stream=bool(typed.stream),
             client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
-            deterministic=typed.temperature == 0 and not typed.stream,
+            deterministic=typed.temperature == 0 and not typed.stream and self.response_cache is not None,
             request=request,
             call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
         )
@@ -200,10 +203,9 @@ class Gateway:
             if release:
                 self._tenant_inflight[call.ctx.tenant] -= 1
 
-    def _cache_key(self, call: Call) -> str:
-        from taskplane.scheduler.response_cache import cache_key
-
-        return cache_key(call.pool.model, call.kind, call.body)
+    def _cache_key(self, call: Call) -> str | None:
+        assert self.response_cache is not None
+        return self.response_cache.key(call.pool.model, {"_kind": call.kind, **call.body})
 
     async def _serve_cached(self, call: Call, cached: dict[str, Any]) -> JSONResponse:
         self.metrics.cache_hits.inc()
