@@ -179,7 +179,7 @@ def _start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, log
                "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", "20"]
         pid = proc.spawn(cmd, log_file)
         url = f"http://127.0.0.1:{port}"
-        _part(info, f"replica-{i}", pid, url, gpu=gpu)
+        _part(info, f"replica-{i}", pid, url, gpu=gpu, cmd=cmd, log=str(log_file), health=f"{url}/health")
         info["replicas"].append({"url": url, "gpu": gpu, "metrics_url": f"{url}/metrics",
                                  "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{kv + 1000}",
                                  "name": f"replica-{i}"})
@@ -249,6 +249,24 @@ def _start_worker(info: dict[str, Any], logs: Path) -> None:
 
 def _worker_ready(log_file: Path) -> bool:
     return log_file.exists() and "worker_started" in log_file.read_text(errors="replace")
+
+
+def restart_part(state_dir: Path, name: str) -> None:
+    """Start a part again with the command it was started with (after a crash)."""
+    state_dir = state_dir.resolve()
+    info = _load(state_dir)
+    if info is None:
+        raise UserError("the dev stack is not running")
+    for p in info["parts"]:
+        if p["name"] == name and p.get("cmd"):
+            if proc.alive(p.get("pid")):
+                return
+            p["pid"] = proc.spawn(p["cmd"], Path(p["log"]))
+            _save(state_dir, info)
+            if p.get("health"):
+                proc.wait_until(proc.http_ok(p["health"]), name, 60, p["pid"], Path(p["log"]))
+            return
+    raise UserError(f"no restartable part named {name!r}")
 
 
 def down(state_dir: Path, *, quiet: bool = False) -> None:
