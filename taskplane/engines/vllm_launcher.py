@@ -153,6 +153,8 @@ def replica_command(
         "--enable-prefix-caching",
         # usage.prompt_tokens_details.cached_tokens: the gateway reports it per call.
         "--enable-prompt-tokens-details",
+        # Hand content parts to our chat template, which joins them as taskplane does.
+        "--chat-template-content-format", "openai",
         "--kv-events-config", json.dumps(kv_events),
         "--seed", "0",
     ]

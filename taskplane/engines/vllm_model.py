@@ -23,13 +23,22 @@ BYTE_VOCAB = 256
 EOS_TOKEN = "<|endoftext|>"
 EOS_TOKEN_ID = BYTE_VOCAB
 
-# Renders "".join(f"<|{role}|>\n{content}\n" for m in messages) + "<|assistant|>\n"; a None
-# content (an assistant message that only carries tool calls) renders as the empty string.
-# The generation prompt is appended unconditionally, as taskplane's render_chat does.
+# Renders "".join(f"<|{role}|>\n{content}\n" for m in messages) + "<|assistant|>\n", exactly
+# as taskplane.engines.tokenize.render_chat: a None content renders as "", a list of content
+# parts as its text parts joined with "" (the replica runs with
+# --chat-template-content-format openai, so vLLM hands the parts to the template instead of
+# joining them with "\n" itself). The generation prompt is appended unconditionally.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|' + message['role'] + '|>\\n' -}}"
-    "{%- if message['content'] is not none -%}{{- message['content'] -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- elif message['content'] is not none -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part is string -%}{{- part -}}"
+    "{%- elif part.get('type', 'text') == 'text' -%}{{- part.get('text', '') -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
     "{{- '\\n' -}}"
     "{%- endfor -%}"
     "{{- '<|assistant|>\\n' -}}"
