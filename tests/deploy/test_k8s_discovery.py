@@ -55,7 +55,7 @@ class Recorder:
 
     async def wait_for(self, names: list[str], timeout: float = 10.0) -> list[ReplicaConfig]:
         async def _wait() -> list[ReplicaConfig]:
-            while self.names != names:
+            while not self.calls or self.names != names:
                 self._event.clear()
                 await self._event.wait()
             return self.calls[-1]
@@ -144,7 +144,7 @@ async def test_watch_requests_carry_the_protocol_fields(api: FakeKubeApi, api_ur
     rec = Recorder()
     task = await start(pool(api_url, token_file=token_file, label_selector="taskplane.io/pool in (llama-3-1-8b)"), rec)
     try:
-        await asyncio.sleep(0.2)
+        await rec.wait_for([])
         assert rec.calls == [[]], "the extra label selector filters out slices without the pool label"
         await api.put("endpointslices", endpoint_slice(f"{SVC}-a", NS, SVC, [("vllm-0", "10.1.0.10", True)],
                                                        labels={"taskplane.io/pool": "llama-3-1-8b"}))
