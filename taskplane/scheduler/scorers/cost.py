@@ -45,13 +45,13 @@ class GpuPriceScorer(Scorer):
             cost = price / 3600.0 * service_s
         else:
             cost = price
-        score = ratio_low_is_better(cost, floor=1e-12)
         budget = state.request.budget_ms
         if budget is not None:
             meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack
-            if meets.any():
-                score = np.where(meets, score, 0.0)
-        return score
+            if meets.any() and not meets.all():
+                cheapest = max(float(cost[meets].min()), 1e-12)
+                return np.where(meets, cheapest / np.maximum(cost, 1e-12), 0.0)
+        return ratio_low_is_better(cost, floor=1e-12)
 
 
 @dataclass(slots=True)

@@ -36,18 +36,35 @@ class LatencyParams:
     metric: Literal["total", "ttft"] = param(
         "total", "rank by predicted total time (queue + prefill of the uncached suffix + decode) or TTFT"
     )
+    budget_comfort: float = param(
+        0.5,
+        "with a deadline budget, replicas predicted within budget x this all score 1 (speed beyond "
+        "that buys nothing, so price can decide); the score falls linearly to 0 at the budget",
+    )
+
+    def validate(self) -> None:
+        if not 0.0 < self.budget_comfort <= 1.0:
+            raise ValueError("budget_comfort must be in (0, 1]")
 
 
 @register("latency")
 class LatencyScorer(Scorer):
     """Predicted time on each replica, from live load and the self-calibrating GPU model.
 
-    Score = best predicted time / this replica's predicted time (1 for the fastest).
+    Without a budget: best predicted time / this replica's (1 for the fastest). With a
+    budget: 1 while comfortably inside it, falling to 0 at the budget.
     """
 
     Params = LatencyParams
 
     def score(self, state: CycleState) -> np.ndarray:
+        p: LatencyParams = self.params
         pred = state.prediction
-        times = pred.total_ms if self.params.metric == "total" else pred.ttft_ms
-        return ratio_low_is_better(state.c(times))
+        times = state.c(pred.total_ms if p.metric == "total" else pred.ttft_ms)
+        budget = state.request.budget_ms
+        if budget is None or budget <= 0:
+            return ratio_low_is_better(times)
+        comfort = budget * p.budget_comfort
+        if p.budget_comfort >= 1.0:
+            return (times <= budget).astype(np.float64)
+        return np.clip((budget - times) / (budget - comfort), 0.0, 1.0)
