@@ -64,7 +64,7 @@ def test_replayed_batches_are_idempotent_and_gaps_wait_for_replay() -> None:
     idx = KVIndex()
     t1, t2 = tokens(1, 2), tokens(2, 2)
     b0, e1 = engine_store_events(t1)
-    b1, e2 = engine_store_events(t2)
+    b1, _ = engine_store_events(t2)
     b2 = [removed([e1[1]])]
     assert idx.apply_batch("a", 0, b0).status is BatchStatus.APPLIED
     gap = idx.apply_batch("a", 2, b2)  # batch 1 was missed
