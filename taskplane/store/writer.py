@@ -1,0 +1,412 @@
+"""CostWriter: every attempt and task row reaches Postgres exactly once, even across outages.
+
+Each record is first appended to the local outbox (``outbox.py``, fsynced; concurrent
+appends share one fsync), then a background loop moves outbox rows to Postgres in
+batches: attempts with ``INSERT ... ON CONFLICT (attempt_key) DO NOTHING``, tasks with
+an upsert that never turns a terminal status back into ``running``. A row leaves the
+outbox only after Postgres committed it. While Postgres is down the loop retries with
+capped exponential backoff; a new writer on the same outbox replays what is left.
+So nothing is lost (outbox first) and nothing is doubled (idempotent writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import random
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy import func, or_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from taskplane.errors import UserError
+from taskplane.store.db import create_engine, describe_url, is_unreachable, sqlstate
+from taskplane.store.models import LlmCall, Task
+from taskplane.store.outbox import Outbox, OutboxRow
+from taskplane.store.records import AttemptRecord, TaskRecord, TaskStatus
+
+log = structlog.get_logger("taskplane.store.writer")
+
+ATTEMPT = "attempt"
+TASK = "task"
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _clean(value: Any) -> Any:
+    """Postgres text cannot hold NUL; strip it rather than reject the row."""
+    return value.replace("\x00", "") if isinstance(value, str) else value
+
+
+def attempt_row(rec: AttemptRecord) -> dict[str, Any]:
+    """The ``llm_calls`` row of an attempt record."""
+    row = {k: _clean(v) for k, v in rec.model_dump().items()}
+    row["outcome"] = str(rec.outcome.value)
+    row["started_at"] = _utc(rec.started_at)
+    return row
+
+
+def task_row(rec: TaskRecord) -> dict[str, Any]:
+    """The ``tasks`` row of a task record."""
+    row = {k: _clean(v) for k, v in rec.model_dump().items()}
+    row["status"] = str(rec.status.value)
+    for key in ("deadline", "started_at", "finished_at"):
+        row[key] = _utc(row[key])
+    return row
+
+
+def merge_task(old: TaskRecord, new: TaskRecord) -> TaskRecord:
+    """The task record after ``new`` is written over ``old`` (same rule as the SQL upsert).
+
+    Last writer wins, except that a terminal status is never replaced by ``running``;
+    the earliest start is kept and a missing deadline / finish time does not erase one.
+    """
+    if old.status is not TaskStatus.RUNNING and new.status is TaskStatus.RUNNING:
+        return old
+    started = min(_utc(old.started_at), _utc(new.started_at))  # type: ignore[type-var]
+    return new.model_copy(
+        update={
+            "started_at": started,
+            "deadline": new.deadline if new.deadline is not None else old.deadline,
+            "deadline_met": new.deadline_met if new.deadline_met is not None else old.deadline_met,
+            "finished_at": new.finished_at if new.finished_at is not None else old.finished_at,
+        }
+    )
+
+
+def _task_upsert() -> Any:
+    stmt = pg_insert(Task)
+    ex = stmt.excluded
+    tasks = Task.__table__.c
+    return stmt.on_conflict_do_update(
+        index_elements=[tasks.task_id],
+        set_={
+            "agent": ex.agent,
+            "tenant": ex.tenant,
+            "priority": ex.priority,
+            "status": ex.status,
+            "deadline": func.coalesce(ex.deadline, tasks.deadline),
+            "deadline_met": func.coalesce(ex.deadline_met, tasks.deadline_met),
+            "started_at": func.least(tasks.started_at, ex.started_at),
+            "finished_at": func.coalesce(ex.finished_at, tasks.finished_at),
+            "cost_usd": ex.cost_usd,
+            "attempts": ex.attempts,
+            "retries": ex.retries,
+            "error": ex.error,
+            "updated_at": func.now(),
+        },
+        where=or_(tasks.status == TaskStatus.RUNNING.value, ex.status != TaskStatus.RUNNING.value),
+    )
+
+
+async def write_records(
+    engine: AsyncEngine, attempts: Iterable[AttemptRecord], tasks: Iterable[TaskRecord]
+) -> None:
+    """Write records straight to Postgres in one transaction, idempotently (no outbox)."""
+    merged: dict[str, TaskRecord] = {}
+    for t in tasks:
+        merged[t.task_id] = merge_task(merged[t.task_id], t) if t.task_id in merged else t
+    attempt_rows = {a.attempt_key: attempt_row(a) for a in attempts}
+    async with engine.begin() as conn:
+        if attempt_rows:
+            stmt = pg_insert(LlmCall).on_conflict_do_nothing(index_elements=["attempt_key"])
+            await conn.execute(stmt, list(attempt_rows.values()))
+        if merged:
+            await conn.execute(_task_upsert(), [task_row(t) for t in merged.values()])
+
+
+def _decode(row: OutboxRow) -> AttemptRecord | TaskRecord:
+    if row.kind == ATTEMPT:
+        return AttemptRecord.model_validate_json(row.payload)
+    return TaskRecord.model_validate_json(row.payload)
+
+
+def _lock_directory(directory: Path) -> Any:
+    """One writer per outbox directory: a second one would deliver rows the first counts."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / "writer.lock", "a+")  # held until close()
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UserError(
+            f"the cost outbox {directory} is in use by another writer; give each process its own outbox directory"
+        ) from None
+    return handle
+
+
+def _unlock(handle: Any) -> None:
+    if handle is not None:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        handle.close()
+
+
+def _is_bad_data(exc: BaseException) -> bool:
+    """Postgres rejected the values themselves (SQLSTATE class 22 data, 23 constraint)."""
+    state = sqlstate(exc)
+    return state is not None and state[:2] in {"22", "23"}
+
+
+class CostWriter:
+    """Durable, idempotent writer of cost rows. Use one per process (and outbox directory).
+
+    ``record_attempt`` / ``upsert_task`` return once the record is fsynced in the outbox;
+    Postgres gets it shortly after (``flush`` waits for that).
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        outbox_dir: Path,
+        *,
+        batch_size: int = 500,
+        min_backoff_s: float = 0.2,
+        max_backoff_s: float = 10.0,
+        close_timeout_s: float = 5.0,
+    ) -> None:
+        self.database_url = database_url
+        self.outbox = Outbox(Path(outbox_dir))
+        self.batch_size = batch_size
+        self.min_backoff_s = min_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.close_timeout_s = close_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskplane-outbox")
+        self._engine: AsyncEngine | None = None
+        self._waiting: list[tuple[str, str, str, asyncio.Future[None]]] = []
+        self._appender: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._lock_file: Any = None
+        self._closing = False
+        self._pending = 0
+        self._written = 0
+        self._dead = 0
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._postgres_ok: bool | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the outbox, count what an earlier run left, and start delivering."""
+        if self._sender is not None:
+            return
+        self._lock_file = _lock_directory(self.outbox.path.parent)
+        await self._io(self.outbox.open)
+        self._pending = await self._io(self.outbox.count)
+        self._dead = await self._io(self.outbox.dead_count)
+        self._engine = create_engine(self.database_url)
+        self._closing = False
+        self._stop.clear()
+        self._sender = asyncio.create_task(self._send_loop(), name="taskplane-cost-writer")
+        if self._pending:
+            log.info("outbox replay", pending=self._pending, outbox=str(self.outbox.path))
+
+    async def close(self) -> None:
+        """Deliver what can be delivered within ``close_timeout_s``, then stop. The rest stays
+        in the outbox for the next start."""
+        if self._sender is None:
+            return
+        await self.flush(self.close_timeout_s)
+        self._closing = True
+        self._stop.set()
+        self._wake.set()
+        if self._appender is not None:
+            await asyncio.gather(self._appender, return_exceptions=True)
+        self._sender.cancel()
+        await asyncio.gather(self._sender, return_exceptions=True)
+        self._sender = None
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+        await self._io(self.outbox.close)
+        self._executor.shutdown(wait=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskplane-outbox")
+        _unlock(self._lock_file)
+        self._lock_file = None
+        if self._pending:
+            log.warning("cost rows left in the outbox", pending=self._pending, outbox=str(self.outbox.path))
+
+    async def __aenter__(self) -> CostWriter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- the public writes ------------------------------------------------------------
+
+    async def record_attempt(self, rec: AttemptRecord) -> None:
+        """Record one LLM call attempt (idempotent on ``rec.attempt_key``)."""
+        await self._append(ATTEMPT, rec.attempt_key, rec.model_dump_json())
+
+    async def upsert_task(self, rec: TaskRecord) -> None:
+        """Create or update a task row; a terminal status is never overwritten by ``running``."""
+        await self._append(TASK, rec.task_id, rec.model_dump_json())
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record appended so far is in Postgres; False if ``timeout`` ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending > 0:
+            if self._sender is None or self._sender.done():
+                return False
+            self._progress.clear()
+            self._wake.set()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._progress.wait(), timeout=remaining)
+            except TimeoutError:
+                return self._pending == 0
+        return True
+
+    def pending(self) -> int:
+        """Records accepted but not yet committed to Postgres (safe to call from any thread)."""
+        return self._pending
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for health pages and metrics."""
+        return {
+            "pending": self._pending,
+            "written": self._written,
+            "dead": self._dead,
+            "postgres_ok": self._postgres_ok,
+            "last_error": self._last_error,
+            "last_error_at": self._last_error_at,
+            "outbox": str(self.outbox.path),
+        }
+
+    # ---- internals ---------------------------------------------------------------------
+
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _append(self, kind: str, key: str, payload: str) -> None:
+        if self._sender is None or self._closing:
+            raise RuntimeError("CostWriter is not started (call `await writer.start()` first)")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((kind, key, payload, fut))
+        self._pending += 1
+        if self._appender is None or self._appender.done():
+            self._appender = asyncio.create_task(self._drain_appends())
+        await asyncio.shield(fut)
+
+    async def _drain_appends(self) -> None:
+        """Group commit: everything that arrived while the last fsync ran goes in the next one."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await self._io(self.outbox.append_many, [(k, key, p) for k, key, p, _ in batch])
+            except Exception as exc:  # disk full, permissions: the caller must know
+                self._pending -= len(batch)
+                for *_, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for *_, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+            self._wake.set()
+
+    async def _send_loop(self) -> None:
+        backoff = self.min_backoff_s
+        while True:
+            rows: list[OutboxRow] = await self._io(self.outbox.peek, self.batch_size)
+            if not rows:
+                if self._closing:
+                    return
+                self._wake.clear()
+                if self._pending > 0:
+                    continue  # appends in flight: the next peek queues behind them
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=5.0)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                await self._deliver(rows)
+            except Exception as exc:
+                self._note_error(exc)
+                delay = backoff * random.uniform(0.8, 1.2)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                self._progress.set()  # let flush() re-check its deadline
+                if self._closing:
+                    return
+                try:
+                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                continue
+            backoff = self.min_backoff_s
+
+    async def _deliver(self, rows: list[OutboxRow]) -> None:
+        """Write one batch; on bad data, fall back to row by row and bury what Postgres rejects."""
+        assert self._engine is not None
+        try:
+            await self._write(rows)
+        except DBAPIError as exc:
+            if not _is_bad_data(exc):
+                raise
+            for row in rows:
+                try:
+                    await self._write([row])
+                except DBAPIError as row_exc:
+                    if not _is_bad_data(row_exc):
+                        raise
+                    await self._io(self.outbox.bury, row, str(row_exc.orig or row_exc))
+                    self._pending -= 1
+                    self._dead += 1
+                    log.error("cost row rejected by Postgres; kept in the outbox's dead table",
+                              kind=row.kind, key=row.key, error=str(row_exc.orig or row_exc)[:300])
+                    continue
+                await self._done([row])
+            return
+        await self._done(rows)
+
+    async def _write(self, rows: list[OutboxRow]) -> None:
+        assert self._engine is not None
+        records = [_decode(r) for r in rows]
+        await write_records(
+            self._engine,
+            [r for r in records if isinstance(r, AttemptRecord)],
+            [r for r in records if isinstance(r, TaskRecord)],
+        )
+
+    async def _done(self, rows: list[OutboxRow]) -> None:
+        await self._io(self.outbox.delete, [r.seq for r in rows])
+        self._pending -= len(rows)
+        self._written += len(rows)
+        if self._postgres_ok is not True:
+            if self._postgres_ok is False:
+                log.info("Postgres is back; outbox draining", pending=self._pending)
+            self._postgres_ok = True
+        self._progress.set()
+
+    def _note_error(self, exc: BaseException) -> None:
+        message = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        self._last_error = (message[0] if message else type(exc).__name__)[:300]
+        self._last_error_at = time.time()
+        if self._postgres_ok is not False:
+            log.warning(
+                "cost rows wait in the outbox: Postgres write failed",
+                database=describe_url(self.database_url),
+                unreachable=is_unreachable(exc),
+                error=self._last_error,
+                pending=self._pending,
+            )
+        self._postgres_ok = False
