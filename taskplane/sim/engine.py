@@ -197,6 +197,8 @@ class SimEngine:
         self._seq = 0
         self._reqs: dict[Hashable, _Req] = {}
         self._out: list[EngineEvent] = []
+        self._pend_prefill = 0  # prompt tokens of waiting + prefilling requests not computed yet
+        self._pend_out = 0  # output tokens of waiting + prefilling requests
 
     # ---------------------------------------------------------------- public API
     @property
@@ -224,14 +226,11 @@ class SimEngine:
 
     def pending_prefill_tokens(self) -> int:
         """Prompt tokens still to compute (waiting requests count in full)."""
-        n = sum(r.spec.prompt_tokens for r in self._waiting)
-        return n + sum(r.spec.prompt_tokens - r.computed for r in self._prefilling)
+        return self._pend_prefill
 
     def pending_decode_tokens(self) -> int:
         """Output tokens still to generate."""
-        n = self._dec_target_sum - self._n_dec * self._counter
-        n += sum(r.spec.output_tokens for r in self._waiting)
-        return n + sum(r.spec.output_tokens for r in self._prefilling)
+        return self._dec_target_sum - self._n_dec * self._counter + self._pend_out
 
     def generated(self, req_id: Hashable) -> int:
         """Tokens generated so far by a request still in the engine (0 if unknown)."""
@@ -258,6 +257,8 @@ class SimEngine:
             self.model_loaded = True
         self._reqs[req.req_id] = r
         self._waiting.append(r)
+        self._pend_prefill += req.prompt_tokens
+        self._pend_out += req.output_tokens
 
     def abort(self, req_id: Hashable, now: float) -> bool:
         """Drop a request (client went away); its blocks are released. False if unknown."""
@@ -267,8 +268,12 @@ class SimEngine:
             return False
         if r.state == _WAITING:
             self._waiting.remove(r)
+            self._pend_prefill -= r.spec.prompt_tokens
+            self._pend_out -= r.spec.output_tokens
         elif r.state == _PREFILL:
             self._prefilling.remove(r)
+            self._pend_prefill -= r.spec.prompt_tokens - r.computed
+            self._pend_out -= r.spec.output_tokens
             self._release(r)
         elif r.state == _DECODE:
             self._leave_decode(r)
@@ -299,6 +304,7 @@ class SimEngine:
         self._prefilling.clear()
         self._dec_heap.clear()
         self._n_dec = self._dec_s0 = self._dec_target_sum = 0
+        self._pend_prefill = self._pend_out = 0
         self.kv.reset()
         self._flush_kv(now)
         self._t = max(self._t, now)
@@ -481,6 +487,7 @@ class SimEngine:
         for r, n in chunks:
             s = r.spec
             r.computed += n
+            self._pend_prefill -= n
             r.gpu_s += n * share
             end = min(r.computed // bs, len(s.block_hashes))
             if end > r.stored_upto:
@@ -494,6 +501,7 @@ class SimEngine:
             keep = [r for r in self._prefilling if r.computed < r.spec.prompt_tokens]
             self._prefilling = keep
             for r in done:
+                self._pend_out -= r.spec.output_tokens
                 r.first_token = t1
                 self.stats.generation_tokens += 1
                 if self.emit_first_token:
@@ -516,6 +524,7 @@ class SimEngine:
         r.hits = hits
         r.cached = hits * self.block_size
         r.computed = r.cached
+        self._pend_prefill -= r.cached
         r.stored_upto = hits
         r.held = list(s.block_hashes[:hits])
         r.n_alloc = need
