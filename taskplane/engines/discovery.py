@@ -32,7 +32,7 @@ import inspect
 import json
 import os
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,7 +351,7 @@ class KubernetesDiscovery:
                 return
             params["continue"] = str(token)
 
-    async def _watch(self, client: httpx.AsyncClient) -> AsyncIterator[None]:
+    async def _watch(self, client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
         """Apply watch events to the known objects, from and advancing
         ``self._resource_version``; yield after each event."""
         params = {
@@ -423,12 +423,13 @@ class KubernetesDiscovery:
                         await asyncio.sleep(self.cfg.poll_interval_s)
                         continue
                     while True:  # renew each watch that times out, from the last version seen
-                        async for _ in self._watch(client):
-                            current = self.replicas()
-                            if current != last:
-                                self._report(last, current)
-                                last = current
-                                yield list(current)
+                        async with aclosing(self._watch(client)) as events:
+                            async for _ in events:
+                                current = self.replicas()
+                                if current != last:
+                                    self._report(last, current)
+                                    last = current
+                                    yield list(current)
                 except _Expired:
                     self._log.info("discovery_relist", reason="resourceVersion expired")
                 except (httpx.HTTPError, KubernetesApiError, ValueError, KeyError) as exc:
