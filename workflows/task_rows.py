@@ -8,8 +8,9 @@ gave no estimate still sends a useful ``X-Taskplane-Steps-Remaining``.
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import statistics
+import time
 from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from taskplane.store.records import TaskRecord, TaskStatus
 log = structlog.get_logger("taskplane.worker")
 
 HISTORY = 50  # successful tasks per agent the estimate looks at
+SETTLE_S = 3.0  # how long the final row waits for the gateway's attempt rows to land
 
 
 class StepHistory:
@@ -55,59 +57,112 @@ def to_record(row: TaskRowInput) -> TaskRecord:
     )
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 class TaskRowStore:
-    """Task rows through the store's CostWriter when a database is configured."""
+    """Task rows through the store's CostWriter when a database is configured.
 
-    def __init__(self, database_url: str | None, outbox_dir: Path | None = None) -> None:
+    Sub-agents get no row of their own: a task row is one user goal, so the parent's row
+    carries the whole tree's cost and "cost per successful task" counts goals, while the
+    sub-agents' LLM calls still appear in ``llm_calls`` under their own task ids.
+    """
+
+    def __init__(self, database_url: str | None, outbox_dir: Path | None = None,
+                 settle_s: float = SETTLE_S) -> None:
         self.database_url = database_url
         self.outbox_dir = outbox_dir
+        self.settle_s = settle_s
         self.history = StepHistory()
         self._writer: Any = None
+        self._engine: Any = None
         self._seeded: set[str] = set()
+        self._lock = asyncio.Lock()
 
-    def _get_writer(self) -> Any:
-        if self._writer is None and self.database_url:
-            from taskplane.store.writer import CostWriter
+    async def _get_writer(self) -> Any:
+        async with self._lock:
+            if self._writer is None and self.database_url:
+                from taskplane.store.db import create_engine
+                from taskplane.store.writer import CostWriter
 
-            outbox = self.outbox_dir or Path(".taskplane") / "outbox"
-            self._writer = CostWriter(self.database_url, outbox)
-        return self._writer
+                outbox = self.outbox_dir or Path(".taskplane") / "outbox" / "worker"
+                writer = CostWriter(self.database_url, outbox)
+                await writer.start()
+                self._writer = writer
+                self._engine = create_engine(self.database_url, pool_size=2)
+            return self._writer
 
     async def record(self, row: TaskRowInput) -> TaskRowResult:
-        writer = self._get_writer()
-        if writer is not None:
-            await _maybe_await(writer.upsert_task(to_record(row)))
+        result = TaskRowResult(cost_usd=row.cost_usd)
+        writer = await self._get_writer()
+        if writer is not None and row.status != "running":
+            result = await self._spend(row)
+            row.cost_usd, row.attempts, row.retries = result.cost_usd, result.attempts or 0, result.retries or 0
+        if writer is not None and not row.parent_task_id:
+            await writer.upsert_task(to_record(row))
             if row.status != "running":
-                await _maybe_await(writer.flush())
+                await writer.flush(5.0)
         if row.status == "running":
             await self._seed(row.agent)
         elif row.status == "succeeded":
             self.history.learn(row.agent, row.llm_calls)
-        log.info("task_row", task_id=row.task_id, status=row.status, cost_usd=round(row.cost_usd, 8))
-        return TaskRowResult(cost_usd=row.cost_usd, learned_steps=self.history.estimate(row.agent))
+        log.info("task_row", task_id=row.task_id, status=row.status, cost_usd=round(row.cost_usd, 8),
+                 sub_agent=bool(row.parent_task_id))
+        result.learned_steps = self.history.estimate(row.agent)
+        return result
+
+    async def _spend(self, row: TaskRowInput) -> TaskRowResult:
+        """Cost and attempts from the gateway's ``llm_calls`` rows (failed attempts included).
+
+        The gateway writes rows asynchronously, so wait briefly until every call the task
+        made is there; the header sum stays the floor if rows are late.
+        """
+        from taskplane.store import repo
+
+        own_header = max(row.cost_usd - row.child_cost_usd, 0.0)
+        deadline = time.monotonic() + self.settle_s
+        spend = None
+        settled = False
+        while True:
+            try:
+                spend = await repo.task_spend(self._engine, row.task_id)
+            except Exception as exc:  # the DB being down must not hold the task up
+                log.warning("task_spend_unavailable", task_id=row.task_id, error=str(exc))
+                break
+            settled = spend.attempts - spend.failed_attempts >= row.llm_calls
+            if settled or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        if spend is None:
+            return TaskRowResult(cost_usd=row.cost_usd, attempts=row.attempts, retries=row.retries)
+        # Settled: the rows are the truth (full precision, failed attempts included).
+        own = spend.cost_usd if settled else max(spend.cost_usd, own_header)
+        return TaskRowResult(
+            cost_usd=own + row.child_cost_usd,
+            attempts=max(spend.attempts, row.attempts),
+            retries=max(spend.failed_attempts, row.retries),
+        )
 
     async def _seed(self, agent: str) -> None:
         """Once per agent per worker: learn from the agent's past tasks in Postgres."""
-        if agent in self._seeded or not self.database_url:
+        if agent in self._seeded or self._engine is None:
             return
         self._seeded.add(agent)
         try:
-            import importlib
+            from sqlalchemy import text
 
-            repo = importlib.import_module("taskplane.store.repo")
-            fn = getattr(repo, "llm_calls_per_successful_task", None)
-            if fn is None:
-                return
-            counts = await _maybe_await(fn(self.database_url, agent, limit=HISTORY))
-            self.history.seed(agent, [int(c) for c in counts])
+            q = text(
+                "SELECT count(DISTINCT c.step) FROM tasks t JOIN llm_calls c ON c.task_id = t.task_id "
+                "WHERE t.agent = :agent AND t.status = 'succeeded' "
+                "GROUP BY t.task_id, t.finished_at ORDER BY t.finished_at DESC LIMIT :n"
+            )
+            async with self._engine.connect() as conn:
+                counts = [int(r[0]) for r in (await conn.execute(q, {"agent": agent, "n": HISTORY})).all()]
+            self.history.seed(agent, list(reversed(counts)))
         except Exception as exc:  # learning is a bonus; never fail a task for it
             log.warning("step_history_unavailable", agent=agent, error=str(exc))
 
     async def close(self) -> None:
         if self._writer is not None:
-            await _maybe_await(self._writer.close())
+            await self._writer.close()
             self._writer = None
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None

@@ -252,9 +252,12 @@ class AgentWorkflow:
         except Exception as exc:  # the agent's own failure ends the task; never a stuck workflow task
             status, failure_type, message = self._tp_classify(rt, exc)
 
+        recorded = await self._tp_record(rt, status, error=message or None)
+        if recorded is not None:
+            # the gateway's rows are the truth: full precision, failed attempts included
+            rt.ctx.sunk_cost_usd = recorded.cost_usd
         rt.publish(status=status)
         rt.set_current(f"{status}" + (f": {message}" if message else ""))
-        await self._tp_record(rt, status, error=message or None)
         if cancelled is not None:
             raise cancelled
         if status != "succeeded":
@@ -335,7 +338,8 @@ class AgentWorkflow:
             task_id=ctx.task_id, agent=ctx.agent, tenant=ctx.tenant, priority=ctx.priority,
             status=status, started_at=ctx.started_at or format_time(now) or "", deadline=ctx.deadline,
             deadline_met=deadline_met, finished_at=format_time(now) if finished else None,
-            cost_usd=ctx.sunk_cost_usd, attempts=ctx.attempts, llm_calls=ctx.llm_calls,
+            cost_usd=ctx.sunk_cost_usd, child_cost_usd=ctx.child_cost_usd, attempts=ctx.attempts,
+            llm_calls=ctx.llm_calls,
             retries=max(ctx.attempts - ctx.llm_calls, 0), error=error, parent_task_id=ctx.parent_task_id,
         )
         rt.pending_header = ctx.copy()

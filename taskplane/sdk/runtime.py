@@ -94,6 +94,7 @@ class TaskRuntime:
 
     def add_child_cost(self, cost_usd: float) -> None:
         self.ctx.sunk_cost_usd += max(cost_usd, 0.0)
+        self.ctx.child_cost_usd += max(cost_usd, 0.0)
 
     # --- Temporal UI -----------------------------------------------------------------
 
@@ -111,7 +112,7 @@ class TaskRuntime:
         if status is not None and status != self.status:
             self.status = status
             updates.append(tn.STATUS.value_set(status))
-        cost = round(self.ctx.sunk_cost_usd, 9)
+        cost = self.ctx.sunk_cost_usd
         if cost != self.reported_cost:
             self.reported_cost = cost
             updates.append(tn.COST_USD.value_set(cost))

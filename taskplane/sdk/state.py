@@ -37,6 +37,7 @@ class TaskContext:
     expected_steps: int | None = None  # author's estimate of LLM calls in the task
     learned_steps: int | None = None  # learned from the agent's history
     sunk_cost_usd: float = 0.0  # this task's own spend, sub-agents included
+    child_cost_usd: float = 0.0  # the part of sunk_cost_usd its sub-agents spent
     inherited_cost_usd: float = 0.0  # the parent's spend when this sub-agent started
     llm_calls: int = 0
     attempts: int = 0

@@ -75,7 +75,8 @@ class TaskRowInput:
     deadline: str | None = None
     deadline_met: bool | None = None
     finished_at: str | None = None
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # everything, sub-agents included
+    child_cost_usd: float = 0.0  # the sub-agents' part of cost_usd
     attempts: int = 0
     retries: int = 0
     llm_calls: int = 0
@@ -89,6 +90,8 @@ class TaskRowResult:
 
     cost_usd: float
     learned_steps: int | None = None
+    attempts: int | None = None
+    retries: int | None = None
 
 
 @dataclass

@@ -146,3 +146,14 @@ async def durable(marks: str, pause_s: float) -> dict[str, object]:
 @step(retries=0)
 def env_probe(name: str) -> str:
     return json.dumps({name: os.environ.get(name)})
+
+
+@agent(name="tp_two_phase", tenant="acme", deadline=timedelta(minutes=2))
+async def two_phase() -> list[str | None]:
+    """One call, a pause for the test to break that call's replica, then a call that must
+    be retried (per-attempt timeout 2 s) and land elsewhere."""
+    first = await llm.chat(model=MODEL, messages=_msg("phase one " * 20), max_tokens=4)
+    await approval("go")
+    second = await llm.chat(model=MODEL, messages=_msg("phase one " * 20 + "phase two"), max_tokens=4,
+                            timeout=timedelta(seconds=2))
+    return [first.replica, second.replica]

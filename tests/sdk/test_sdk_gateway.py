@@ -1,0 +1,111 @@
+"""Agent tasks through the real gateway and simulated replicas, with attempt rows and
+task rows in the real Postgres (the dev server runs the workflows)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import tp_sdk_agents as agents
+from sqlalchemy import text
+from temporalio.client import Client
+
+import taskplane
+from taskplane.dev.local import LocalCluster
+from taskplane.store.db import create_engine
+from workflows.worker import TaskplaneWorker
+
+
+async def _rows(pg_url: str, sql: str, **params: object) -> list[dict[str, object]]:
+    engine = create_engine(pg_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            return [dict(r._mapping) for r in (await conn.execute(text(sql), params)).all()]
+    finally:
+        await engine.dispose()
+
+
+async def _calls(pg_url: str, task_id: str, expect: int, timeout: float = 10) -> list[dict[str, object]]:
+    """The task's llm_calls rows once ``expect`` of them have landed (the gateway writes async)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        rows = await _rows(pg_url, "SELECT * FROM llm_calls WHERE task_id = :t ORDER BY step, attempt, started_at", t=task_id)
+        if len(rows) >= expect or loop.time() > end:
+            return rows
+        await asyncio.sleep(0.2)
+
+
+async def test_task_through_the_gateway_records_context_and_cost(
+    tp_client: Client, gw_worker: TaskplaneWorker, pg_url: str
+) -> None:
+    handle = await taskplane.submit(agents.context_agent, "through the gateway", client=tp_client,
+                                    task_queue=gw_worker.task_queue, deadline=60)
+    out = await handle.result()
+    assert all(r["replica"] for r in out["replies"])
+    task_id = handle.task_id
+    child_id = f"{task_id}.tp_helper-0"
+
+    rows = await _calls(pg_url, task_id, 3)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert r["session_id"] == task_id and r["tenant"] == "acme" and r["agent"] == "tp_context"
+        assert r["outcome"] == "success" and r["cost_usd"] > 0
+    child_rows = await _calls(pg_url, child_id, 2)
+    assert [r["step"] for r in child_rows] == [0, 1]
+    assert {r["session_id"] for r in child_rows} == {child_id} and {r["tenant"] for r in child_rows} == {"acme"}
+
+    # the task row: one per goal (the sub-agent has none), cost = every attempt of the tree
+    tasks = await _rows(pg_url, "SELECT * FROM tasks WHERE task_id LIKE :p", p=f"{task_id}%")
+    assert [t["task_id"] for t in tasks] == [task_id]
+    task = tasks[0]
+    assert task["status"] == "succeeded" and task["deadline_met"] is True and task["tenant"] == "acme"
+    assert task["finished_at"] is not None and task["deadline"] is not None
+    total = sum(float(r["cost_usd"]) for r in rows + child_rows)  # type: ignore[arg-type]
+    assert task["cost_usd"] == pytest.approx(total, rel=1e-6)
+    assert await handle.cost() == pytest.approx(total, rel=1e-6)
+
+
+async def _run_two_phase_with_hung_replica(
+    tp_client: Client, worker: TaskplaneWorker, cluster: LocalCluster, pg_url: str
+) -> tuple[str, list[str | None], list[dict[str, object]]]:
+    """Step 0 runs; the test hangs the replica that served it; step 1 (same session, so
+    affinity sends it there) must be retried by Temporal and served elsewhere."""
+    handle = await taskplane.submit(agents.two_phase, client=tp_client, task_queue=worker.task_queue)
+    while (await handle.state()).status != "waiting-approval":
+        await asyncio.sleep(0.1)
+    first = (await _calls(pg_url, handle.task_id, 1))[0]
+    hung = next(r for r in cluster.replicas if r.name == first["replica"])
+    async with httpx.AsyncClient(trust_env=False) as http:
+        (await http.post(f"{hung.url}/admin/faults", json={"hang": True})).raise_for_status()
+        try:
+            await handle.approve("go")
+            replicas = await handle.result()
+        finally:
+            await http.post(f"{hung.url}/admin/faults", json={"clear": True}, timeout=5)
+    assert replicas[0] == hung.name
+    rows = [r for r in await _calls(pg_url, handle.task_id, 2) if r["step"] == 1]
+    return hung.name, replicas, rows
+
+
+async def test_retry_after_a_hung_replica_is_served_by_another_replica(
+    tp_client: Client, gw_worker: TaskplaneWorker, gw_cluster: LocalCluster, pg_url: str
+) -> None:
+    hung, replicas, rows = await _run_two_phase_with_hung_replica(tp_client, gw_worker, gw_cluster, pg_url)
+    assert replicas[1] != hung
+    won = [r for r in rows if r["outcome"] == "success"]
+    assert len(won) == 1 and won[0]["replica"] == replicas[1]
+    assert int(won[0]["attempt"]) >= 2  # type: ignore[call-overload]  # served by a Temporal activity retry
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "gateway: a call's X-Taskplane-Attempt>1 is not yet steered away from the replica its previous "
+    "attempt used, and an attempt abandoned by the client leaves no llm_calls row"))
+async def test_first_retry_avoids_the_previous_attempts_replica(
+    tp_client: Client, gw_worker: TaskplaneWorker, gw_cluster: LocalCluster, pg_url: str
+) -> None:
+    hung, _, rows = await _run_two_phase_with_hung_replica(tp_client, gw_worker, gw_cluster, pg_url)
+    by_attempt = {int(r["attempt"]): r for r in rows}  # type: ignore[call-overload]
+    assert by_attempt[1]["replica"] == hung and by_attempt[1]["outcome"] != "success"
+    assert by_attempt[2]["replica"] != hung and by_attempt[2]["outcome"] == "success"
