@@ -24,8 +24,8 @@ FAILED = "status IN ('failed', 'failed-deadline')"
 
 TASK_COUNTS = f"""
     COUNT(*) AS tasks_total,
-    COUNT(*) FILTER (WHERE {SUCCESSFUL}) AS tasks_successful,
-    COUNT(*) FILTER (WHERE status = 'succeeded') AS tasks_succeeded,
+    COUNT(*) FILTER (WHERE {SUCCESSFUL}) AS tasks_succeeded,
+    COUNT(*) FILTER (WHERE status = 'succeeded' AND deadline_met IS FALSE) AS tasks_succeeded_late,
     COUNT(*) FILTER (WHERE {FAILED}) AS tasks_failed,
     COUNT(*) FILTER (WHERE status = 'cancelled') AS tasks_cancelled,
     COUNT(*) FILTER (WHERE status = 'running') AS tasks_running
@@ -42,7 +42,7 @@ SPEND = """
 """
 
 RATIOS = """
-    s.total_cost_usd / NULLIF(t.tasks_successful, 0) AS cost_per_successful_task_usd,
+    s.total_cost_usd / NULLIF(t.tasks_succeeded, 0) AS cost_per_successful_task_usd,
     s.total_cost_usd / NULLIF(s.prompt_tokens + s.completion_tokens, 0) AS cost_per_token_usd,
     s.total_cost_usd / NULLIF(s.calls, 0) AS cost_per_request_usd,
     s.served_cached_tokens::double precision / NULLIF(s.served_prompt_tokens, 0) AS cache_hit_ratio
@@ -52,7 +52,7 @@ OVERALL = f"""
 CREATE VIEW cost_per_successful_task AS
 WITH s AS (SELECT {SPEND} FROM llm_calls l),
      t AS (SELECT {TASK_COUNTS} FROM tasks)
-SELECT t.tasks_total, t.tasks_successful, t.tasks_succeeded, t.tasks_failed,
+SELECT t.tasks_total, t.tasks_succeeded, t.tasks_succeeded_late, t.tasks_failed,
        t.tasks_cancelled, t.tasks_running,
        s.calls, s.total_cost_usd, s.gpu_seconds, s.prompt_tokens, s.completion_tokens,
        {RATIOS}
@@ -72,15 +72,15 @@ WITH s AS (
 t AS (SELECT {task_key} AS k, {TASK_COUNTS} FROM tasks GROUP BY 1)
 SELECT COALESCE(s.k, t.k) AS {key},
        COALESCE(t.tasks_total, 0) AS tasks_total,
-       COALESCE(t.tasks_successful, 0) AS tasks_successful,
        COALESCE(t.tasks_succeeded, 0) AS tasks_succeeded,
+       COALESCE(t.tasks_succeeded_late, 0) AS tasks_succeeded_late,
        COALESCE(t.tasks_failed, 0) AS tasks_failed,
        COALESCE(t.tasks_cancelled, 0) AS tasks_cancelled,
        COALESCE(t.tasks_running, 0) AS tasks_running,
        COALESCE(s.calls, 0) AS calls,
        COALESCE(s.total_cost_usd, 0) AS total_cost_usd,
        COALESCE(s.gpu_seconds, 0) AS gpu_seconds,
-       COALESCE(s.total_cost_usd, 0) / NULLIF(t.tasks_successful, 0) AS cost_per_successful_task_usd,
+       COALESCE(s.total_cost_usd, 0) / NULLIF(t.tasks_succeeded, 0) AS cost_per_successful_task_usd,
        s.served_cached_tokens::double precision / NULLIF(s.served_prompt_tokens, 0) AS cache_hit_ratio
 FROM s FULL OUTER JOIN t ON s.k = t.k
 """

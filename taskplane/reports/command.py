@@ -1,0 +1,132 @@
+"""``taskplane report`` and the gateway's ``/reports`` page: rows from Postgres to a rendered report."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from taskplane.errors import UserError
+from taskplane.reports.compute import GROUP_BY, Report, build_report
+from taskplane.reports.render import FORMATS, render, table_renderable
+from taskplane.store import repo
+from taskplane.store.db import create_engine, describe_url, is_unreachable
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_when(value: str | None, flag: str, now: datetime | None = None) -> datetime | None:
+    """An ISO date or date-time (UTC unless it says otherwise), or a span back from now (30m, 24h, 7d)."""
+    if value is None or value.strip() == "":
+        return None
+    now = now or datetime.now(UTC)
+    rel = _RELATIVE.match(value)
+    if rel:
+        return now - timedelta(**{_UNITS[rel.group(2)]: float(rel.group(1))})
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise UserError(
+            f"{flag} {value!r} is not a date: use ISO 8601 (2025-01-31 or 2025-01-31T09:00:00Z) or a span like 24h, 7d"
+        ) from None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
+
+
+def _check_choice(value: str, choices: tuple[str, ...], flag: str) -> str:
+    if value not in choices:
+        raise UserError(f"{flag} {value!r} is not known; use one of {'|'.join(choices)}")
+    return value
+
+
+async def load_report(
+    engine: AsyncEngine,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    tenant: str | None = None,
+    group_by: str = "tenant",
+) -> Report:
+    """Query the window's rows and compute the report."""
+    attempts, tasks = await repo.report_rows(engine, since=since, until=until, tenant=tenant)
+    return build_report(attempts, tasks, since=since, until=until, tenant=tenant, group_by=group_by)
+
+
+async def _load_from_url(database_url: str, **kw: object) -> Report:
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        return await load_report(engine, **kw)  # type: ignore[arg-type]
+    except Exception as exc:
+        if is_unreachable(exc):
+            first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(
+                f"cannot reach Postgres at {describe_url(database_url)} ({first[:160]}); "
+                "start it (`taskplane dev up`) or fix TASKPLANE_DATABASE_URL"
+            ) from None
+        if "does not exist" in str(exc) and "relation" in str(exc):
+            raise UserError(
+                f"the database at {describe_url(database_url)} has no taskplane schema; run `taskplane db upgrade`"
+            ) from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+def run_report(
+    since: str | None,
+    until: str | None,
+    group_by: str,
+    fmt: str,
+    out: Path | None,
+    tenant: str | None,
+    database_url: str | None,
+    state_dir: Path,
+) -> None:
+    """``taskplane report``: validate the flags, read Postgres, print or write the report."""
+    fmt = _check_choice(fmt, FORMATS, "--format")
+    group_by = _check_choice(group_by, GROUP_BY, "--group-by")
+    start, end = parse_when(since, "--since"), parse_when(until, "--until")
+    if start is not None and end is not None and end <= start:
+        raise UserError(f"--until ({end.isoformat()}) must be later than --since ({start.isoformat()})")
+    if database_url is None:
+        from taskplane.dev.stack import resolve_database_url
+
+        database_url = resolve_database_url(None, state_dir)
+    report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=tenant, group_by=group_by))
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(render(report, fmt), encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+        return
+    if fmt == "table":
+        from rich.console import Console
+
+        Console().print(table_renderable(report))
+    else:
+        sys.stdout.write(render(report, fmt))
+
+
+async def html_report(
+    engine_or_url: AsyncEngine | str,
+    tenant: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> str:
+    """The HTML report for the gateway's ``/reports`` (``tenant`` limits it to one tenant).
+
+    Pass the gateway's engine to reuse its pool, or a URL for a one-off connection.
+    Rendering (matplotlib) runs in a thread so the event loop keeps serving.
+    """
+    if isinstance(engine_or_url, str):
+        report = await _load_from_url(engine_or_url, since=since, until=until, tenant=tenant)
+    else:
+        report = await load_report(engine_or_url, since=since, until=until, tenant=tenant)
+    from taskplane.reports.html import render_html
+
+    return await asyncio.to_thread(render_html, report)

@@ -1,0 +1,203 @@
+"""The report's four faces: a terminal table (rich), JSON, CSV and one self-contained HTML file.
+
+All four render the same ``Report``; the figures a reader compares (cost per successful
+task, totals) are formatted by the same helpers, so they agree to the digit shown.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from taskplane.reports.compute import GroupRow, Report
+
+FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
+
+CSV_COLUMNS = (
+    "scope",
+    "key",
+    "tasks_total",
+    "tasks_succeeded",
+    "tasks_succeeded_late",
+    "tasks_failed",
+    "tasks_cancelled",
+    "tasks_running",
+    "calls",
+    "total_cost_usd",
+    "gpu_seconds",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost_per_successful_task_usd",
+    "cache_hit_ratio",
+)
+
+
+def usd(value: float | None) -> str:
+    """Money for people: cents for large sums, micro-dollars for small ones."""
+    if value is None:
+        return "n/a"
+    if abs(value) >= 1000:
+        return f"${value:,.2f}"
+    if abs(value) >= 1:
+        return f"${value:,.4f}"
+    return f"${value:.6f}"
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def count(value: int) -> str:
+    return f"{value:,}"
+
+
+def window_text(report: Report) -> str:
+    since = report.since.isoformat() if report.since else "the beginning"
+    until = report.until.isoformat() if report.until else "now"
+    scope = f"tenant {report.tenant}" if report.tenant else "all tenants"
+    return f"{since} to {until}, {scope}"
+
+
+# ---- JSON ----------------------------------------------------------------------------
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_json_dict(), indent=2) + "\n"
+
+
+# ---- CSV -----------------------------------------------------------------------------
+
+
+def _csv_row(scope: str, row: GroupRow) -> list[object]:
+    data = row.model_dump()
+    out: list[object] = [scope]
+    for col in CSV_COLUMNS[1:]:
+        value = data.get(col)
+        out.append("" if value is None else (repr(value) if isinstance(value, float) else value))
+    return out
+
+
+def render_csv(report: Report) -> str:
+    """One table: the ``total`` row first (the headline), then one row per group key."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    total = GroupRow(
+        key="all",
+        tasks_total=report.tasks_total,
+        tasks_succeeded=report.tasks_succeeded,
+        tasks_succeeded_late=report.tasks_succeeded_late,
+        tasks_failed=report.tasks_failed,
+        tasks_cancelled=report.tasks_cancelled,
+        tasks_running=report.tasks_running,
+        calls=report.calls,
+        total_cost_usd=report.total_cost_usd,
+        gpu_seconds=report.gpu_seconds,
+        prompt_tokens=report.prompt_tokens,
+        cached_tokens=report.cached_tokens,
+        completion_tokens=report.completion_tokens,
+        cost_per_successful_task_usd=report.cost_per_successful_task_usd,
+        cache_hit_ratio=report.cache_hit_ratio,
+    )
+    writer.writerow(_csv_row("total", total))
+    for row in report.groups:
+        writer.writerow(_csv_row(report.group_by, row))
+    return buf.getvalue()
+
+
+# ---- table ---------------------------------------------------------------------------
+
+
+def table_renderable(report: Report) -> RenderableType:
+    """The terminal report: headline, naive figures, tasks, waste, then the chosen grouping."""
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    head.add_row("Cost per successful task (fully loaded)", Text(usd(report.cost_per_successful_task_usd), style="bold green"))
+    head.add_row("Total cost", usd(report.total_cost_usd))
+    head.add_row("Tasks succeeded (within deadline)", count(report.tasks_succeeded))
+    head.add_row("Tasks failed", count(report.tasks_failed))
+    other = []
+    if report.tasks_succeeded_late:
+        other.append(f"{report.tasks_succeeded_late} succeeded late")
+    if report.tasks_cancelled:
+        other.append(f"{report.tasks_cancelled} cancelled")
+    if report.tasks_running:
+        other.append(f"{report.tasks_running} running")
+    if other:
+        head.add_row("Other tasks", ", ".join(other))
+    head.add_row("Naive: cost per 1M tokens", usd(report.cost_per_million_tokens_usd))
+    head.add_row("Naive: cost per request", usd(report.cost_per_request_usd))
+    head.add_row("Prefix cache-hit ratio", pct(report.cache_hit_ratio))
+    head.add_row("LLM call attempts", count(report.calls))
+
+    waste = Table(title="Waste (spend that produced no successful task)", title_justify="left", expand=False)
+    waste.add_column("where")
+    waste.add_column("USD", justify="right")
+    waste.add_column("share of spend", justify="right")
+    total = report.total_cost_usd
+    for label, value in (
+        ("failed / cancelled tasks", report.waste.failed_tasks_usd),
+        ("retries (failed attempts)", report.waste.retries_usd),
+        ("shed work", report.waste.shed_usd),
+        ("prefix-cache misses (est.)", report.waste.cache_miss_usd),
+    ):
+        waste.add_row(label, usd(value), pct(value / total if total else None))
+    waste.add_row(Text("total", style="bold"), usd(report.waste.total_usd), pct(report.waste.share_of_spend))
+
+    groups = Table(title=f"By {report.group_by}", title_justify="left")
+    for col, justify in (
+        (report.group_by, "left"),
+        ("succeeded", "right"),
+        ("failed", "right"),
+        ("calls", "right"),
+        ("cost", "right"),
+        ("cost / successful task", "right"),
+        ("cache hit", "right"),
+    ):
+        groups.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in report.groups:
+        groups.add_row(
+            row.key,
+            count(row.tasks_succeeded),
+            count(row.tasks_failed),
+            count(row.calls),
+            usd(row.total_cost_usd),
+            usd(row.cost_per_successful_task_usd),
+            pct(row.cache_hit_ratio),
+        )
+
+    return Group(
+        Panel(head, title="taskplane cost report", subtitle=window_text(report), expand=False),
+        waste,
+        groups,
+    )
+
+
+def render_table(report: Report, width: int = 110) -> str:
+    """The table as plain text (for ``--out`` files and tests)."""
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    console.print(table_renderable(report))
+    return console.file.getvalue()  # type: ignore[attr-defined,no-any-return]
+
+
+def render(report: Report, fmt: str) -> str:
+    """The report in ``fmt`` (table, json, csv or html) as a string."""
+    if fmt == "json":
+        return render_json(report)
+    if fmt == "csv":
+        return render_csv(report)
+    if fmt == "html":
+        from taskplane.reports.html import render_html
+
+        return render_html(report)
+    if fmt == "table":
+        return render_table(report)
+    raise ValueError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
