@@ -55,8 +55,9 @@ _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 
-# event kinds, in the order they are handled at equal times
-_WAKE, _OUTAGE, _ARRIVAL, _TICK = 0, 1, 2, 3
+# event kinds, in the order they are handled at equal times: arrivals first, so calls that
+# arrive together start in the same engine step
+_ARRIVAL, _OUTAGE, _WAKE, _TICK = 0, 1, 2, 3
 
 
 # ------------------------------------------------------------------ inputs

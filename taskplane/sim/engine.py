@@ -243,7 +243,7 @@ class SimEngine:
         """A request arrives at ``now``. It joins the waiting queue at the next step."""
         if req.req_id in self._reqs:
             raise ValueError(f"request id {req.req_id!r} is already in the engine")
-        self._run_until(now)
+        self._run_until(now, strict=True)
         r = _Req(spec=req, arrival=now)
         need = -(-(req.prompt_tokens + req.output_tokens) // self.block_size)
         if req.prompt_tokens < 1 or req.output_tokens < 1 or need > self.num_blocks:
@@ -262,7 +262,7 @@ class SimEngine:
 
     def abort(self, req_id: Hashable, now: float) -> bool:
         """Drop a request (client went away); its blocks are released. False if unknown."""
-        self._run_until(now)
+        self._run_until(now, strict=True)
         r = self._reqs.get(req_id)
         if r is None:
             return False
@@ -287,7 +287,7 @@ class SimEngine:
 
     def reset(self, now: float) -> None:
         """A restart with an empty cache: every request is aborted, AllBlocksCleared."""
-        self._run_until(now)
+        self._run_until(now, strict=True)
         # what the step in progress would have produced after `now` dies with the engine
         later = [e for e in self._out if e.time > now]
         self._out = [e for e in self._out if e.time <= now]
@@ -403,25 +403,32 @@ class SimEngine:
         ctx = k * c0 + d * k * (k - 1) / 2
         return (k * a + self._t_kv * ctx) * self.slow_factor
 
-    def _run_until(self, now: float) -> None:
-        while self.busy and self._t <= now:
+    def _run_until(self, now: float, strict: bool = False) -> None:
+        """Commit the steps starting at or before ``now`` (strictly before with ``strict``:
+        a request arriving at ``now`` then joins a step starting at ``now``)."""
+        while self.busy and (self._t < now if strict else self._t <= now):
             if self._decode_only():
-                self._decode_run(now)
+                self._decode_run(now, strict)
             else:
                 self._step()
 
-    def _decode_run(self, now: float) -> None:
+    def _decode_run(self, now: float, strict: bool = False) -> None:
         """Commit the pure decode steps that start by ``now`` (all of them up to the next
         completion if it comes first)."""
         k_max = self._dec_top_target() - self._counter
         span = now - self._t
-        if self._decode_span(k_max - 1) <= span:
+
+        def starts(i: int) -> bool:  # does step i (0-based) start by now?
+            d = self._decode_span(i)
+            return d < span if strict else d <= span
+
+        if starts(k_max - 1):
             k = k_max  # the last step starts by now: commit through the completion
         else:
-            lo, hi = 1, k_max - 1  # step i starts at t + span(i); find the count starting <= now
+            lo, hi = 1, k_max - 1  # step 0 starts by now; find how many do
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if self._decode_span(mid - 1) <= span:
+                if starts(mid - 1):
                     lo = mid
                 else:
                     hi = mid - 1
