@@ -6,6 +6,7 @@ size cap before parsing, so an oversized or endless upload is refused with 413.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,6 +59,7 @@ def build_app(
             build_placer,
             build_response_cache,
             build_sink,
+            start_discovery,
             start_kv_subscriptions,
         )
 
@@ -68,11 +70,14 @@ def build_app(
         state["sink"] = sink
         await registry.start()
         subs = await start_kv_subscriptions(config, registry, placer)
+        watchers = start_discovery(config, registry, placer, subs)
         try:
             yield
         finally:
-            for sub in subs:
-                await sub.close()
+            for w in watchers:
+                w.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            await subs.close()
             await registry.close()
             await gw.close()
             close = getattr(sink, "close", None)

@@ -3,13 +3,14 @@ core), the response cache, the durable cost sink, and the KV-event subscriptions
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from taskplane.config import GatewayConfig
-from taskplane.engines.registry import ReplicaRegistry
+from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
+from taskplane.engines.registry import ReplicaRegistry, ReplicaState
 from taskplane.gateway.placement import Placer, ScheduledPlacer
 from taskplane.gateway.service import AttemptSink
 
@@ -42,33 +43,66 @@ async def build_sink(config: GatewayConfig, database_url: str | None, outbox_dir
     return writer  # type: ignore[return-value]
 
 
-class _Subscriptions:
-    """The KV-event subscribers of every replica that publishes events."""
+class Subscriptions:
+    """The KV-event subscribers of every replica that publishes events, kept in step
+    with the fleet as replicas join and leave."""
 
-    def __init__(self) -> None:
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
         self.subs: dict[str, Any] = {}
 
-    async def close(self) -> None:
-        for sub in self.subs.values():
-            await sub.stop()
-        self.subs.clear()
+    async def add(self, state: ReplicaState) -> None:
+        from taskplane.engines.kv_events import KVEventSubscriber
 
-
-async def start_kv_subscriptions(config: GatewayConfig, registry: ReplicaRegistry, placer: Placer) -> list[Any]:
-    """Subscribe to each replica's KV events (replaying from sequence 0 to catch up)."""
-    from taskplane.engines.kv_events import KVEventSubscriber
-
-    on_events = getattr(placer, "on_kv_events", None)
-    if on_events is None:
-        return []
-    subs = _Subscriptions()
-    for state in registry.replicas.values():
+        on_events = getattr(self.placer, "on_kv_events", None)
         rc = state.config
-        if not rc.kv_events:
-            continue
+        if on_events is None or not rc.kv_events or state.name in self.subs:
+            return
         sub = KVEventSubscriber(state.name, rc.kv_events, on_events, replay_endpoint=rc.kv_replay,
-                                on_resync=getattr(placer, "on_resync", None), replay_from=0)
+                                on_resync=getattr(self.placer, "on_resync", None), replay_from=0)
         await sub.start()
-        subs.subs[state.name] = sub
+        self.subs[state.name] = sub
+
+    async def remove(self, name: str) -> None:
+        sub = self.subs.pop(name, None)
+        if sub is not None:
+            await sub.stop()
+
+    async def close(self) -> None:
+        for name in list(self.subs):
+            await self.remove(name)
+
+
+async def start_kv_subscriptions(config: GatewayConfig, registry: ReplicaRegistry, placer: Placer) -> Subscriptions:
+    """Subscribe to each replica's KV events (replaying from sequence 0 to catch up)."""
+    subs = Subscriptions(placer)
+    for state in list(registry.replicas.values()):
+        await subs.add(state)
     log.info("kv_subscriptions", replicas=sorted(subs.subs))
-    return [subs]
+    return subs
+
+
+def start_discovery(config: GatewayConfig, registry: ReplicaRegistry, placer: Placer, subs: Subscriptions) -> list[asyncio.Task[None]]:
+    """For pools configured with ``discovery:``, follow Kubernetes endpoints: replicas
+    join and leave the registry, the scheduler and the KV subscriptions without a restart."""
+    from taskplane.engines.discovery import watch
+
+    tasks: list[asyncio.Task[None]] = []
+    for pool in config.pools:
+        if pool.discovery is None:
+            continue
+
+        async def on_change(replicas: list[ReplicaConfig], pool: PoolConfig = pool) -> None:
+            added, removed = registry.set_pool_replicas(pool, replicas)
+            for name in removed:
+                placer.replica_removed(name)
+                await subs.remove(name)
+            for name in added:
+                state = registry.replicas[name]
+                await registry.scrape(state)
+                await subs.add(state)
+            if added or removed:
+                log.info("replicas_changed", pool=pool.model, added=added, removed=removed)
+
+        tasks.append(asyncio.create_task(watch(pool, on_change), name=f"discovery:{pool.model}"))
+    return tasks
