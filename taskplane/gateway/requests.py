@@ -7,6 +7,7 @@ engine untouched (``extra="allow"``), as an OpenAI-compatible proxy should.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -70,6 +71,17 @@ def _explain(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:32]} is out of range for a JSON number")
+    return value
+
+
 def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]]:
     """Decode and validate a request body; return the typed view and the raw dict to forward."""
     try:
@@ -77,9 +89,13 @@ def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]
     except UnicodeDecodeError:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, "request body is not valid UTF-8") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise TaskplaneError(ErrorType.INVALID_REQUEST, "request body is nested too deeply") from None
+    except ValueError as exc:  # NaN / Infinity: not JSON, and engines choke on them
+        raise TaskplaneError(ErrorType.INVALID_REQUEST, f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise TaskplaneError(ErrorType.INVALID_REQUEST, "request body must be a JSON object")
     try:
