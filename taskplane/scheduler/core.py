@@ -23,7 +23,6 @@ bookkeeping); within one ``release`` pass the scheduler accounts for its own pla
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,6 +44,7 @@ from taskplane.scheduler.metrics import (
 )
 from taskplane.scheduler.response_cache import ResponseCache
 from taskplane.scheduler.sessions import SessionPins
+from taskplane.scheduler.table import ReplicaTable, as_table
 from taskplane.scheduler.tenants import TenantPolicy, tenant_table
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.scheduler.workflow import task_value
@@ -125,20 +125,29 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decide
 
-    def decide(self, request: CallRequest, replicas: Sequence[ReplicaView], now_s: float | None = None) -> Decision:
-        """Place, queue or refuse one call. ``now_s`` defaults to ``request.now_s``."""
+    def decide(
+        self, request: CallRequest, replicas: ReplicaTable | Sequence[ReplicaView], now_s: float | None = None
+    ) -> Decision:
+        """Place, queue or refuse one call. ``now_s`` defaults to ``request.now_s``.
+
+        ``replicas``: every replica the caller knows (any model), as a list of views or,
+        for large fleets, a ``ReplicaTable`` the caller keeps up to date.
+        """
         t0 = time.perf_counter() if self.metrics else 0.0
         now = request.now_s if now_s is None else now_s
-        decision = self._decide(request, replicas, now)
+        decision = self._decide(request, as_table(replicas), now)
         if self.metrics:
             self._decisions[decision.action].inc()
             self._seconds.observe(time.perf_counter() - t0)
         return decision
 
-    def _pool(self, replicas: Sequence[ReplicaView], model: str, avoid: tuple[str, ...]) -> list[ReplicaView]:
-        if avoid:
-            return [r for r in replicas if r.model == model and r.name not in avoid]
-        return [r for r in replicas if r.model == model]
+    @staticmethod
+    def _pool(table: ReplicaTable, model: str, avoid: tuple[str, ...]) -> np.ndarray:
+        rows = table.pool(model)
+        if avoid and len(rows):
+            names = table.names
+            rows = rows[np.fromiter((names[i] not in avoid for i in rows), dtype=bool, count=len(rows))]
+        return rows
 
     def _filter(self, state: CycleState) -> str | None:
         """Run the filters; the name of the one that left no candidate, else None."""
@@ -155,16 +164,16 @@ class Scheduler:
                     return f.name
         return None
 
-    def _decide(self, req: CallRequest, replicas: Sequence[ReplicaView], now: float) -> Decision:
+    def _decide(self, req: CallRequest, replicas: ReplicaTable, now: float) -> Decision:
         fb_model = self.fallbacks.get(req.model) if req.allow_fallback else None
         pool = self._pool(replicas, req.model, req.avoid_replicas)
-        if not pool:
+        if not len(pool):
             if fb_model:
                 moved = self._move(req, replicas, now, fb_model, f"no replica serves {req.model}")
                 if moved is not None:
                     return moved
             return Decision(Action.NO_REPLICA, reason=f"no replica serves model {req.model!r}")
-        state = CycleState(self, req, pool, now, req.model)
+        state = CycleState(self, req, replicas, pool, now, req.model)
         emptied = self._filter(state)
         if emptied is not None:
             if fb_model:
@@ -173,7 +182,7 @@ class Scheduler:
                     return moved
             return Decision(Action.NO_REPLICA, reason=f"filter {emptied!r} removed every replica of {req.model!r}")
         budget = req.budget_ms
-        if budget is not None:
+        if budget is not None and self.admission is not None:  # baselines ignore deadlines
             pred = state.prediction
             best_now = float(state.c(pred.total_ms).min())
             if best_now > budget:
@@ -202,13 +211,13 @@ class Scheduler:
     # ------------------------------------------------------------------ move
 
     def _move(
-        self, req: CallRequest, replicas: Sequence[ReplicaView], now: float, model: str, why: str
+        self, req: CallRequest, replicas: ReplicaTable, now: float, model: str, why: str
     ) -> Decision | None:
         """Place on the fallback model when it can serve (within budget, if any)."""
         pool = self._pool(replicas, model, req.avoid_replicas)
-        if not pool:
+        if not len(pool):
             return None
-        state = CycleState(self, req, pool, now, model)
+        state = CycleState(self, req, replicas, pool, now, model)
         if self._filter(state) is not None:
             return None
         if req.budget_ms is not None and float(state.c(state.prediction.total_ms).min()) > req.budget_ms:
@@ -296,7 +305,9 @@ class Scheduler:
             for band, depth in queue.depths().items():
                 QUEUE_DEPTH.labels(self.name, queue.pool, band).set(depth)
 
-    def release(self, replicas: Sequence[ReplicaView], now_s: float) -> list[tuple[CallRequest, Decision]]:
+    def release(
+        self, replicas: ReplicaTable | Sequence[ReplicaView], now_s: float
+    ) -> list[tuple[CallRequest, Decision]]:
         """Hand out queued calls that can go now, in admission order.
 
         Returns ``(call, decision)`` pairs: PLACE for calls released to a replica, SHED for
@@ -305,6 +316,7 @@ class Scheduler:
         """
         out = self._displaced
         self._displaced = []
+        table: ReplicaTable | None = None
         for model, queue in self._queues.items():
             for entry in queue.expired(now_s):
                 d = Decision(
@@ -318,17 +330,18 @@ class Scheduler:
             if not len(queue):
                 self._update_depth(queue)
                 continue
-            pool = self._pool(replicas, model, ())
+            if table is None:  # a private copy: this pass accounts for its own placements
+                table = as_table(replicas).copy() if isinstance(replicas, ReplicaTable) else as_table(replicas)
             while len(queue):
                 head = queue.peek()
                 assert head is not None
                 req = head.call
-                cand_pool = [r for r in pool if r.name not in req.avoid_replicas] if req.avoid_replicas else pool
-                if not cand_pool:
+                pool = self._pool(table, model, req.avoid_replicas)
+                if not len(pool):
                     queue.pop()
                     out.append((req, Decision(Action.NO_REPLICA, reason=f"no replica serves model {model!r}")))
                     continue
-                state = CycleState(self, req, cand_pool, now_s, model)
+                state = CycleState(self, req, table, pool, now_s, model)
                 if self._filter(state) is not None:
                     queue.pop()
                     out.append((req, Decision(Action.NO_REPLICA, reason="every replica was filtered out")))
@@ -342,25 +355,25 @@ class Scheduler:
                 out.append((req, decision))
                 if self.metrics:
                     self._decisions[Action.PLACE].inc()
-                self._account(pool, state, decision)
+                self._account(table, state, decision)
             self._update_depth(queue)
         return out
 
-    def _account(self, pool: list[ReplicaView], state: CycleState, decision: Decision) -> None:
-        """Reflect a placement in this pass's view of the pool."""
-        for i, r in enumerate(pool):
-            if r.name == decision.replica:
-                j = state.names.index(r.name)
-                need = int(state.new_blocks_needed()[j])
-                uncached = int(state.uncached_tokens()[j])
-                pool[i] = dataclasses.replace(
-                    r,
-                    num_waiting=r.num_waiting + 1,
-                    kv_blocks_free=max(r.kv_blocks_free - need, 0),
-                    inflight_prefill_tokens=r.inflight_prefill_tokens + uncached,
-                    inflight_decode_tokens=r.inflight_decode_tokens + state.request.max_tokens,
-                )
-                return
+    @staticmethod
+    def _account(table: ReplicaTable, state: CycleState, decision: Decision) -> None:
+        """Reflect a placement in this pass's private copy of the table."""
+        name = decision.replica
+        if name is None:
+            return
+        j = state.position_of(name)
+        r = state.view(j)
+        table.update(
+            name,
+            num_waiting=r.num_waiting + 1,
+            kv_blocks_free=max(r.kv_blocks_free - int(state.new_blocks_needed()[j]), 0),
+            inflight_prefill_tokens=r.inflight_prefill_tokens + int(state.uncached_tokens()[j]),
+            inflight_decode_tokens=r.inflight_decode_tokens + state.request.max_tokens,
+        )
 
     def cancel(self, request: CallRequest) -> bool:
         """Drop a queued call (its client went away)."""
@@ -391,7 +404,7 @@ class Scheduler:
             scored.append((scorer, s))
         pos = self.picker.pick(state, totals) if n > 1 else 0
         i = int(state.sel[pos])
-        view = state.pool[i]
+        view = state.view(i)
         scores = {scorer.name: float(s[pos]) for scorer, s in scored}
         if scored:
             scores["total"] = float(totals[pos])

@@ -24,7 +24,6 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -36,6 +35,7 @@ from taskplane.scheduler.types import CallRequest, ReplicaView
 if TYPE_CHECKING:
     from taskplane.scheduler.core import Scheduler
     from taskplane.scheduler.latency import Prediction
+    from taskplane.scheduler.table import ReplicaTable
 
 
 def param(default: Any, doc: str) -> Any:
@@ -243,44 +243,31 @@ def build_params(cls: type, params: Mapping[str, Any], where: str) -> Any:
 
 # --------------------------------------------------------------------------- cycle state
 
-_COLUMNS = attrgetter(
-    "kv_blocks_free",
-    "kv_blocks_total",
-    "num_running",
-    "num_waiting",
-    "inflight_prefill_tokens",
-    "inflight_decode_tokens",
-    "cost_per_hour_usd",
-    "max_num_seqs",
-    "block_size",
-    "healthy",
-    "model_loaded",
-)
-
-
 class CycleState:
     """Everything one decision computes once and its plugins share.
 
-    Arrays are over the pool (the replicas serving the call's model, in the given order);
-    ``sel`` holds the pool positions of the candidates still in play. Plugins read candidate
-    values with ``state.c(array)``.
+    The pool is the table rows serving the call's model (``rows``); arrays are over the
+    pool, and ``sel`` holds the pool positions of the candidates still in play. Plugins read
+    candidate values with ``state.c(array)``.
     """
 
     def __init__(
         self,
         scheduler: Scheduler,
         request: CallRequest,
-        pool: list[ReplicaView],
+        table: ReplicaTable,
+        rows: np.ndarray,
         now_s: float,
         model: str,
     ) -> None:
         self.scheduler = scheduler
         self.request = request
-        self.pool = pool
+        self.table = table
+        self.rows = rows
         self.now_s = now_s
         self.model = model
-        self.n = len(pool)
-        cols = np.array([_COLUMNS(r) for r in pool], dtype=np.float64).reshape(self.n, 11)
+        self.n = len(rows)
+        cols = table.cols[rows]
         self.free = cols[:, 0]
         self.total = np.maximum(cols[:, 1], 1.0)
         self.running = cols[:, 2]
@@ -296,6 +283,8 @@ class CycleState:
         self.rng = scheduler.rng
         self._matched: dict[str, np.ndarray] = {}
         self._prediction: Prediction | None = None
+        self._saturated: np.ndarray | None = None
+        self._needed: np.ndarray | None = None
         self._pinned = -2  # -2: not looked up yet
         self.pinned_name: str | None = None
         self.completion_tokens = scheduler.latency.expected_completion_tokens(model, request.max_tokens)
@@ -310,9 +299,30 @@ class CycleState:
     def narrow(self, keep: np.ndarray) -> None:
         self.sel = self.sel[keep]
 
+    def view(self, i: int) -> ReplicaView:
+        """The replica at pool position ``i``."""
+        return self.table.views[int(self.rows[i])]
+
+    def name(self, i: int) -> str:
+        return self.table.names[int(self.rows[i])]
+
     @property
     def names(self) -> list[str]:
-        return [r.name for r in self.pool]
+        names = self.table.names
+        return [names[i] for i in self.rows]
+
+    @property
+    def gpu_codes(self) -> np.ndarray:
+        """Per pool position, an index into ``table.gpus``."""
+        return self.table.gpu_codes[self.rows]
+
+    def position_of(self, name: str) -> int:
+        """Pool position of replica ``name``, or -1."""
+        row = self.table.row_of(name)
+        if row is None:
+            return -1
+        hit = np.flatnonzero(self.rows == row)
+        return int(hit[0]) if hit.size else -1
 
     # -- prompt
 
@@ -327,12 +337,10 @@ class CycleState:
         if arr is None:
             req = self.request
             if req.block_hashes:
-                arr = self.scheduler.kv_index.match_array(
-                    req.block_hashes,
-                    [r.name for r in self.pool],
-                    source=source,
-                    block_size=req.block_size,
-                    tokenized=req.tokenized,
+                index = self.scheduler.kv_index
+                ids = self.table.kv_ids(index.slots)[self.rows]
+                arr = index.match_ids(
+                    req.block_hashes, ids, source=source, block_size=req.block_size, tokenized=req.tokenized
                 ).astype(np.float64)
             else:
                 arr = np.zeros(self.n)
@@ -345,8 +353,10 @@ class CycleState:
 
     def new_blocks_needed(self) -> np.ndarray:
         """KV blocks this call will allocate on each replica (prompt suffix + completion)."""
-        need_tokens = self.request.prompt_tokens + self.completion_tokens
-        return np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
+        if self._needed is None:
+            need_tokens = self.request.prompt_tokens + self.completion_tokens
+            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
+        return self._needed
 
     # -- predictions
 
@@ -361,7 +371,7 @@ class CycleState:
         if self._prediction is None:
             lat = self.scheduler.latency
             self._prediction = lat.predict(
-                params=lat.gpu_params([r.gpu for r in self.pool]),
+                params=lat.gpu_params(self.table.gpus)[self.gpu_codes],
                 uncached_tokens=self.uncached_tokens(),
                 queued_tokens=self.queued_tokens,
                 running=self.running,
@@ -375,11 +385,13 @@ class CycleState:
     @property
     def saturated(self) -> np.ndarray:
         """Replicas that should take no more work now (admission holds calls instead)."""
-        return (
-            (self.waiting >= self.saturation_waiting)
-            | (self.running >= self.max_seqs)
-            | (self.free < self.new_blocks_needed())
-        )
+        if self._saturated is None:
+            self._saturated = (
+                (self.waiting >= self.saturation_waiting)
+                | (self.running >= self.max_seqs)
+                | (self.free < self.new_blocks_needed())
+            )
+        return self._saturated
 
     @property
     def pinned(self) -> int:
@@ -393,10 +405,7 @@ class CycleState:
                 name = pins.get(session, self.now_s)
                 self.pinned_name = name
                 if name is not None:
-                    for i, r in enumerate(self.pool):
-                        if r.name == name:
-                            self._pinned = i
-                            break
+                    self._pinned = self.position_of(name)
         return self._pinned
 
 

@@ -138,6 +138,7 @@ class ReplicaSlots:
         self._ids: dict[str, int] = {}
         self._free: list[int] = []
         self._next = 0
+        self.version = 0  # bumped whenever a name gains or loses its id
 
     def get(self, name: str) -> int | None:
         return self._ids.get(name)
@@ -149,12 +150,14 @@ class ReplicaSlots:
             if rid == self._next:
                 self._next += 1
             self._ids[name] = rid
+            self.version += 1
         return rid
 
     def release(self, name: str) -> None:
         rid = self._ids.pop(name, None)
         if rid is not None:
             self._free.append(rid)
+            self.version += 1
 
     @property
     def capacity(self) -> int:
@@ -227,9 +230,10 @@ class BatchResult:
 
 
 class _PreciseReplica:
-    __slots__ = ("block_size", "eng2ours", "extra", "in_sync", "next_seq", "pending")
+    __slots__ = ("block_size", "eng2ours", "extra", "in_sync", "name", "next_seq", "pending")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.eng2ours: dict[Any, int] = {}
         self.extra: dict[int, int] = {}  # our hash -> extra engine hashes mapping to it
         self.block_size: int | None = None
@@ -248,24 +252,31 @@ class PreciseIndex:
         self.unchained_blocks = 0
         self.block_sizes: set[int] = set()  # every block size seen in events
         self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
+        self._bs = np.zeros(64, dtype=np.int64)  # by replica id: block size of its events
+
+    @staticmethod
+    def _grow(arr: np.ndarray, size: int) -> np.ndarray:
+        if len(arr) >= size:
+            return arr
+        grown = np.zeros(max(size, 2 * len(arr)), dtype=arr.dtype)
+        grown[: len(arr)] = arr
+        return grown
 
     def _set_sync(self, name: str, rep: _PreciseReplica, value: bool) -> None:
         rep.in_sync = value
         rid = self.slots.ensure(name)
-        if rid >= len(self._auth):
-            grown = np.zeros(max(rid + 1, 2 * len(self._auth)), dtype=bool)
-            grown[: len(self._auth)] = self._auth
-            self._auth = grown
+        self._auth = self._grow(self._auth, rid + 1)
         self._auth[rid] = value
 
     def authoritative(self, ids: np.ndarray) -> np.ndarray:
         """By replica id (as from ``ReplicaSlots.ids_of``): is the precise view exact?"""
-        auth = self._auth
-        if len(auth) < self.slots.capacity + 1:
-            grown = np.zeros(self.slots.capacity + 1, dtype=bool)
-            grown[: len(auth)] = auth
-            self._auth = auth = grown
-        return auth[ids]
+        self._auth = self._grow(self._auth, self.slots.capacity + 1)
+        return self._auth[ids]
+
+    def block_size_by_id(self, ids: np.ndarray) -> np.ndarray:
+        """Block size of each replica's events (0 when unknown)."""
+        self._bs = self._grow(self._bs, self.slots.capacity + 1)
+        return self._bs[ids]
 
     # -- state
 
@@ -296,7 +307,7 @@ class PreciseIndex:
     def _rep(self, name: str) -> _PreciseReplica:
         rep = self._replicas.get(name)
         if rep is None:
-            rep = self._replicas[name] = _PreciseReplica()
+            rep = self._replicas[name] = _PreciseReplica(name)
             self._set_sync(name, rep, True)
         return rep
 
@@ -358,6 +369,8 @@ class PreciseIndex:
             rid = self.slots.get(name)
             if rid is not None and rid < len(self._auth):
                 self._auth[rid] = False
+            if rid is not None and rid < len(self._bs):
+                self._bs[rid] = 0
         KV_BLOCKS.labels("precise").set(len(self.owners))
 
     # -- events
@@ -386,8 +399,12 @@ class PreciseIndex:
         bs = ev.block_size
         if bs <= 0 or not ev.block_hashes:
             return
-        rep.block_size = bs
-        self.block_sizes.add(bs)
+        if rep.block_size != bs:
+            rep.block_size = bs
+            self.block_sizes.add(bs)
+            rid = self.slots.ensure(rep.name)
+            self._bs = self._grow(self._bs, rid + 1)
+            self._bs[rid] = bs
         if ev.parent_block_hash is None:
             parent = ROOT
         else:
@@ -584,12 +601,27 @@ class KVIndex:
         use another size cannot match precisely. ``tokenized=False`` (text hashes) consults
         only the approximate index.
         """
-        n = len(replicas)
+        if not block_hashes or not replicas:
+            return np.zeros(len(replicas), dtype=np.int64)
+        return self.match_ids(
+            block_hashes, self.slots.ids_of(replicas), source=source, block_size=block_size, tokenized=tokenized
+        )
+
+    def match_ids(
+        self,
+        block_hashes: Sequence[int],
+        ids: np.ndarray,
+        *,
+        source: Source | str = Source.AUTO,
+        block_size: int | None = None,
+        tokenized: bool = True,
+    ) -> np.ndarray:
+        """``match_array`` for replica ids from ``slots.ids_of`` (the hot path: no names)."""
+        n = len(ids)
         if not block_hashes or n == 0:
             return np.zeros(n, dtype=np.int64)
         src = Source(source)
         cap = self.slots.capacity + 1
-        ids = self.slots.ids_of(replicas)
         use_precise = tokenized and src != Source.APPROXIMATE
         use_approx = (src != Source.PRECISE or not tokenized) and bool(self.approx.owners)
         precise = approx = None
@@ -599,10 +631,8 @@ class KVIndex:
                 _walk(self.precise.owners, block_hashes, precise)
             precise = precise[ids]
             if block_size is not None and self.precise.block_sizes - {block_size}:
-                for i, name in enumerate(replicas):
-                    bs = self.precise.block_size_of(name)
-                    if bs is not None and bs != block_size and precise[i]:
-                        precise[i] = 0
+                sizes = self.precise.block_size_by_id(ids)
+                precise[(sizes != 0) & (sizes != block_size)] = 0
         if use_approx:
             approx = np.zeros(cap, dtype=np.int64)
             _walk(self.approx.owners, block_hashes, approx)

@@ -23,6 +23,7 @@ class TenantGpuFilter(Filter):
         tenant = state.scheduler.tenants.get(state.request.tenant)
         if tenant is None or not tenant.excluded_gpus:
             return None
-        excluded = tenant.excluded_gpus
-        pool = state.pool
-        return np.fromiter((pool[i].gpu not in excluded for i in state.sel), dtype=bool, count=len(state.sel))
+        codes = [c for c in (state.table.gpu_code(g) for g in tenant.excluded_gpus) if c is not None]
+        if not codes:
+            return None
+        return ~np.isin(state.c(state.gpu_codes), codes)

@@ -47,6 +47,7 @@ class SglangCacheAwarePicker(Picker):
             if ratio[best] > p.cache_threshold:
                 return best
         if p.low_match == "smallest-cache":
-            sizes = np.array([state.scheduler.kv_index.approx.size_of(state.pool[i].name) for i in state.sel], dtype=np.float64)
+            approx = state.scheduler.kv_index.approx
+            sizes = np.array([approx.size_of(state.name(int(i))) for i in state.sel], dtype=np.float64)
             return argmin_seeded(sizes, state.rng)
         return argmin_seeded(load, state.rng)
