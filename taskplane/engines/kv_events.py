@@ -11,8 +11,9 @@ the raw 32-byte digest. The decoder accepts all of these and folds a byte hash t
 low 64 bits, the int vLLM would have sent.
 
 Replay: a ROUTER socket beside the PUB. A client (DEALER) sends ``[b"", start_seq]``
-(8-byte big-endian); the publisher answers with one ``[b"", seq, payload]`` per buffered
-batch with ``seq >= start_seq`` and ends with ``[b"", -1 (8 bytes, signed), b""]``.
+(8-byte big-endian); real vLLM (0.32) answers with one ``[b"", topic, seq, payload]`` per
+buffered batch with ``seq >= start_seq`` and ends with ``[b"", b"", -1 (8 bytes, signed),
+b""]``. The subscriber also accepts the topic-less ``[b"", seq, payload]`` form.
 """
 
 from __future__ import annotations
@@ -284,6 +285,10 @@ class KVEventSubscriber:
                 frames = await sock.recv_multipart()
                 if frames and frames[0] == b"":
                     frames = frames[1:]
+                if len(frames) >= 3:
+                    # Real vLLM puts the topic first: [topic, seq, payload], and ends with
+                    # [b"", END_SEQ, b""]; keep the last two frames either way.
+                    frames = frames[-2:]
                 if len(frames) < 2 or frames[0] == END_SEQ:
                     break
                 s = int.from_bytes(frames[0], "big")
