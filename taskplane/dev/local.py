@@ -73,6 +73,7 @@ class LocalCluster:
         ]
         self.gateway_port = free_port()
         self.gateway_pid: int | None = None
+        self._extra_pids: list[int] = []
 
     @property
     def gateway_url(self) -> str:
@@ -121,6 +122,23 @@ class LocalCluster:
         proc.stop_pid(self.gateway_pid)
         self.gateway_pid = None
 
+    def add_gateway(self) -> tuple[str, int]:
+        """Another gateway over the same replicas (gateways share no state); returns (url, pid)."""
+        port = free_port()
+        cfg_file = self.workdir / f"gateway-{port}.yaml"
+        cfg = self.config()
+        cfg["outbox_dir"] = str(self.workdir / f"outbox-{port}")
+        cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        env = {"TASKPLANE_STATE_DIR": str(self.workdir)}
+        if self.database_url:
+            env["TASKPLANE_DATABASE_URL"] = self.database_url
+        log = self._log(f"gateway-{port}")
+        pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(cfg_file), "--port", str(port)], log, env=env)
+        self._extra_pids.append(pid)
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_until(proc.http_ok(f"{url}/healthz"), "gateway", 60, pid, log)
+        return url, pid
+
     def start(self) -> LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -134,6 +152,9 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.stop_gateway()
+        for pid in self._extra_pids:
+            proc.stop_pid(pid)
+        self._extra_pids.clear()
         for r in self.replicas:
             proc.stop_pid(r.pid, timeout_s=3)
             r.pid = None
