@@ -372,6 +372,7 @@ class ClusterSim:
                 r.gpu, r.model, kv_blocks=r.kv_blocks, block_size=self.bs, max_num_seqs=r.max_num_seqs,
                 max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
                 cold_start_s=r.cold_start_s, emit_kv_events=self._on_kv is not None, emit_first_token=False,
+                removed_per_block=False,
             )
             price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd
             self.engines.append(eng)

@@ -161,6 +161,7 @@ class SimEngine:
         cold_start_s: float | None = None,
         emit_kv_events: bool = True,
         emit_first_token: bool = True,
+        removed_per_block: bool = True,
     ) -> None:
         self.gpu = gpu_profile(gpu)
         self.model_name = model
@@ -172,7 +173,8 @@ class SimEngine:
         self.model_loaded = model_loaded
         self.cold_start_s = default_cold_start_s(gpu, model) if cold_start_s is None else cold_start_s
         self.emit_first_token = emit_first_token
-        self.kv = KVCache(self.num_blocks, block_size, emit_events=emit_kv_events)
+        self.kv = KVCache(self.num_blocks, block_size, emit_events=emit_kv_events,
+                          removed_per_block=removed_per_block)
         self.slow_factor = 1.0  # fault injection: >1 slows every step down
         self.stats = EngineStats()
 

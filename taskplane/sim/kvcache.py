@@ -22,14 +22,19 @@ from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockSto
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref")
+    __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref",
+                 "removed_per_block")
 
-    def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
+                 removed_per_block: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.emit = emit_events
+        # vLLM publishes one BlockRemoved per evicted block; in-process consumers may take
+        # one event per eviction burst (fewer objects, same information)
+        self.removed_per_block = removed_per_block
         self.free_uncached = num_blocks
         self.ref: dict[int, int] = {}  # cached block hash -> number of requests using it
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref == 0, oldest first
@@ -91,8 +96,10 @@ class KVCache:
             del ref[h]
             removed.append(h)
         if self.emit:
-            # vLLM publishes one BlockRemoved per evicted block.
-            self.events.extend(BlockRemoved(block_hashes=[h]) for h in removed)
+            if self.removed_per_block:
+                self.events.extend(BlockRemoved(block_hashes=[h]) for h in removed)
+            else:
+                self.events.append(BlockRemoved(block_hashes=removed))
 
     def store(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def test_agent_tasks_grow_context_and_hit_their_own_prefix() -> None:
         calls.sort(key=lambda c: c.step)
         prompts = [c.prompt_tokens for c in calls]
         assert prompts == sorted(prompts)
-        for prev, cur in zip(calls, calls[1:], strict=False):
+        for prev, cur in itertools.pairwise(calls):
             # one replica: everything the previous call saw and wrote is cached (block granularity)
             assert cur.cached_tokens >= (prev.prompt_tokens + prev.completion_tokens) // 256 * 256 - 256
     recs = res.attempt_records()
