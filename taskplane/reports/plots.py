@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import timedelta
 
 from taskplane.reports.compute import GroupRow, Report
 
@@ -48,10 +49,14 @@ def _few_ticks(axis) -> None:  # type: ignore[no-untyped-def]
     axis.set_major_locator(MaxNLocator(4))
 
 
-def _dates(ax) -> None:  # type: ignore[no-untyped-def]
+def _dates(ax, report: Report) -> None:  # type: ignore[no-untyped-def]
     import matplotlib.dates as mdates
 
-    locator = mdates.AutoDateLocator(maxticks=8)
+    if report.timeline:
+        pad = timedelta(seconds=report.timeline_bucket_s)
+        ax.set_xlim(report.timeline[0].start - pad / 2, report.timeline[-1].start + pad * 1.5)
+
+    locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
@@ -83,7 +88,7 @@ def cost_over_time(report: Report) -> str:
                        linewidth=1, label="whole window")
         ax.set_ylabel("USD per successful task", fontsize=8)
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        _dates(ax)
+        _dates(ax, report)
     ax.set_title("Cost per successful task over time", fontsize=10, loc="left")
     return _svg(fig, "cost-over-time")
 
@@ -163,6 +168,6 @@ def cache_hit_over_time(report: Report) -> str:
         ax.set_ylim(0, 100)
         ax.set_ylabel("% prompt tokens from cache", fontsize=8)
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        _dates(ax)
+        _dates(ax, report)
     ax.set_title("Prefix cache-hit ratio", fontsize=10, loc="left")
     return _svg(fig, "cache-hit")
