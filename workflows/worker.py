@@ -177,16 +177,21 @@ def run_worker_blocking(
     database_url: str | None,
     modules: Sequence[str] = (),
 ) -> None:
-    """``taskplane worker``: run until SIGINT/SIGTERM, then finish in-flight work and exit."""
+    """``taskplane worker``: run until SIGINT/SIGTERM, then finish in-flight work and exit.
+
+    ``TASKPLANE_TASK_QUEUE`` overrides the task queue (default ``taskplane``).
+    """
     import os
 
     state_dir = Path(os.environ["TASKPLANE_STATE_DIR"]) if os.environ.get("TASKPLANE_STATE_DIR") else None
+    task_queue = os.environ.get("TASKPLANE_TASK_QUEUE") or TASK_QUEUE
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(temporal_address, gateway_url, database_url, modules, state_dir=state_dir, stop=stop)
+        await run_worker(temporal_address, gateway_url, database_url, modules, state_dir=state_dir,
+                         task_queue=task_queue, stop=stop)
 
     asyncio.run(main())

@@ -14,7 +14,13 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    RetryState,
+    TimeoutError,
+    TimeoutType,
+)
 
 from taskplane.sdk import retry
 from taskplane.sdk.errors import DeadlineExceeded, LlmError
@@ -103,6 +109,9 @@ async def _call(
 def _llm_failure(rt: TaskRuntime, step: int, exc: ActivityError) -> Exception:
     """The author-facing exception for an LLM call that failed for good."""
     cause = exc.cause
+    if exc.retry_state == RetryState.TIMEOUT and rt.ctx.deadline is not None:
+        # the retries stopped because the next one would not fit the deadline budget
+        return DeadlineExceeded(f"LLM step {step} could not succeed before the task's deadline: {cause or exc}")
     if isinstance(cause, ApplicationError):
         if cause.type in retry.DEADLINE_TYPES:
             return DeadlineExceeded(f"LLM step {step}: {cause.message}")

@@ -16,7 +16,13 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from temporalio import activity, workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    RetryState,
+    TimeoutError,
+    TimeoutType,
+)
 
 from taskplane.sdk import retry
 from taskplane.sdk.convert import return_hint, summarize_args
@@ -136,7 +142,8 @@ async def _run_step(s: Step, args: tuple[Any, ...]) -> Any:
         )
     except ActivityError as exc:
         cause = exc.cause
-        if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_CLOSE:
+        out_of_budget = budget_s is not None and exc.retry_state == RetryState.TIMEOUT
+        if out_of_budget or (isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_CLOSE):
             raise DeadlineExceeded(f"tool {s.name!r} did not finish before the task's deadline") from None
         if isinstance(cause, ApplicationError):
             raise StepFailed(s.name, cause.type or "error", cause.message) from None

@@ -3,38 +3,17 @@ task rows in the real Postgres (the dev server runs the workflows)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import tp_sdk_agents as agents
-from sqlalchemy import text
 from temporalio.client import Client
+from tp_sdk_db import calls as _calls
+from tp_sdk_db import rows as _rows
+from tp_sdk_db import wait_status
 
 import taskplane
 from taskplane.dev.local import LocalCluster
-from taskplane.store.db import create_engine
 from workflows.worker import TaskplaneWorker
-
-
-async def _rows(pg_url: str, sql: str, **params: object) -> list[dict[str, object]]:
-    engine = create_engine(pg_url, pool_size=1)
-    try:
-        async with engine.connect() as conn:
-            return [dict(r._mapping) for r in (await conn.execute(text(sql), params)).all()]
-    finally:
-        await engine.dispose()
-
-
-async def _calls(pg_url: str, task_id: str, expect: int, timeout: float = 10) -> list[dict[str, object]]:
-    """The task's llm_calls rows once ``expect`` of them have landed (the gateway writes async)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        rows = await _rows(pg_url, "SELECT * FROM llm_calls WHERE task_id = :t ORDER BY step, attempt, started_at", t=task_id)
-        if len(rows) >= expect or loop.time() > end:
-            return rows
-        await asyncio.sleep(0.2)
 
 
 async def test_task_through_the_gateway_records_context_and_cost(
@@ -73,8 +52,7 @@ async def _run_two_phase_with_hung_replica(
     """Step 0 runs; the test hangs the replica that served it; step 1 (same session, so
     affinity sends it there) must be retried by Temporal and served elsewhere."""
     handle = await taskplane.submit(agents.two_phase, client=tp_client, task_queue=worker.task_queue)
-    while (await handle.state()).status != "waiting-approval":
-        await asyncio.sleep(0.1)
+    await wait_status(handle, "waiting-approval")
     first = (await _calls(pg_url, handle.task_id, 1))[0]
     hung = next(r for r in cluster.replicas if r.name == first["replica"])
     async with httpx.AsyncClient(trust_env=False) as http:

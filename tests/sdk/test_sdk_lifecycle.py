@@ -3,12 +3,11 @@ the real Temporal dev server."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import tp_sdk_agents as agents
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from tp_sdk_db import wait_status
 from tp_sdk_recorder import Recorder
 
 import taskplane
@@ -16,14 +15,6 @@ from taskplane.context import parse_headers
 from taskplane.sdk import TaskFailed
 from taskplane.sdk.payloads import BLOB_ENCODING
 from workflows.worker import TaskplaneWorker
-
-
-async def _wait_status(handle: taskplane.TaskHandle, status: str, timeout: float = 20) -> None:
-    async def poll() -> None:
-        while (await handle.state()).status != status:
-            await asyncio.sleep(0.1)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 async def test_continue_as_new_keeps_session_steps_and_spend(
@@ -46,7 +37,7 @@ async def test_continue_as_new_keeps_session_steps_and_spend(
 
     # it really did continue as new (several runs), and the spend survived every one
     runs = 0
-    async for wf in tp_client.list_workflows(f"WorkflowId = '{handle.task_id}'"):
+    async for _wf in tp_client.list_workflows(f"WorkflowId = '{handle.task_id}'"):
         runs += 1
     assert runs >= 3
     assert await handle.cost() == pytest.approx(0.001 * total)
@@ -56,7 +47,7 @@ async def test_continue_as_new_keeps_session_steps_and_spend(
 
 async def test_approval_update_and_state_query(tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder) -> None:
     handle = await taskplane.submit(agents.approver, "v2", client=tp_client, task_queue=rec_worker.task_queue)
-    await _wait_status(handle, "waiting-approval")
+    await wait_status(handle, "waiting-approval")
     state = await handle.state()
     assert state.pending_approvals == ["deploy"] and state.llm_calls == 1
     assert "deploy" in state.current and state.cost_usd > 0
@@ -70,14 +61,14 @@ async def test_approval_update_and_state_query(tp_client: Client, rec_worker: Ta
 
 async def test_rejection_by_signal(tp_client: Client, rec_worker: TaskplaneWorker) -> None:
     handle = await taskplane.submit(agents.approver, "v3", client=tp_client, task_queue=rec_worker.task_queue)
-    await _wait_status(handle, "waiting-approval")
+    await wait_status(handle, "waiting-approval")
     await handle.handle.signal("decision", taskplane.sdk.Decision(key="deploy", approved=False, note="not today"))
     assert await handle.result() == "rejected: not today"
 
 
 async def test_cancel_records_cancelled(tp_client: Client, rec_worker: TaskplaneWorker) -> None:
     handle = await taskplane.submit(agents.approver, "v4", client=tp_client, task_queue=rec_worker.task_queue)
-    await _wait_status(handle, "waiting-approval")
+    await wait_status(handle, "waiting-approval")
     await handle.cancel()
     with pytest.raises(TaskFailed) as info:
         await handle.result()
