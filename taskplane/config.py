@@ -150,6 +150,12 @@ class LimitsConfig(_Strict):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_tokens: int = Field(default=8192, ge=1)
     request_timeout_s: float = Field(default=120.0, gt=0)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body not fully received by then is refused with 408 (slow uploads)"
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a connection that has not sent its request headers by then is closed"
+    )
 
 
 class GatewayConfig(_Strict):
