@@ -14,8 +14,10 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
@@ -27,18 +29,54 @@ from taskplane.gateway.service import AttemptSink, Gateway, _error_response
 log = structlog.get_logger(__name__)
 
 
-async def read_capped(request: Request, limit: int) -> bytes:
+class BodyTimeout(Exception):
+    """The client did not finish sending its body in time (a slow or stalled upload)."""
+
+
+async def read_capped(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refused once it passes ``limit`` bytes or ``timeout_s`` seconds, so
+    an oversized, endless or trickling upload cannot hold a request open for ever."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise TaskplaneError(ErrorType.PAYLOAD_TOO_LARGE, f"request body of {declared} bytes exceeds the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TaskplaneError(ErrorType.PAYLOAD_TOO_LARGE, f"request body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise TaskplaneError(ErrorType.PAYLOAD_TOO_LARGE, f"request body exceeds the {limit}-byte limit")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {timeout_s:g} s ({size} bytes arrived)") from None
     return b"".join(chunks)
+
+
+def _plain_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """DESIGN.md's error body for statuses outside the gateway's own vocabulary (404 route, 405, 408)."""
+    return JSONResponse({"error": {"type": str(ErrorType.INVALID_REQUEST), "message": message}}, status_code=status,
+                        headers=headers)
+
+
+def _kv_view(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """What the gateway believes about a replica's KV cache: the event stream's position
+    and gap/replay counters, and the blocks its index holds (to check recovery after faults)."""
+    out: dict[str, Any] = {}
+    sub = getattr(state.get("kv_subscriptions"), "subs", {}).get(name)
+    if sub is not None:
+        out["kv_events_last_seq"] = sub.last_seq
+        out["kv_events_stats"] = dict(sub.stats)
+    gw = state.get("gateway")
+    index = getattr(getattr(getattr(gw, "placer", None), "scheduler", None), "kv_index", None)
+    precise = getattr(index, "precise", None)
+    if precise is not None:
+        try:
+            out["kv_index_blocks"] = len(precise.blocks_of(name))
+            out["kv_index_in_sync"] = bool(precise.in_sync(name))
+        except Exception:  # the index's shape is the scheduler's business; this view is best effort
+            pass
+    return out
 
 
 def build_app(
@@ -70,6 +108,7 @@ def build_app(
         state["sink"] = sink
         await registry.start()
         subs = await start_kv_subscriptions(config, registry, placer)
+        state["kv_subscriptions"] = subs
         watchers = start_discovery(config, registry, placer, subs)
         try:
             yield
@@ -88,12 +127,30 @@ def build_app(
     app.state.taskplane = state
     app.state.registry = registry
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _plain_error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return _plain_error(400, f"invalid request: {exc.errors()[:3]}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: log the type and where (never the body), answer in the
+        # contract's shape so clients still get a parseable error.
+        log.error("unhandled_error", path=req.url.path, error=type(exc).__name__, detail=str(exc)[:200])
+        return JSONResponse({"error": {"type": "internal_error", "message": "internal error in the gateway; see its log"}},
+                            status_code=500)
+
     async def _openai(kind: str, request: Request) -> Any:
         gw: Gateway = state["gateway"]
         try:
-            raw = await read_capped(request, config.limits.max_body_bytes)
+            raw = await read_capped(request, config.limits.max_body_bytes, config.limits.body_timeout_s)
         except TaskplaneError as exc:
             return _error_response(exc)
+        except BodyTimeout as exc:
+            return _plain_error(408, str(exc), headers={"Connection": "close"})
         return await gw.handle(kind, raw, request.headers)
 
     @app.post("/v1/chat/completions")
@@ -141,7 +198,8 @@ def build_app(
                         "healthy": v.healthy, "inflight": s.inflight, "num_running": s.num_running,
                         "num_waiting": s.num_waiting, "kv_usage": s.kv_usage, "kv_blocks_total": v.kv_blocks_total,
                         "prefix_cache_hits": s.prefix_hits, "prefix_cache_queries": s.prefix_queries,
-                        "kv_events_live": s.kv_events_live, "cost_per_hour_usd": s.price_per_hour})
+                        "kv_events_live": s.kv_events_live, "cost_per_hour_usd": s.price_per_hour,
+                        **_kv_view(state, s.name)})
         return {"replicas": out}
 
     @app.get("/reports", response_class=HTMLResponse)
