@@ -17,12 +17,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import httpx
 import structlog
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from taskplane.config import GatewayConfig, PoolConfig
 from taskplane.context import (
+    H_AGENT,
+    H_ALLOW_FALLBACK,
+    H_ATTEMPT,
+    H_BUDGET_MS,
+    H_CALL_ID,
+    H_PRIORITY,
+    H_SESSION,
+    H_STEP,
+    H_STEPS_REMAINING,
+    H_SUNK_COST,
+    H_TASK,
+    H_TENANT,
     R_CACHED_TOKENS,
     R_COST,
     R_GPU,
@@ -74,11 +87,42 @@ class Call:
     received: float = field(default_factory=time.monotonic)
 
 
+_SINGLE_HEADERS = ("authorization", H_TENANT, H_TASK, H_SESSION, H_STEP, H_STEPS_REMAINING, H_PRIORITY, H_BUDGET_MS,
+                   H_SUNK_COST, H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID)
+
+
+def _refuse_conflicting_headers(headers: Mapping[str, str]) -> None:
+    """A taskplane header sent twice with different values is contradictory: 400, not a guess."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is None:
+        return
+    for name in _SINGLE_HEADERS:
+        values = getlist(name)
+        if len(values) > 1 and len({v.strip() for v in values}) > 1:
+            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {name} is sent {len(values)} times with different values")
+
+
 def _error_response(exc: TaskplaneError) -> JSONResponse:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+class _ProxyStream(StreamingResponse):
+    """A streamed upstream response whose bookkeeping runs even if its body never starts
+    (client gone before the first byte) or is abandoned mid-way."""
+
+    def __init__(self, content: AsyncIterator[bytes], settle: Any, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._settle = settle
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._settle()
 
 
 class Gateway:
@@ -111,7 +155,12 @@ class Gateway:
 
     # ---- request intake -------------------------------------------------
     def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
+        _refuse_conflicting_headers(headers)
         tenant_from_key = auth.authenticate(self.config, headers)
+        claimed = (headers.get(H_TENANT) or "").strip()
+        if tenant_from_key is not None and claimed and claimed != tenant_from_key:
+            # A key of one tenant with another tenant's name: refuse rather than guess which was meant.
+            raise TaskplaneError(ErrorType.FORBIDDEN, f"{H_TENANT} {claimed[:64]!r} does not match the API key's tenant")
         ctx = parse_headers(headers, tenant=tenant_from_key)
         tenant_cfg = self.config.tenant(ctx.tenant)
         if self.config.auth or tenant_cfg is not None:
@@ -213,7 +262,7 @@ class Gateway:
         rec = self._record(call, try_index=0, replica=None, outcome=Outcome.CACHED, model_served=call.pool.model,
                            started=datetime.now(UTC))
         rec.cached_tokens = call.prompt_tokens
-        await self.sink.record_attempt(rec)
+        await self._write(rec)
         return JSONResponse(cached, headers={R_REPLICA: "response-cache", R_GPU: "none", R_CACHED_TOKENS: str(call.prompt_tokens),
                                              R_QUEUE_MS: "0", R_COST: "0", R_MODEL: call.pool.model})
 
@@ -327,7 +376,11 @@ class Gateway:
         try:
             raw = await resp.aread()
             data = json.loads(raw)
+            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+                raise ValueError("not an OpenAI completion object")
             usage = data.get("usage") or {}
+            if not isinstance(usage, dict):
+                raise ValueError("usage is not an object")
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             await resp.aclose()
             batch_end = finish()
@@ -339,7 +392,7 @@ class Gateway:
         batch_end = finish()
         total_ms = (time.monotonic() - t0) * 1000.0
         rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, None, usage, started_wall, batch_start, batch_end, model)
-        await self.sink.record_attempt(rec)
+        await self._write(rec)
         self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens)
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
@@ -356,49 +409,70 @@ class Gateway:
     def _stream(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float, t0: float,
                 started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int) -> StreamingResponse:
         model = decision.model or call.pool.model
+        st: dict[str, Any] = {"ok": False, "ttft_ms": None, "usage": {}, "settled": False}
+
+        async def settle() -> None:
+            """Release the counters and write the attempt's row exactly once, however the stream
+            ended: finished, upstream broke, client went away, or the body never started."""
+            if st["settled"]:
+                return
+            st["settled"] = True
+            batch_end = finish()
+            self._tenant_inflight[call.ctx.tenant] -= 1
+            total_ms = (time.monotonic() - t0) * 1000.0
+            ttft_ms = st["ttft_ms"]
+            if st["ok"]:
+                rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, ttft_ms, st["usage"],
+                                           started_wall, batch_start, batch_end, model)
+            else:
+                rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
+                                   started=started_wall)
+                rec.error_type = ErrorType.REPLICA_ERROR.value
+                rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
+                self._charge(rec, replica, total_ms, batch_start, batch_end)
+                self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
+            self._completed(call, decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens)
+            # A disconnecting client cancels this task; the row must still be written.
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+                await self._write(rec)
 
         async def body() -> AsyncIterator[bytes]:
-            ttft_ms: float | None = None
-            usage: dict[str, Any] = {}
-            ok = False
             buf = b""
+            failure: str | None = None
             try:
                 async for chunk in resp.aiter_bytes():
                     buf += chunk
                     while b"\n\n" in buf:
                         event, buf = buf.split(b"\n\n", 1)
-                        out = self._filter_event(event, call, usage)
-                        if ttft_ms is None and (b'"content"' in event or b'"text"' in event):
-                            ttft_ms = (time.monotonic() - t0) * 1000.0
+                        out = self._filter_event(event, call, st["usage"])
+                        if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
+                            st["ttft_ms"] = (time.monotonic() - t0) * 1000.0
                         if event.strip() == b"data: [DONE]":
-                            ok = True
+                            st["ok"] = True
+                        elif event.lstrip().startswith(b'data: {"error"'):
+                            failure = "reported an error"
                         if out is not None:
                             yield out + b"\n\n"
-                if buf.strip():
-                    yield buf
+                if not st["ok"] and failure is None:
+                    failure = "ended the stream before it finished"
             except (httpx.HTTPError, OSError) as exc:
                 log.warning("stream_broken", replica=replica.name, error=type(exc).__name__)
                 self.registry.mark_failure(replica.name, hard=True)
+                failure = f"broke off the stream ({type(exc).__name__})"
             finally:
-                await resp.aclose()
-                batch_end = finish()
-                self._tenant_inflight[call.ctx.tenant] -= 1
-                total_ms = (time.monotonic() - t0) * 1000.0
-                if ok:
-                    rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, ttft_ms, usage, started_wall,
-                                               batch_start, batch_end, model)
-                else:
-                    rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
-                                       started=started_wall)
-                    rec.error_type = ErrorType.REPLICA_ERROR.value
-                    rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
-                    self._charge(rec, replica, total_ms, batch_start, batch_end)
-                await self.sink.record_attempt(rec)
-                self._completed(call, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens)
+                if st["ok"] or failure is None:
+                    await settle()
+            if failure is not None and failure != "reported an error":
+                # Tokens may already be out, so no retry; but the client is told plainly
+                # (the way vLLM reports a failure mid-stream) instead of seeing a silent end.
+                err = {"error": {"type": str(ErrorType.REPLICA_ERROR), "message": f"replica {replica.name} {failure}"}}
+                yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            await settle()
 
         headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{queue_ms:.1f}", R_MODEL: model,
                    "Cache-Control": "no-cache"}
-        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+        return _ProxyStream(body(), settle, media_type="text/event-stream", headers=headers)
 
     def _filter_event(self, event: bytes, call: Call, usage: dict[str, Any]) -> bytes | None:
         """Capture usage from the final SSE chunk; hide it if the client did not ask for it."""
@@ -420,6 +494,12 @@ class Gateway:
         return event
 
     # ---- records --------------------------------------------------------
+    async def _write(self, rec: AttemptRecord) -> None:
+        """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
+        exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
+        self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
+        await self.sink.record_attempt(rec)
+
     def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
                 started: datetime) -> AttemptRecord:
         return AttemptRecord(
@@ -472,13 +552,13 @@ class Gateway:
         rec.queue_ms, rec.total_ms = queue_ms, total_ms
         self._charge(rec, replica, total_ms, batch_start, batch_end)
         self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await self.sink.record_attempt(rec)
+        await self._write(rec)
         self._completed(call, decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
 
     async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
         rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
         rec.error_type = err.error_type.value
-        await self.sink.record_attempt(rec)
+        await self._write(rec)
 
     def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int) -> None:
         try:
