@@ -72,6 +72,15 @@ def encode_batch(ts: float, events: Sequence[KVEvent], dp_rank: int = 0) -> byte
     return _encoder.encode([ts, list(events), dp_rank])
 
 
+def replay_endpoint_for(endpoint: str, offset: int = 1000) -> str:
+    """The simulator's replay endpoint for a PUB endpoint: the same host, port + 1000.
+
+    (vLLM configures its replay endpoint separately, in ``--kv-events-config``.)
+    """
+    host, _, port = endpoint.rpartition(":")
+    return f"{host}:{int(port) + offset}"
+
+
 def fold_hash(h: Any) -> int:
     """A block hash as an int: ints pass through, a byte digest keeps its low 64 bits."""
     if isinstance(h, int):

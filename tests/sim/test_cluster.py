@@ -158,3 +158,6 @@ def test_scheduler_presets_drive_the_cluster() -> None:
         res = simulate(ClusterSpec.fleet("h100:2,l40s:2"), wl, build_policy(name, seed=1, metrics=False))
         assert len(res.tasks) == 30 and res.calls
         assert sum(1 for t in res.tasks if t.status == TaskStatus.SUCCEEDED) > 0
+    again = [simulate(ClusterSpec.fleet("h100:2,l40s:2"), _agents(n=30, rate=1.0),
+                      build_policy("taskplane", seed=1, metrics=False)).attempt_records() for _ in range(2)]
+    assert [r.model_dump() for r in again[0]] == [r.model_dump() for r in again[1]]

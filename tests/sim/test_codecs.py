@@ -12,6 +12,7 @@ from taskplane.engines.kv_events import (
     decode_batch,
     encode_batch,
     fold_hash,
+    replay_endpoint_for,
 )
 from taskplane.engines.metrics import parse_metrics
 
@@ -54,6 +55,7 @@ def test_decodes_array_like_events_map_batches_and_byte_hashes() -> None:
     skipped = decode_batch(enc.encode([4.0, [{"type": "SomethingNew", "x": 1}], 0]))
     assert skipped.events == []
     assert fold_hash(-5) == -5  # SGLang's signed hashes pass through
+    assert replay_endpoint_for("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:6557"
     with pytest.raises(ValueError):
         decode_batch(b"\xc1")
     with pytest.raises(ValueError):
