@@ -88,9 +88,26 @@ async def wait_for(pred: Callable[[], bool], timeout_s: float = 15.0) -> bool:
     return pred()
 
 
-async def subscribe(replica: VllmReplica, log: EventLog, *, replay_from: int | None = None) -> KVEventSubscriber:
-    """A started subscriber; waits out ZMQ's slow-joiner window before returning."""
-    sub = KVEventSubscriber(f"replica-{replica.index}", replica.kv_events, log.on_events,
+def replica_name(replica: VllmReplica) -> str:
+    return f"replica-{replica.index}"
+
+
+async def subscribe(
+    replica: VllmReplica,
+    log: EventLog,
+    *,
+    replay_from: int | None = None,
+    then: Callable[[str, list[KVEvent]], None] | None = None,
+) -> KVEventSubscriber:
+    """A started subscriber recording into ``log`` (and passing events on to ``then``);
+    waits out ZMQ's slow-joiner window before returning."""
+
+    def on_events(name: str, events: list[KVEvent]) -> None:
+        log.on_events(name, events)
+        if then is not None:
+            then(name, events)
+
+    sub = KVEventSubscriber(replica_name(replica), replica.kv_events, on_events,
                             replay_endpoint=replica.replay, topic=replica.topic, replay_from=replay_from)
     await sub.start()
     await asyncio.sleep(0.5)
