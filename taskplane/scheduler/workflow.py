@@ -32,3 +32,19 @@ def protection(req: CallRequest, reference_sunk_usd: float = 0.10) -> float:
         return 0.0
     cost_factor = sunk / (sunk + max(reference_sunk_usd, 1e-12))
     return cost_factor * (0.5 + 0.5 * progress(req))
+
+
+def call_budget_ms(req: CallRequest) -> float | None:
+    """This call's share of the task's remaining deadline budget.
+
+    ``budget_ms`` is the time left for the whole task, which must also cover the steps
+    still to come; spreading it evenly over this step and the ``steps_remaining`` after it
+    gives the time this call may take without starving its successors. None without a
+    budget. (Admission's "unmeetable" test uses the whole budget: a call that cannot make
+    the task's deadline even alone is hopeless, one that eats more than its share is not.)
+    """
+    if req.budget_ms is None:
+        return None
+    if req.steps_remaining is None or req.steps_remaining <= 0:
+        return req.budget_ms
+    return req.budget_ms / (req.steps_remaining + 1)

@@ -108,14 +108,17 @@ def test_unmeetable_budget_and_fallback() -> None:
     assert s.decide(request(tokens(1, 64), model="big"), pool, 0.0).action is Action.PLACE
 
 
-def test_cheaper_gpu_when_it_meets_the_budget() -> None:
+def test_cheaper_gpu_when_it_meets_the_budget_and_the_first_choice_does_not() -> None:
     s = build_policy("taskplane")
-    pool = [
+    fast_idle = [
         replica("h100", gpu="h100", cost_per_hour_usd=2.5),
         replica("l40s", gpu="l40s", cost_per_hour_usd=0.9),
     ]
-    loose = s.decide(request(tokens(1, 8), budget_ms=120_000, max_tokens=32), pool, 0.0)
-    assert loose.replica == "l40s"
+    req = dict(budget_ms=4_000, max_tokens=32)
+    assert s.decide(request(tokens(1, 8), **req), fast_idle, 0.0).replica == "h100"  # faster wins
+    # the H100 is backed up (its queue alone is ~8 s): the L40S meets the budget, so it goes there
+    backed_up = [replace(fast_idle[0], inflight_prefill_tokens=100_000, num_waiting=1), fast_idle[1]]
+    assert s.decide(request(tokens(1, 8), **req), backed_up, 0.0).replica == "l40s"
 
 
 def test_no_replica() -> None:

@@ -11,13 +11,15 @@ from _sched_util import BS, engine_store_events, fleet, replica, request, tokens
 from taskplane.scheduler import Scheduler
 from taskplane.scheduler.framework import REGISTRY, CycleState, Kind
 from taskplane.scheduler.policies import build_scheduler
+from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
 
 def make_state(pool: list[ReplicaView], req: CallRequest, sched: Scheduler | None = None) -> CycleState:
     sched = sched or Scheduler(name="t", metrics=False)
-    return CycleState(sched, req, pool, 0.0, req.model)
+    table = ReplicaTable(pool)
+    return CycleState(sched, req, table, table.pool(req.model), 0.0, req.model)
 
 
 def kept(type_name: str, pool: list[ReplicaView], req: CallRequest, params: dict[str, Any] | None = None,
@@ -242,7 +244,13 @@ def test_sglang_rule() -> None:
 
 def test_latency_scorer_with_budget_only_cares_inside_the_budget() -> None:
     pool = [replica("fast", gpu="b200"), replica("slow", gpu="l40s"), replica("jammed", num_waiting=40)]
-    roomy = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=600_000.0))
+    aware = {"budget_aware": True}
+    roomy = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=600_000.0), aware)
     assert roomy["fast"] == roomy["slow"] == 1.0  # both comfortably inside: price may decide
-    tight = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=1_000.0))
+    tight = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=1_000.0), aware)
     assert tight["fast"] == 1.0 and 0.0 < tight["slow"] < 1.0 and tight["jammed"] == 0.0
+    # the budget is the task's: a call with 3 steps after it gets a quarter of it
+    shared = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=4_000.0, steps_remaining=3), aware)
+    assert shared == tight
+    default = scores("latency", pool, request(tokens(1, 8), max_tokens=32, budget_ms=600_000.0))
+    assert default["fast"] == 1.0 and default["slow"] < 0.5

@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 
 from taskplane.scheduler.framework import CycleState, Filter, param, register
+from taskplane.scheduler.workflow import call_budget_ms
 
 
 @dataclass(slots=True)
@@ -21,12 +22,13 @@ class LatencyBudgetParams:
 
 @register("latency-budget")
 class LatencyBudgetFilter(Filter):
-    """Drops replicas predicted to miss the call's deadline budget while others meet it."""
+    """Drops replicas predicted to miss the call's share of the deadline budget (the task's
+    remaining budget spread over this and the remaining steps) while others meet it."""
 
     Params = LatencyBudgetParams
 
     def filter(self, state: CycleState) -> np.ndarray | None:
-        budget = state.request.budget_ms
+        budget = call_budget_ms(state.request)
         if budget is None:
             return None
         p: LatencyBudgetParams = self.params

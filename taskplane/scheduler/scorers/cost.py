@@ -14,6 +14,7 @@ from taskplane.scheduler.framework import (
     ratio_low_is_better,
     register,
 )
+from taskplane.scheduler.workflow import call_budget_ms
 
 
 @dataclass(slots=True)
@@ -31,7 +32,8 @@ class GpuPriceScorer(Scorer):
     """Cheapest replica that still meets the call's latency budget.
 
     Score = cheapest estimated cost / this replica's; replicas predicted to miss the
-    budget score 0 whenever at least one replica meets it.
+    budget (this call's share of the task's remaining budget) score 0 whenever at least
+    one replica meets it.
     """
 
     Params = GpuPriceParams
@@ -45,7 +47,7 @@ class GpuPriceScorer(Scorer):
             cost = price / 3600.0 * service_s
         else:
             cost = price
-        budget = state.request.budget_ms
+        budget = call_budget_ms(state.request)
         if budget is not None:
             meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack
             if meets.any() and not meets.all():
@@ -64,8 +66,10 @@ class DynamoCostParams:
 
 @register("dynamo-cost")
 class DynamoCostScorer(Scorer):
-    """NVIDIA Dynamo KV router cost: overlap_weight x uncached prompt blocks + active blocks
-    (blocks held by running requests plus this call's), lowest wins; min-max normalised."""
+    """NVIDIA Dynamo KV router cost: overlap_weight x uncached prompt blocks + active blocks,
+    lowest wins; min-max normalised. Active blocks approximate Dynamo's own accounting of
+    dispatched, unfinished requests: blocks in use + the prompt blocks queued on the replica
+    + this call's prompt blocks."""
 
     Params = DynamoCostParams
 
@@ -73,5 +77,6 @@ class DynamoCostScorer(Scorer):
         p: DynamoCostParams = self.params
         prompt_blocks = float(state.prompt_blocks)
         prefill_blocks = np.maximum(prompt_blocks - state.c(state.matched(p.source)), 0.0)
-        active = state.c(state.total) - state.c(state.free) + prompt_blocks
+        queued_blocks = state.c(state.queued_tokens) / state.c(state.block_size)
+        active = state.c(state.total) - state.c(state.free) + queued_blocks + prompt_blocks
         return minmax_low_is_better(p.overlap_weight * prefill_blocks + active)

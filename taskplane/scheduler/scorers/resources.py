@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 
 from taskplane.scheduler.framework import CycleState, Scorer, param, ratio_low_is_better, register
+from taskplane.scheduler.workflow import call_budget_ms
 
 
 @register("memory-headroom")
@@ -36,6 +37,12 @@ class LatencyParams:
     metric: Literal["total", "ttft"] = param(
         "total", "rank by predicted total time (queue + prefill of the uncached suffix + decode) or TTFT"
     )
+    budget_aware: bool = param(
+        False,
+        "with a deadline budget, score against this call's share of it (flat while comfortably inside) "
+        "instead of relative to the fastest replica; off by default: in simulation always preferring "
+        "the faster replica gave lower TTFT and lower cost",
+    )
     budget_comfort: float = param(
         0.5,
         "with a deadline budget, replicas predicted within budget x this all score 1 (speed beyond "
@@ -51,8 +58,9 @@ class LatencyParams:
 class LatencyScorer(Scorer):
     """Predicted time on each replica, from live load and the self-calibrating GPU model.
 
-    Without a budget: best predicted time / this replica's (1 for the fastest). With a
-    budget: 1 while comfortably inside it, falling to 0 at the budget.
+    Default: best predicted time / this replica's (1 for the fastest). With
+    ``budget_aware`` and a budget (this call's share of the task's remaining budget): 1
+    while comfortably inside it, falling to 0 at the budget.
     """
 
     Params = LatencyParams
@@ -61,7 +69,7 @@ class LatencyScorer(Scorer):
         p: LatencyParams = self.params
         pred = state.prediction
         times = state.c(pred.total_ms if p.metric == "total" else pred.ttft_ms)
-        budget = state.request.budget_ms
+        budget = call_budget_ms(state.request) if p.budget_aware else None
         if budget is None or budget <= 0:
             return ratio_low_is_better(times)
         comfort = budget * p.budget_comfort
