@@ -57,6 +57,12 @@ class ReplicaState:
     served_tokens: int = 0
     errors: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    down_signal: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def signal_down(self) -> None:
+        """Wake calls waiting on this replica: it stopped answering its health probe."""
+        self.down_signal.set()
+        self.down_signal = asyncio.Event()  # later waiters wait for the next failure
 
     @property
     def name(self) -> str:
@@ -71,6 +77,10 @@ class ReplicaState:
     @property
     def metrics_url(self) -> str:
         return self.config.metrics_url or f"{self.config.url}/metrics"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.config.url}/health"
 
     def view(self) -> ReplicaView:
         total = self.kv_blocks_total or self.config.kv_blocks or 4096
@@ -181,13 +191,17 @@ class ReplicaRegistry:
 
         assert self._client is not None
         try:
-            resp = await self._client.get(s.metrics_url)
+            # /metrics alone is not enough: a hung engine can still serve it while its
+            # inference (and vLLM's /health) stop answering. Probe both.
+            resp, health = await asyncio.gather(self._client.get(s.metrics_url), self._client.get(s.health_url))
             resp.raise_for_status()
+            health.raise_for_status()
             m = parse_metrics(resp.text)
         except Exception as exc:
             if s.healthy:
                 log.warning("replica_unreachable", replica=s.name, error=type(exc).__name__)
             s.healthy = False
+            s.signal_down()
             return
         was = s.healthy
         s.healthy = True

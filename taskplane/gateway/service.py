@@ -62,6 +62,10 @@ MAX_TRIES = 3
 DEFAULT_MAX_TOKENS = 256
 
 
+class ReplicaDown(Exception):
+    """The replica was marked down while an attempt waited for its response headers."""
+
+
 class AttemptSink:
     """Where attempt records go (the durable cost writer); a no-op when none is set."""
 
@@ -346,8 +350,8 @@ class Gateway:
 
         try:
             req = self.client.build_request("POST", url, json=self._upstream_body(call, model))
-            resp = await self.client.send(req, stream=True)
-        except (httpx.HTTPError, OSError) as exc:
+            resp = await self._send_unless_down(req, replica)
+        except (httpx.HTTPError, OSError, ReplicaDown) as exc:
             batch_end = finish()
             self.registry.mark_failure(replica.name, hard=True)
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} failed: {type(exc).__name__}")
@@ -397,6 +401,23 @@ class Gateway:
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
         return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
+
+    async def _send_unless_down(self, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+        """Send upstream, but give up as soon as the registry sees the replica stop answering
+        its health probe: nothing was streamed yet, so the call is retried elsewhere in
+        seconds instead of waiting out ``request_timeout_s`` on a hung engine."""
+        send = asyncio.ensure_future(self.client.send(req, stream=True))
+        down = asyncio.ensure_future(replica.down_signal.wait())
+        try:
+            await asyncio.wait({send, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            down.cancel()
+            if not send.done():
+                send.cancel()
+                await asyncio.gather(send, return_exceptions=True)
+        if send.cancelled():
+            raise ReplicaDown(f"replica {replica.name} stopped answering its health probe")
+        return send.result()
 
     def _engine_client_error(self, status: int, body: bytes) -> TaskplaneError:
         try:
