@@ -174,11 +174,13 @@ def table_renderable(report: Report) -> RenderableType:
             pct(row.cache_hit_ratio),
         )
 
-    return Group(
+    parts: list[RenderableType] = [
         Panel(head, title="taskplane cost report", subtitle=window_text(report), expand=False),
-        waste,
-        groups,
-    )
+    ]
+    if report.calls == 0 and report.tasks_total == 0:
+        parts.append(Text("No LLM calls or tasks in this window.", style="dim"))
+        return Group(*parts)
+    return Group(*parts, waste, groups)
 
 
 def render_table(report: Report, width: int = 110) -> str:

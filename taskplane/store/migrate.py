@@ -102,4 +102,6 @@ def upgrade_cli(database_url: str | None, state_dir: Path) -> None:
     upgrade(database_url)
     from rich.console import Console
 
-    Console(stderr=True).print(f"database {describe_url(database_url)} is at the latest schema", highlight=False)
+    Console(stderr=True).print(
+        f"database {describe_url(database_url)} is at the latest schema", highlight=False, soft_wrap=True
+    )
