@@ -183,6 +183,9 @@ def run_worker_blocking(
     """
     import os
 
+    from taskplane.logs import configure_logging
+
+    configure_logging()
     state_dir = Path(os.environ["TASKPLANE_STATE_DIR"]) if os.environ.get("TASKPLANE_STATE_DIR") else None
     task_queue = os.environ.get("TASKPLANE_TASK_QUEUE") or TASK_QUEUE
 
