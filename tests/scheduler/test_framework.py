@@ -88,3 +88,15 @@ def test_every_preset_builds_and_baselines_have_no_admission() -> None:
         assert (s.admission is not None) == (name == "taskplane")
     # a baseline never gains admission control from the config flag
     assert build_scheduler(policy="round-robin", admission=True).admission is None
+
+
+def test_docs_cover_every_plugin_and_preset() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scheduler.md").read_text(encoding="utf-8")
+    for d in REGISTRY.describe():
+        assert f"`{d['type']}`" in doc, f"docs/scheduler.md does not mention plugin {d['type']}"
+        for p in d["params"]:
+            assert f"`{p['name']}`" in doc, f"docs/scheduler.md does not mention {d['type']}.{p['name']}"
+    for name in policy_names():
+        assert f"`{name}`" in doc
