@@ -109,10 +109,11 @@ def start(data_dir: Path, port: int) -> str:
     sock_dir = data_dir.parent / "pgsock"
     sock_dir.mkdir(parents=True, exist_ok=True)
     if user:
-        _make_traversable(data_dir)
+        _make_traversable(data_dir.parent)
         uid, gid = pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid
         for p in (data_dir, sock_dir):
             os.chown(p, uid, gid)
+        data_dir.chmod(0o700)  # postgres refuses a data directory others can enter
     if not (data_dir / "PG_VERSION").exists():
         res = _pg("initdb", "--auth=trust", "--encoding=utf8", "-U", "postgres", "-D", str(data_dir), user=user)
         if res.returncode != 0:
