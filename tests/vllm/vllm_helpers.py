@@ -67,6 +67,18 @@ class EventLog:
                     out[h] = e.token_ids[i * e.block_size:(i + 1) * e.block_size]
         return out
 
+    def live(self) -> set[int]:
+        """Block hashes stored and not removed since, replaying the events in order."""
+        held: set[int] = set()
+        for e in self.events:
+            if isinstance(e, BlockStored):
+                held.update(e.block_hashes)
+            elif isinstance(e, BlockRemoved):
+                held.difference_update(e.block_hashes)
+            elif type(e).__name__ == "AllBlocksCleared":
+                held.clear()
+        return held
+
     def removed(self) -> set[int]:
         return {h for e in self.events if isinstance(e, BlockRemoved) for h in e.block_hashes}
 
