@@ -427,14 +427,21 @@ class SimEngine:
         if starts(k_max - 1):
             k = k_max  # the last step starts by now: commit through the completion
         else:
-            lo, hi = 1, k_max - 1  # step 0 starts by now; find how many do
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if starts(mid - 1):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+            # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
+            d = self._n_dec
+            a = self._overhead + max(self._t_weights, d * self._t_tok)
+            c0 = self._dec_s0 + d * self._counter
+            qa = self._t_kv * d / 2 * self.slow_factor
+            qb = (a + self._t_kv * (c0 - d / 2)) * self.slow_factor
+            if qa > 0:
+                x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
+            else:
+                x = span / qb
+            k = min(max(int(x) + 1, 1), k_max - 1)  # steps 0..floor(x) start by now
+            while k < k_max - 1 and starts(k):
+                k += 1
+            while k > 1 and not starts(k - 1):
+                k -= 1
         dur = self._decode_span(k)
         d = self._n_dec
         self._acc += dur / d
