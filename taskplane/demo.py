@@ -34,12 +34,12 @@ class FleetEntry:
 
 
 FLEET: list[FleetEntry] = [
-    FleetEntry("examples.research:research", ("How do KV caches change LLM serving costs?",), "acme", "interactive", 90),
+    FleetEntry("examples.research:research_agent", ("How do KV caches change LLM serving costs?",), "acme", "interactive", 90),
     FleetEntry("examples.coding:coding_agent", ("fix the off-by-one in paginate()", 6), "globex", "standard", 120),
-    FleetEntry("examples.triage:triage", ("Customer reports login loop after password reset",), "initech", "standard", 90),
-    FleetEntry("examples.research:research", ("Summarise the state of speculative decoding",), "acme", "critical", 60),
+    FleetEntry("examples.triage:triage_agent", ("Customer reports login loop after password reset",), "initech", "standard", 90),
+    FleetEntry("examples.research:research_agent", ("Summarise the state of speculative decoding",), "acme", "critical", 60),
     FleetEntry("examples.coding:coding_agent", ("add retries to the HTTP client", 4), "initech", "batch", 120),
-    FleetEntry("examples.triage:triage", ("Invoice totals differ between PDF and dashboard",), "globex", "interactive", 90),
+    FleetEntry("examples.triage:triage_agent", ("Invoice totals differ between PDF and dashboard",), "globex", "interactive", 90),
 ]
 #: Every TIGHT_EVERY-th task gets a deadline too short to finish: it must end failed-deadline.
 TIGHT_EVERY = 6

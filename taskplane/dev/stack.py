@@ -176,7 +176,7 @@ def _start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, log
         gpu = GPU_MIX[i % len(GPU_MIX)]
         log_file = logs / f"replica-{i}.log"
         cmd = [*_py(), "sim-engine", "--port", str(port), "--gpu", gpu, "--model", "llama-3.1-8b",
-               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", "20"]
+               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", "5"]
         pid = proc.spawn(cmd, log_file)
         url = f"http://127.0.0.1:{port}"
         _part(info, f"replica-{i}", pid, url, gpu=gpu, cmd=cmd, log=str(log_file), health=f"{url}/health")
