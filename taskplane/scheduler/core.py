@@ -104,6 +104,7 @@ class Scheduler:
         self._record_always = "approximate" in sources
         self._record_unsynced = bool(sources - {None})
         self._decisions = {a: DECISIONS.labels(name, a.value) for a in Action}
+        self._depth_gauges: dict[str, dict[str, Any]] = {}
         self._seconds = DECISION_SECONDS.labels(name)
 
     # ------------------------------------------------------------------ config
@@ -302,8 +303,13 @@ class Scheduler:
 
     def _update_depth(self, queue: AdmissionQueue) -> None:
         if self.metrics:
+            gauges = self._depth_gauges.get(queue.pool)
+            if gauges is None:
+                gauges = self._depth_gauges[queue.pool] = {
+                    band: QUEUE_DEPTH.labels(self.name, queue.pool, band) for band in queue.depths()
+                }
             for band, depth in queue.depths().items():
-                QUEUE_DEPTH.labels(self.name, queue.pool, band).set(depth)
+                gauges[band].set(depth)
 
     def release(
         self, replicas: ReplicaTable | Sequence[ReplicaView], now_s: float

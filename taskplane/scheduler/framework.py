@@ -267,7 +267,7 @@ class CycleState:
         self.now_s = now_s
         self.model = model
         self.n = len(rows)
-        cols = table.cols[rows]
+        cols = table.columns(rows)  # read-only from here on
         self.free = cols[:, 0]
         self.total = np.maximum(cols[:, 1], 1.0)
         self.running = cols[:, 2]

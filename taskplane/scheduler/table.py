@@ -53,7 +53,10 @@ class ReplicaTable:
         self.gpus: list[str] = []  # distinct GPU names; gpu_codes index into it
         self._gpu_code: dict[str, int] = {}
         self.gpu_codes = np.fromiter((self._code(v.gpu) for v in views), dtype=np.intp, count=len(views))
-        self.cols = np.array([_ROW(v) for v in views], dtype=np.float64).reshape(len(views), len(COLUMNS))
+        # column-major: each column is contiguous, which is how decisions read them
+        self.cols = np.asfortranarray(
+            np.array([_ROW(v) for v in views], dtype=np.float64).reshape(len(views), len(COLUMNS))
+        )
         self.version = 0  # bumped when rows are added, removed or change model
         self._pools: dict[str, np.ndarray] = {}
         self._key: tuple[str, ...] | None = None
@@ -94,6 +97,14 @@ class ReplicaTable:
             self._pools[model] = rows
         return rows
 
+    def columns(self, rows: np.ndarray) -> np.ndarray:
+        """``cols[rows]``, without a copy when the rows are one contiguous run (the usual
+        case: a pool's replicas added together)."""
+        n = len(rows)
+        if n and int(rows[-1]) - int(rows[0]) + 1 == n:
+            return self.cols[int(rows[0]) : int(rows[-1]) + 1]
+        return self.cols[rows]
+
     @property
     def key(self) -> tuple[str, ...]:
         """The row names in order: equal keys mean equal row numbering."""
@@ -126,7 +137,7 @@ class ReplicaTable:
             self.views.append(view)
             self.names.append(view.name)
             self.gpu_codes = np.append(self.gpu_codes, self._code(view.gpu))
-            self.cols = np.vstack([self.cols, row[None, :]])
+            self.cols = np.asfortranarray(np.vstack([self.cols, row[None, :]]))
             self._changed()
             return
         old = self.views[i]
@@ -166,7 +177,7 @@ class ReplicaTable:
         del self.views[i]
         del self.names[i]
         self.gpu_codes = np.delete(self.gpu_codes, i)
-        self.cols = np.delete(self.cols, i, axis=0)
+        self.cols = np.asfortranarray(np.delete(self.cols, i, axis=0))
         self._pos = {n: j for j, n in enumerate(self.names)}
         self._changed()
 
