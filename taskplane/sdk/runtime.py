@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from taskplane.sdk.agent import AgentSpec
 
 
+#: Spend and call-count search attributes are refreshed at most this often (workflow time).
+PUBLISH_INTERVAL_S = 2.0
+
+
 @dataclass
 class TaskRuntime:
     """What one running task knows about itself."""
@@ -36,6 +40,7 @@ class TaskRuntime:
     decisions: dict[str, Decision] = field(default_factory=dict)
     reported_cost: float = -1.0
     reported_calls: int = -1
+    published_at: float = 0.0
 
     # --- time and budget -------------------------------------------------------------
 
@@ -107,11 +112,21 @@ class TaskRuntime:
         )
 
     def publish(self, *, status: str | None = None) -> None:
-        """Upsert the search attributes that changed (each upsert is a history event)."""
+        """Upsert the search attributes that changed.
+
+        A status change is published at once; spend and call count at most every
+        ``PUBLISH_INTERVAL_S`` of workflow time (and with the final status): each upsert is
+        a history event and a visibility write, which would otherwise cost every LLM call
+        a few milliseconds of orchestration.
+        """
         updates: list[Any] = []
         if status is not None and status != self.status:
             self.status = status
             updates.append(tn.STATUS.value_set(status))
+        now = workflow.time()
+        if not updates and now - self.published_at < PUBLISH_INTERVAL_S:
+            return
+        self.published_at = now
         cost = self.ctx.sunk_cost_usd
         if cost != self.reported_cost:
             self.reported_cost = cost

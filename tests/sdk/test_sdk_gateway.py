@@ -72,9 +72,10 @@ async def test_retry_after_a_hung_replica_is_served_by_another_replica(
 ) -> None:
     hung, replicas, rows = await _run_two_phase_with_hung_replica(tp_client, gw_worker, gw_cluster, pg_url)
     assert replicas[1] != hung
-    won = [r for r in rows if r["outcome"] == "success"]
-    assert len(won) == 1 and won[0]["replica"] == replicas[1]
-    assert int(won[0]["attempt"]) >= 2  # type: ignore[call-overload]  # served by a Temporal activity retry
+    # the answer the task used came from a Temporal activity retry on another replica
+    # (an abandoned attempt on the hung replica may still finish and be recorded: it cost GPU time)
+    won = [r for r in rows if r["outcome"] == "success" and r["replica"] == replicas[1]]
+    assert won and max(int(r["attempt"]) for r in won) >= 2  # type: ignore[call-overload]
 
 
 @pytest.mark.xfail(strict=False, reason=(
