@@ -21,6 +21,7 @@ dict lookup per matched block, independent of the number of replicas or indexed 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,11 @@ KV_UNCHAINED = Counter(
     "stored blocks skipped because their parent block is unknown (missed events)",
 )
 KV_BLOCKS = Gauge("taskplane_kvindex_blocks", "distinct block hashes indexed", ["index"])
+_BLOCKS_PRECISE = KV_BLOCKS.labels("precise")
+_BLOCKS_APPROX = KV_BLOCKS.labels("approximate")
+_EV_STORED = KV_EVENTS.labels("BlockStored")
+_EV_REMOVED = KV_EVENTS.labels("BlockRemoved")
+_EV_CLEARED = KV_EVENTS.labels("AllBlocksCleared")
 
 #: How many out-of-order batches a replica may park while waiting for a replay.
 MAX_PENDING_BATCHES = 4096
@@ -360,7 +366,7 @@ class PreciseIndex:
             rep.pending = {s: ev for s, ev in rep.pending.items() if s > rep.next_seq}
         else:
             rep.next_seq = None
-        KV_BLOCKS.labels("precise").set(len(self.owners))
+        _BLOCKS_PRECISE.set(len(self.owners))
 
     def remove_replica(self, name: str) -> None:
         rep = self._replicas.pop(name, None)
@@ -371,7 +377,7 @@ class PreciseIndex:
                 self._auth[rid] = False
             if rid is not None and rid < len(self._bs):
                 self._bs[rid] = 0
-        KV_BLOCKS.labels("precise").set(len(self.owners))
+        _BLOCKS_PRECISE.set(len(self.owners))
 
     # -- events
 
@@ -382,18 +388,18 @@ class PreciseIndex:
         for raw in events:
             ev = normalize_event(raw)
             if isinstance(ev, Stored):
-                KV_EVENTS.labels("BlockStored").inc()
+                _EV_STORED.inc()
                 if ev.indexable:
                     self._stored(rep, bit, ev)
             elif isinstance(ev, Removed):
-                KV_EVENTS.labels("BlockRemoved").inc()
+                _EV_REMOVED.inc()
                 if ev.indexable:
                     self._removed(rep, bit, ev.block_hashes)
             else:
-                KV_EVENTS.labels("AllBlocksCleared").inc()
+                _EV_CLEARED.inc()
                 self._drop_blocks(name, rep)
                 self._set_sync(name, rep, True)  # the engine is empty now: its state is known
-        KV_BLOCKS.labels("precise").set(len(self.owners))
+        _BLOCKS_PRECISE.set(len(self.owners))
 
     def _stored(self, rep: _PreciseReplica, bit: int, ev: Stored) -> None:
         bs = ev.block_size
@@ -476,18 +482,15 @@ class PreciseIndex:
 class ApproxIndex:
     """The gateway's own routing history: which prompt blocks were sent where.
 
-    Each replica keeps the most recently routed blocks up to its KV capacity (LRU, evicted
-    lazily in bulk so a record costs one dict write per block).
+    Each replica keeps the most recently routed blocks up to its KV capacity, in LRU order
+    (an ``OrderedDict``: O(1) per block, no eviction spikes). A prompt is recorded tail
+    first so its shared beginning is the most recent and is evicted last, as vLLM does.
     """
-
-    #: evict when a replica holds this much more than its capacity (amortises the sort)
-    SLACK = 1.125
 
     def __init__(self, slots: ReplicaSlots) -> None:
         self.slots = slots
         self.owners: dict[int, int] = {}
-        self._lru: dict[str, dict[int, int]] = {}
-        self._tick = 0
+        self._lru: dict[str, OrderedDict[int, None]] = {}
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -506,30 +509,27 @@ class ApproxIndex:
         bit = 1 << self.slots.ensure(name)
         lru = self._lru.get(name)
         if lru is None:
-            lru = self._lru[name] = {}
-        self._tick += 1
-        tick = self._tick
+            lru = self._lru[name] = OrderedDict()
         owners = self.owners
-        for h in block_hashes:
-            if h not in lru:
-                owners[h] = owners.get(h, 0) | bit
-            lru[h] = tick
-        cap = max(int(capacity_blocks), 1)
-        if len(lru) > cap * self.SLACK:
-            self._evict(lru, bit, cap)
-        KV_BLOCKS.labels("approximate").set(len(owners))
-
-    def _evict(self, lru: dict[int, int], bit: int, cap: int) -> None:
-        victims = sorted(lru.items(), key=lambda kv: kv[1])[: len(lru) - cap]
-        keep = ~bit
-        owners = self.owners
-        for h, _ in victims:
-            del lru[h]
-            mask = owners.get(h, 0) & keep
-            if mask:
-                owners[h] = mask
+        move = lru.move_to_end
+        for h in reversed(block_hashes):
+            if h in lru:
+                move(h)
             else:
-                owners.pop(h, None)
+                lru[h] = None
+                owners[h] = owners.get(h, 0) | bit
+        cap = max(int(capacity_blocks), 1)
+        if len(lru) > cap:
+            keep = ~bit
+            popitem = lru.popitem
+            for _ in range(len(lru) - cap):
+                h, _none = popitem(last=False)
+                mask = owners.get(h, 0) & keep
+                if mask:
+                    owners[h] = mask
+                else:
+                    owners.pop(h, None)
+        _BLOCKS_APPROX.set(len(owners))
 
     def remove_replica(self, name: str) -> None:
         lru = self._lru.pop(name, None)
@@ -544,7 +544,7 @@ class ApproxIndex:
                 owners[h] = mask
             else:
                 owners.pop(h, None)
-        KV_BLOCKS.labels("approximate").set(len(owners))
+        _BLOCKS_APPROX.set(len(owners))
 
 
 # --------------------------------------------------------------------------- facade
