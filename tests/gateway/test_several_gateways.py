@@ -4,6 +4,7 @@ loss of one gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -32,6 +33,7 @@ async def test_two_gateways_agree_on_a_session_and_survive_losing_one(tmp_path: 
                 assert r.status_code == 200, r.text
                 seen.append(r.headers["X-Taskplane-Replica"])
                 history.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+                await asyncio.sleep(0.3)  # the agent's tool-call gap; KV events reach every gateway meanwhile
             assert len(set(seen)) == 1, f"the session moved between replicas: {seen}"
 
             proc.stop_pid(second_pid)  # lose one gateway; the session carries on through the other
