@@ -1,0 +1,104 @@
+"""A replica that answers garbage, breaks off, or hangs: the client gets a clear JSON error
+(502/503 before anything was streamed; an SSE error event after), never a 500 and never
+a hang, and every attempt still becomes exactly one cost row (counted on /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from tp_bad_upstream import BadUpstream
+
+from taskplane.dev import processes as proc
+from taskplane.dev.local import free_port
+
+MODEL = "llama-3.1-8b"
+NON_STREAM = ["garbage", "not-openai", "json-list", "usage-not-object", "html-500", "truncated-body", "close-at-once", "hang"]
+STREAM = ["stream-truncated", "stream-garbage-then-close", "stream-hang", "stream-error-event", "close-at-once", "html-500"]
+
+
+@pytest.fixture(scope="module")
+def bad_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path]]:
+    work = Path(tmp_path_factory.mktemp("bad-upstream"))
+    upstream = BadUpstream(free_port()).start()
+    port = free_port()
+    cfg = {"pools": [{"model": MODEL, "replicas": [{"url": f"http://127.0.0.1:{upstream.port}", "name": "bad", "gpu": "h100"}]}],
+           "auth": False, "limits": {"request_timeout_s": 3.0}, "outbox_dir": str(work / "outbox")}
+    (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
+    log = work / "gateway.log"
+    pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"),
+                      "--port", str(port)], log, env={"TASKPLANE_STATE_DIR": str(work)})
+    try:
+        proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
+        yield f"http://127.0.0.1:{port}", upstream, log
+    finally:
+        proc.stop_pid(pid)
+        upstream.stop()
+
+
+async def _healthy_again(client: httpx.AsyncClient) -> None:
+    """A failed attempt benches the replica for ~2 s; wait so every case really reaches it."""
+    for _ in range(100):
+        reps = (await client.get("/admin/replicas")).json()["replicas"]
+        if reps[0]["healthy"]:
+            await asyncio.sleep(2.1)  # past down_until as well
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the bad replica never came back")
+
+
+def _rows(metrics: str) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines() if ln.startswith("taskplane_gateway_cost_rows_total{"))
+
+
+@pytest.mark.parametrize("mode", NON_STREAM)
+async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path], mode: str) -> None:
+    url, upstream, log = bad_gateway
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await _healthy_again(client)
+        before_hits, before_rows = upstream.hits.get(mode, 0), _rows((await client.get("/metrics")).text)
+        t0 = time.monotonic()
+        r = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": f"mode:{mode}"}]})
+        assert time.monotonic() - t0 < 15
+        assert r.status_code in (502, 503), r.text
+        err = r.json()["error"]
+        assert err["type"] in ("replica_error", "no_replica") and "bad" in err["message"]
+        assert upstream.hits.get(mode, 0) > before_hits, "the broken replica was never asked"
+        rows = _rows((await client.get("/metrics")).text) - before_rows
+        assert rows == upstream.hits[mode] - before_hits + 1, "one row per attempt plus the unplaced retry"
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("mode", STREAM)
+async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path], mode: str) -> None:
+    url, _upstream, log = bad_gateway
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"mode:{mode}"}]}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await _healthy_again(client)
+        before_rows = _rows((await client.get("/metrics")).text)
+        t0 = time.monotonic()
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            raw = (await r.aread()).decode("utf-8", "replace")
+            status = r.status_code
+        assert time.monotonic() - t0 < 15
+        if status == 200:
+            # something was streamed: no retry possible, the stream must end with an error event
+            events = [e for e in raw.split("\n\n") if e.startswith("data: ")]
+            last = json.loads(events[-1][6:])
+            assert "error" in last, raw[-300:]
+            assert "data: [DONE]" not in raw
+        else:
+            assert status in (502, 503), raw
+            assert json.loads(raw)["error"]["type"] in ("replica_error", "no_replica")
+        await asyncio.sleep(0.3)
+        assert _rows((await client.get("/metrics")).text) > before_rows
+        reps = (await client.get("/admin/replicas")).json()["replicas"]
+        assert reps[0]["inflight"] == 0
+    assert "Traceback" not in log.read_text(errors="replace")
