@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any
@@ -14,18 +15,34 @@ _SECRET_KEYS = {"authorization", "api_key", "apikey", "token", "password", "mess
                 "x-api-key", "secret", "admin_token"}
 
 
-def redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Replace values of sensitive keys (at any depth of dicts) with a marker."""
-    def scrub(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {k: ("[redacted]" if str(k).lower() in _SECRET_KEYS else scrub(v)) for k, v in obj.items()}
-        return obj
+#: Credentials that show up inside free text (an error message quoting a header, a URL).
+_INLINE_SECRET = re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',;]+|(://[^/\s:@]+:)[^@\s/]+@")
 
+
+def _scrub_text(text: str) -> str:
+    return _INLINE_SECRET.sub(lambda m: f"{m.group(1)} [redacted]" if m.group(1) else f"{m.group(2)}[redacted]@", text)
+
+
+def _scrub(obj: Any, depth: int = 0) -> Any:
+    if depth > 20:
+        return "[redacted: too deep]"
+    if isinstance(obj, dict):
+        return {k: ("[redacted]" if str(k).lower() in _SECRET_KEYS else _scrub(v, depth + 1)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [_scrub(v, depth + 1) for v in obj]
+    if isinstance(obj, str):
+        return _scrub_text(obj)
+    return obj
+
+
+def redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Replace values of sensitive keys (at any depth of dicts and lists) with a marker, and
+    bearer tokens or URL passwords inside any string (the event text included)."""
     for key in list(event_dict):
-        if key.lower() in _SECRET_KEYS:
+        if str(key).lower() in _SECRET_KEYS:
             event_dict[key] = "[redacted]"
         else:
-            event_dict[key] = scrub(event_dict[key])
+            event_dict[key] = _scrub(event_dict[key])
     return event_dict
 
 
