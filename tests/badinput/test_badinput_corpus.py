@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import KEYS
+from tp_badinput_env import KEYS
 from tp_rawhttp import build_request, send_raw
 
 from taskplane.dev.local import LocalCluster

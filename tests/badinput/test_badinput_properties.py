@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KEYS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tp_badinput_env import KEYS
 
 from taskplane.dev.local import LocalCluster
 

@@ -9,7 +9,7 @@ import json
 import time
 
 import httpx
-from conftest import KEYS
+from tp_badinput_env import KEYS
 from tp_rawhttp import build_request
 
 from taskplane.dev.local import LocalCluster
