@@ -22,24 +22,28 @@ class LlmRequest:
 
 @dataclass
 class LlmResponse:
-    """The OpenAI response plus what the gateway said about serving it."""
+    """The OpenAI response plus what the gateway said about serving it.
 
-    response: dict[str, Any]
-    step: int
+    ``summary`` comes first so the Temporal UI's event history shows it at the top of the
+    activity's result: model, replica, GPU, tokens, cost, time.
+    """
+
+    summary: str = ""
+    step: int = 0
     attempt: int = 1
     call_id: str | None = None
     model: str | None = None
     replica: str | None = None
     gpu: str | None = None
-    cached_tokens: int = 0
+    cost_usd: float = 0.0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     queue_ms: float = 0.0
-    cost_usd: float = 0.0
     http_ms: float = 0.0
     started_at_s: float = 0.0  # wall clock of the HTTP send (for the overhead benchmark)
     ended_at_s: float = 0.0
-    summary: str = ""
+    response: dict[str, Any] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
