@@ -55,7 +55,7 @@ class ReplicaTable:
         self.gpu_codes = np.fromiter((self._code(v.gpu) for v in views), dtype=np.intp, count=len(views))
         # column-major: each column is contiguous, which is how decisions read them
         self.cols = np.asfortranarray(
-            np.array([_ROW(v) for v in views], dtype=np.float64).reshape(len(views), len(COLUMNS))
+            np.array(list(map(_ROW, views)), dtype=np.float64).reshape(len(views), len(COLUMNS))
         )
         self.version = 0  # bumped when rows are added, removed or change model
         self._pools: dict[str, np.ndarray] = {}
