@@ -498,8 +498,8 @@ class Gateway:
     def _filter_event(self, event: bytes, call: Call, usage: dict[str, Any]) -> bytes | None:
         """Capture usage from the final SSE chunk; hide it if the client did not ask for it."""
         line = event.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]":
-            return event
+        if not line.startswith(b"data:") or line == b"data: [DONE]" or b'"usage"' not in line:
+            return event  # most chunks: pass through without parsing (the proxy's hot path)
         try:
             data = json.loads(line[5:])
         except ValueError:
