@@ -12,6 +12,7 @@ Delivery then drops, duplicates, delays and reorders batches. Two references:
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -144,7 +145,12 @@ ops = st.lists(
 probe_prompts = st.lists(prompts, min_size=1, max_size=6)
 fault = st.sampled_from(["ok", "ok", "ok", "drop", "dup", "delay"])
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# TASKPLANE_HYPOTHESIS_EXAMPLES=2000 for a longer soak
+SETTINGS = settings(
+    max_examples=int(os.environ.get("TASKPLANE_HYPOTHESIS_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def run_engines(operations: list[tuple[str, str, list[int]]], capacity: int) -> dict[str, ToyEngine]:
