@@ -9,6 +9,7 @@ gave no estimate still sends a useful ``X-Taskplane-Steps-Remaining``.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections import defaultdict, deque
@@ -17,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from taskplane.errors import UserError
 from taskplane.sdk.state import parse_time
 from taskplane.sdk.types import TaskRowInput, TaskRowResult
 from taskplane.store.records import TaskRecord, TaskStatus
@@ -84,7 +86,13 @@ class TaskRowStore:
 
                 outbox = self.outbox_dir or Path(".taskplane") / "outbox" / "worker"
                 writer = CostWriter(self.database_url, outbox)
-                await writer.start()
+                try:
+                    await writer.start()
+                except UserError:
+                    # another worker owns that outbox: use one of our own (a restarted worker
+                    # still replays the shared one, which is what survives a crash)
+                    writer = CostWriter(self.database_url, outbox.parent / f"{outbox.name}-{os.getpid()}")
+                    await writer.start()
                 self._writer = writer
                 self._engine = create_engine(self.database_url, pool_size=2)
             return self._writer

@@ -77,11 +77,16 @@ def agents_and_steps(modules: Sequence[ModuleType]) -> tuple[list[Agent], list[S
     sandbox), so only the requested modules' agents are served.
     """
     names = {m.__name__ for m in modules}
-    agents: dict[str, Agent] = {a.name: a for a in AGENTS.values() if a.__module__ in names}
-    for module in modules:
-        for value in vars(module).values():
-            if isinstance(value, Agent):
-                agents[value.name] = value
+    found = [a for a in AGENTS.values() if a.__module__ in names]
+    found += [v for m in modules for v in vars(m).values() if isinstance(v, Agent)]
+    agents: dict[str, Agent] = {}
+    for ag in found:
+        seen = agents.setdefault(ag.name, ag)
+        if seen.spec.fn is not ag.spec.fn:
+            raise UserError(
+                f"two agents are named {ag.name!r} ({seen.__module__}.{seen.__name__} and "
+                f"{ag.__module__}.{ag.__name__}); give one of them another @agent(name=...)"
+            )
     return list(agents.values()), list(STEPS.values())
 
 
