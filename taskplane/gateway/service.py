@@ -193,7 +193,7 @@ class Gateway:
             model=pool.model,
             prompt_tokens=len(tokens),
             max_tokens=max_tokens,
-            block_hashes=chain_hashes(tokens, block_size),
+            block_hashes=chain_hashes(tokens[:-1], block_size),  # vLLM never serves the last prompt token from cache
             tenant=ctx.tenant,
             priority=ctx.priority.value,
             session_id=ctx.session_key,
@@ -520,6 +520,8 @@ class Gateway:
         exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
         self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
         await self.sink.record_attempt(rec)
+        log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
+                  replica=rec.replica, error_type=rec.error_type)
 
     def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
                 started: datetime) -> AttemptRecord:
