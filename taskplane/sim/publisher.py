@@ -117,5 +117,6 @@ class KVEventPublisher:
             start = int.from_bytes(start_bytes, "big")
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    await self._router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            await self._router.send_multipart([client, b"", END_SEQ, b""])
+                    # vLLM's replay reply: [empty, topic, seq, payload], ended by [empty, empty, -1, empty]
+                    await self._router.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
+            await self._router.send_multipart([client, b"", b"", END_SEQ, b""])
