@@ -10,7 +10,9 @@ errors into typed activity failures (:mod:`taskplane.sdk.retry`).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -26,6 +28,9 @@ from taskplane.sdk.state import TaskContext
 from taskplane.sdk.types import LlmRequest, LlmResponse, TaskRowInput, TaskRowResult
 
 log = structlog.get_logger("taskplane.worker")
+
+#: A call slower than this starts heartbeating (see HEARTBEAT_TIMEOUT in taskplane.sdk.llm).
+HEARTBEAT_EVERY_S = 3.0
 
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
@@ -90,10 +95,10 @@ class TaskplaneActivities:
         started = time.time()
         t0 = time.perf_counter()
         try:
-            resp = await self.http.post(
+            resp = await _with_heartbeats(self.http.post(
                 url, json=req.body, headers=call.to_headers(),
                 timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
-            )
+            ), ctx.step)
         except httpx.TimeoutException as exc:
             if budget_ms is not None and timeout_s * 1000.0 >= budget_ms - 1:
                 raise ApplicationError(
@@ -121,6 +126,25 @@ class TaskplaneActivities:
     async def task_record(self, row: TaskRowInput) -> TaskRowResult:
         """Upsert the task row (idempotent: keyed by task id)."""
         return await self.rows.record(row)
+
+
+async def _with_heartbeats(request: Coroutine[Any, Any, httpx.Response], step: int) -> httpx.Response:
+    """Await the gateway, heartbeating every few seconds once the call is slow.
+
+    Fast calls send no heartbeat (no extra round trip); a slow one tells Temporal the
+    worker is alive, so a worker that dies mid-call is noticed within the heartbeat
+    timeout instead of the call's whole timeout, and the call is retried elsewhere.
+    """
+    send = asyncio.ensure_future(request)
+    try:
+        while True:
+            done, _ = await asyncio.wait({send}, timeout=HEARTBEAT_EVERY_S)
+            if done:
+                return send.result()
+            activity.heartbeat(step)
+    finally:
+        if not send.done():
+            send.cancel()
 
 
 def _response(

@@ -31,6 +31,9 @@ __all__ = ["LlmResponse", "chat", "complete"]
 
 ACTIVITY_NAME = "llm_call"
 DEFAULT_TIMEOUT = timedelta(minutes=2)
+#: A call slower than 3 s heartbeats (workflows/activities.py); a worker that dies mid-call
+#: is noticed after this long and the call is retried, instead of after its whole timeout.
+HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
 
 async def chat(
@@ -94,6 +97,7 @@ async def _call(
             result_type=LlmResponse,
             start_to_close_timeout=attempt_timeout + timedelta(seconds=5),
             schedule_to_close_timeout=None if budget_s is None else timedelta(seconds=budget_s),
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=retry.LLM_RETRY_POLICY,
             summary=f"LLM step {ctx.step} · {summary}",
         )

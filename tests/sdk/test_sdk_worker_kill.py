@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tp_sdk_agents as agents
 from temporalio.client import Client
 from tp_sdk_db import calls as _calls
 from tp_sdk_db import rows as _rows
+from tp_sdk_db import wait_status
 
 import taskplane
 from taskplane.dev.local import LocalCluster
@@ -115,3 +117,48 @@ async def test_worker_killed_mid_task_resumes_without_repeating_work(
     assert tasks[0]["cost_usd"] == pytest.approx(total, rel=1e-9)
     assert tasks[0]["retries"] == 0 and tasks[0]["attempts"] == 4
     assert await handle.cost() == pytest.approx(total, rel=1e-9)
+
+
+async def test_worker_killed_during_an_llm_call_retries_it_once_and_counts_each_attempt_once(
+    tp_client: Client, worker_env: dict[str, str], gw_cluster: LocalCluster, pg_url: str, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks.txt"
+    log = tmp_path / "worker.log"
+    first = WorkerProcess(worker_env, log).start()
+    second: WorkerProcess | None = None
+    urls = [r.url for r in gw_cluster.replicas]
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+        try:
+            handle = await taskplane.submit(agents.inflight, str(marks), client=tp_client,
+                                            task_queue=worker_env["TASKPLANE_TASK_QUEUE"])
+            await wait_status(handle, "waiting-approval")
+            for url in urls:  # every replica stops answering: the next call stays in flight
+                (await http.post(f"{url}/admin/faults", json={"hang": True})).raise_for_status()
+            t_kill = time.monotonic()
+            await handle.approve("go")
+            await asyncio.sleep(1.5)
+            first.kill()  # mid-call: the activity never reports back
+            for url in urls:
+                await http.post(f"{url}/admin/faults", json={"clear": True})
+            second = WorkerProcess(worker_env, log).start()
+            costs = await asyncio.wait_for(handle.result(), 120)
+            recovered_s = time.monotonic() - t_kill
+        finally:
+            first.kill()
+            if second is not None:
+                second.stop()
+            for url in urls:
+                await http.post(f"{url}/admin/faults", json={"clear": True})
+
+    assert marks.read_text().splitlines() == ["first", "second"]  # no step ran twice
+    assert recovered_s < 40  # the heartbeat timeout (10 s) noticed the dead worker, not the 60 s call timeout
+    rows = await _calls(pg_url, handle.task_id, 3)
+    step1 = [r for r in rows if r["step"] == 1]
+    assert {int(r["attempt"]) for r in step1} >= {1, 2}  # type: ignore[call-overload]  # retried once by Temporal
+    assert len({r["attempt_key"] for r in rows}) == len(rows)  # each attempt recorded once
+    used = [r for r in step1 if r["outcome"] == "success" and int(r["attempt"]) >= 2]  # type: ignore[call-overload]
+    assert used and costs[1] == pytest.approx(float(used[-1]["cost_usd"]), rel=1e-3)  # type: ignore[arg-type]
+    # the task row counts every attempt the GPUs served, each once (the abandoned one included)
+    task = (await _rows(pg_url, "SELECT * FROM tasks WHERE task_id = :t", t=handle.task_id))[0]
+    assert task["status"] == "succeeded"
+    assert task["cost_usd"] == pytest.approx(sum(float(r["cost_usd"]) for r in rows), rel=1e-9)  # type: ignore[arg-type]

@@ -157,3 +157,14 @@ async def two_phase() -> list[str | None]:
     second = await llm.chat(model=MODEL, messages=_msg("phase one " * 20 + "phase two"), max_tokens=4,
                             timeout=timedelta(seconds=2))
     return [first.replica, second.replica]
+
+
+@agent(name="tp_inflight", tenant="acme", deadline=timedelta(minutes=3))
+async def inflight(marks: str) -> list[float]:
+    """The test kills the worker while the second LLM call is in flight at the gateway."""
+    first = await llm.chat(model=MODEL, messages=_msg("inflight 0"), max_tokens=4)
+    await mark(marks, "first")
+    await approval("go")
+    second = await llm.chat(model=MODEL, messages=_msg("inflight 1"), max_tokens=4, timeout=timedelta(seconds=60))
+    await mark(marks, "second")
+    return [first.cost_usd, second.cost_usd]
