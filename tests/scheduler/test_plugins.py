@@ -160,7 +160,7 @@ def test_workflow_context_scorer() -> None:
         replica("cheap", gpu="l40s", cost_per_hour_usd=0.9),
     ]
     fresh = scores("workflow-context", pool, request(tokens(1, 64), step=0, steps_remaining=9))
-    assert fresh["cheap"] == 1.0 and fresh["fast"] < 0.2
+    assert fresh == {"fast": 1.0, "cheap": 1.0}  # nothing at stake: neutral
     late = scores(
         "workflow-context", pool,
         request(tokens(1, 64), step=9, steps_remaining=1, sunk_cost_usd=2.0),

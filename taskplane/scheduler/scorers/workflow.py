@@ -1,4 +1,4 @@
-"""Workflow context (axis 7): protect late steps of expensive tasks, economise on fresh ones."""
+"""Workflow context (axis 7): protect the late steps of expensive tasks."""
 
 from __future__ import annotations
 
@@ -19,20 +19,21 @@ class WorkflowContextParams:
 
 @register("workflow-context")
 class WorkflowContextScorer(Scorer):
-    """Blends safety and thrift by how much the task has at stake.
+    """Protects the late steps of expensive tasks.
 
     protection p = sunk/(sunk + reference) x (0.5 + 0.5 x progress), progress = step /
-    (step + steps remaining). Score = p x (fastest predicted total / this one's) +
-    (1 - p) x (cheapest hourly price / this one's): the last step of an expensive chain goes
-    where it is least likely to be late, a fresh cheap call goes where it costs least.
+    (step + steps remaining). Score = p x (fastest predicted total / this one's) + (1 - p):
+    the last step of an expensive chain goes where it is least likely to be late, while a
+    fresh cheap call is left to the other axes (thrift is the price scorer's job; an
+    earlier version steered fresh calls to the lowest hourly price, which in simulation put
+    them on slow GPUs and raised both TTFT and cost).
     """
 
     Params = WorkflowContextParams
 
     def score(self, state: CycleState) -> np.ndarray:
         p = protection(state.request, self.params.reference_sunk_usd)
-        cheap = ratio_low_is_better(state.c(state.cost_per_hour), floor=1e-12)
         if p <= 0.0:
-            return cheap
+            return np.ones(len(state.sel))
         safe = ratio_low_is_better(state.c(state.prediction.total_ms))
-        return p * safe + (1.0 - p) * cheap
+        return p * safe + (1.0 - p)
