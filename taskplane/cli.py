@@ -133,6 +133,8 @@ def sim_engine(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     fault: Annotated[list[str] | None, typer.Option(help="fault at start, e.g. slow=10, error_rate=0.5, hang, drop_events")] = None,
     cold_start_s: Annotated[float, typer.Option(help="weight load delay when the model is not loaded")] = 0.0,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="batch limit, like vLLM's --max-num-seqs")] = 256,
+    kv_replay_port: Annotated[int | None, typer.Option(help="replay socket port (default: KV-events port + 1000)")] = None,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.server import serve
@@ -140,7 +142,7 @@ def sim_engine(
     serve(
         port=port, gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size,
         kv_events_port=kv_events_port, seed=seed, speed=speed, host=host,
-        faults=fault or [], cold_start_s=cold_start_s,
+        faults=fault or [], cold_start_s=cold_start_s, max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port,
     )
 
 

@@ -34,6 +34,7 @@ class ReplicaConfig(_Strict):
     name: str | None = Field(default=None, description="stable replica name; default derived from the URL")
     metrics_url: str | None = Field(default=None, description="Prometheus endpoint; default URL + /metrics")
     kv_blocks: int | None = Field(default=None, ge=1, description="KV blocks; default read from /metrics")
+    max_num_seqs: int = Field(default=256, ge=1, description="the engine's batch limit (vLLM --max-num-seqs)")
     block_size: int | None = Field(default=None, ge=1, description="tokens per KV block; default from /metrics")
 
     @field_validator("url")

@@ -30,6 +30,8 @@ class LocalReplica:
     kv_port: int
     pid: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    model: str = "llama-3.1-8b"
+    max_num_seqs: int = 256
 
     @property
     def url(self) -> str:
@@ -59,6 +61,9 @@ class LocalCluster:
         kv_blocks: int = 2048,
         config_overrides: dict[str, Any] | None = None,
         replica_args: list[str] | None = None,
+        models: list[str] | None = None,
+        fallbacks: dict[str, str] | None = None,
+        max_num_seqs: int = 256,
     ) -> None:
         self.workdir = workdir
         self.database_url = database_url
@@ -67,8 +72,11 @@ class LocalCluster:
         self.kv_blocks = kv_blocks
         self.config_overrides = config_overrides or {}
         gpus = gpus or ["h100"]
+        models = models or [model]
+        self.fallbacks = fallbacks or {}
         self.replicas = [
-            LocalReplica(f"replica-{i}", gpus[i % len(gpus)], free_port(), free_port(), extra_args=list(replica_args or []))
+            LocalReplica(f"replica-{i}", gpus[i % len(gpus)], free_port(), free_port(), extra_args=list(replica_args or []),
+                         model=models[i % len(models)], max_num_seqs=max_num_seqs)
             for i in range(replicas)
         ]
         self.gateway_port = free_port()
@@ -83,8 +91,9 @@ class LocalCluster:
         return self.workdir / "logs" / f"{name}.log"
 
     def start_replica(self, r: LocalReplica) -> None:
-        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(r.port), "--gpu", r.gpu, "--model", self.model,
-               "--kv-blocks", str(self.kv_blocks), "--kv-events-port", str(r.kv_port), "--speed", str(self.speed), *r.extra_args]
+        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(r.port), "--gpu", r.gpu, "--model", r.model,
+               "--kv-blocks", str(self.kv_blocks), "--kv-events-port", str(r.kv_port), "--speed", str(self.speed),
+               "--max-num-seqs", str(r.max_num_seqs), *r.extra_args]
         r.pid = proc.spawn(cmd, self._log(r.name))
         proc.wait_until(proc.http_ok(f"{r.url}/health"), r.name, 60, r.pid, self._log(r.name))
 
@@ -94,9 +103,15 @@ class LocalCluster:
         r.pid = None
 
     def config(self) -> dict[str, Any]:
+        pools: dict[str, dict[str, Any]] = {}
+        for r in self.replicas:
+            pool = pools.setdefault(r.model, {"model": r.model, "max_context_tokens": 8192, "replicas": []})
+            if r.model in self.fallbacks:
+                pool["fallback"] = self.fallbacks[r.model]
+            pool["replicas"].append({"url": r.url, "gpu": r.gpu, "kv_events": r.kv_events, "kv_replay": r.kv_replay,
+                                     "name": r.name, "max_num_seqs": r.max_num_seqs})
         cfg: dict[str, Any] = {
-            "pools": [{"model": self.model, "max_context_tokens": 8192,
-                       "replicas": [{"url": r.url, "gpu": r.gpu, "kv_events": r.kv_events, "kv_replay": r.kv_replay, "name": r.name} for r in self.replicas]}],
+            "pools": list(pools.values()),
             "tenants": [{"id": "acme", "max_priority": "critical", "weight": 2.0},
                         {"id": "globex", "max_priority": "interactive"},
                         {"id": "default", "max_priority": "interactive"}],

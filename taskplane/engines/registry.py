@@ -85,6 +85,11 @@ class ReplicaState:
     def view(self) -> ReplicaView:
         total = self.kv_blocks_total or self.config.kv_blocks or 4096
         free = max(0, round(total * (1.0 - self.kv_usage)))
+        # The engine's own counts lag by a scrape; the gateway's in-flight count is fresh.
+        # Calls beyond the batch limit wait in the engine's queue.
+        busy = max(self.num_running + self.num_waiting, self.inflight)
+        running = min(busy, self.config.max_num_seqs)
+        waiting = busy - running
         return ReplicaView(
             name=self.name,
             model=self.pool.model,
@@ -95,8 +100,9 @@ class ReplicaState:
             kv_blocks_total=total,
             kv_blocks_free=free,
             block_size=self.config.block_size or self.block_size,
-            num_running=max(self.num_running, 0),
-            num_waiting=max(self.num_waiting, self.inflight - self.num_running, 0),
+            num_running=running,
+            num_waiting=waiting,
+            max_num_seqs=self.config.max_num_seqs,
             inflight_prefill_tokens=self.inflight_prompt_tokens,
             inflight_decode_tokens=self.inflight_decode_tokens,
             has_kv_events=self.kv_events_live,

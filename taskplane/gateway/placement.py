@@ -23,7 +23,7 @@ class Placer(Protocol):
 
     def completed(
         self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,
-        total_ms: float, cached_tokens: int,
+        total_ms: float, cached_tokens: int, completion_tokens: int = 0, batch_size: int | None = None,
     ) -> None: ...
 
     def replica_removed(self, name: str) -> None: ...
@@ -57,7 +57,7 @@ class SessionAffinityPlacer:
 
     def completed(
         self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,
-        total_ms: float, cached_tokens: int,
+        total_ms: float, cached_tokens: int, completion_tokens: int = 0, batch_size: int | None = None,
     ) -> None:
         if not ok and req.session_id and self.pins.get(req.session_id) == decision.replica:
             del self.pins[req.session_id]
@@ -124,12 +124,13 @@ class ScheduledPlacer:
 
     def completed(
         self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,
-        total_ms: float, cached_tokens: int,
+        total_ms: float, cached_tokens: int, completion_tokens: int = 0, batch_size: int | None = None,
     ) -> None:
         if decision.replica is None:
             return
         outcome = CallOutcome(
             replica=decision.replica, ok=ok, prompt_tokens=req.prompt_tokens, cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens, batch_size=batch_size,
             ttft_s=None if ttft_ms is None else ttft_ms / 1000.0, total_s=total_ms / 1000.0,
         )
         self.scheduler.observe_completion(req, outcome, now_s())

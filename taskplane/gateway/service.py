@@ -397,7 +397,8 @@ class Gateway:
         total_ms = (time.monotonic() - t0) * 1000.0
         rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, None, usage, started_wall, batch_start, batch_end, model)
         await self._write(rec)
-        self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens)
+        self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens,
+                        completion=rec.completion_tokens, batch=max(batch_start, batch_end))
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
         return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
@@ -452,7 +453,8 @@ class Gateway:
                 rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
                 self._charge(rec, replica, total_ms, batch_start, batch_end)
                 self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-            self._completed(call, decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens)
+            self._completed(call, decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
+                            completion=rec.completion_tokens, batch=max(batch_start, batch_end))
             # A disconnecting client cancels this task; the row must still be written.
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
@@ -583,9 +585,11 @@ class Gateway:
         rec.error_type = err.error_type.value
         await self._write(rec)
 
-    def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int) -> None:
+    def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int,
+                   completion: int = 0, batch: int | None = None) -> None:
         try:
-            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached)
+            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached,
+                                  completion_tokens=completion, batch_size=batch)
         except Exception as exc:  # placement feedback must never fail a call
             log.warning("placer_feedback_failed", error=str(exc))
 

@@ -614,6 +614,7 @@ def serve(
     cold_start_s: float = 0.0,
     max_model_len: int | None = None,
     kv_replay_port: int | None = None,
+    max_num_seqs: int = 256,
 ) -> None:
     """Run one simulated replica until interrupted (``taskplane sim-engine``)."""
     import uvicorn
@@ -623,7 +624,7 @@ def serve(
         gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, seed=seed, speed=speed,
         faults=faults or [], cold_start_s=cold_start_s,
         max_model_len=max_model_len or (int(env_len) if env_len else DEFAULT_MAX_MODEL_LEN),
-        kv_events_port=kv_events_port, kv_replay_port=kv_replay_port, host=host,
+        kv_events_port=kv_events_port, kv_replay_port=kv_replay_port, host=host, max_num_seqs=max_num_seqs,
     )
     uvicorn.run(create_app(rep), host=host, port=port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=2)
