@@ -16,7 +16,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskplane.config import GatewayConfig
@@ -183,7 +183,9 @@ def build_app(
     async def prom() -> Response:
         for s in registry.replicas.values():
             metrics.healthy.labels(replica=s.name).set(1 if s.healthy else 0)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # The gateway's own metrics, then the process-wide ones (the scheduler's plugins, KV index).
+        body = generate_latest(metrics.registry) + generate_latest(REGISTRY)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/admin/replicas")
     async def admin_replicas(request: Request) -> Any:

@@ -128,6 +128,9 @@ async def test_models_health_metrics_admin(cluster: LocalCluster) -> None:
     async with httpx.AsyncClient(base_url=cluster.gateway_url, timeout=30) as client:
         assert (await client.get("/v1/models")).json()["data"][0]["id"] == MODEL
         assert (await client.get("/healthz")).json()["healthy_replicas"] == 3
-        assert "taskplane_gateway_requests_total" in (await client.get("/metrics")).text
+        prom = (await client.get("/metrics")).text
+        assert "taskplane_gateway_requests_total" in prom
+        for name in ("taskplane_scheduler_pins_broken_total", "taskplane_kvindex_blocks", "taskplane_scheduler_decisions_total"):
+            assert name in prom, f"scheduler metric {name} missing from the gateway's /metrics"
         reps = (await client.get("/admin/replicas")).json()["replicas"]
         assert {r["gpu"] for r in reps} == {"h100", "l40s"}
