@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,3 +27,17 @@ def secure(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
                        config_overrides=secured_config())
     with c:
         yield c
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the fault matrix (if the fault suite ran) after the test results."""
+    try:
+        from tp_rel_stack import MATRIX, render_matrix
+    except ImportError:
+        return
+    if MATRIX:
+        terminalreporter.write_sep("=", "taskplane fault matrix")
+        terminalreporter.write_line(render_matrix())
+        out = os.environ.get("TASKPLANE_RELIABILITY_OUT")
+        if out:
+            Path(out).write_text(json.dumps(MATRIX, indent=2))

@@ -1,0 +1,156 @@
+"""The whole stack as separate, killable processes for the fault matrix: an embedded
+Postgres, a Temporal dev server with its database file, simulated replicas, a gateway
+(debug log: one ``attempt_recorded`` line per cost row) and a ``taskplane worker``.
+Every part can be stopped and started again on the same ports and state."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from taskplane.dev import processes as proc
+from taskplane.dev.local import LocalCluster, free_port
+from taskplane.store import embedded
+from taskplane.temporal_names import dev_server_flags, temporal_binary
+
+HERE = Path(__file__).parent
+
+
+class RelStack:
+    def __init__(self, workdir: Path, replicas: int = 3) -> None:
+        self.workdir = workdir
+        self.pg_dir = workdir / "pg" / "data"
+        self.pg_port = free_port()
+        self.temporal_port = free_port()
+        self.temporal_pid: int | None = None
+        self.worker_pid: int | None = None
+        self.database_url = embedded.url_for(self.pg_port)
+        self.cluster = LocalCluster(workdir, replicas=replicas, gpus=["h100", "l40s", "h100"],
+                                    database_url=self.database_url, speed=5.0)
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.temporal_port}"
+
+    def log(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    # ---- parts -------------------------------------------------------------------------
+    def start_postgres(self) -> None:
+        embedded.start(self.pg_dir, self.pg_port)
+
+    def stop_postgres(self) -> None:
+        embedded.stop(self.pg_dir, mode="fast")
+
+    def start_temporal(self) -> None:
+        cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.temporal_port),
+               "--headless", "--db-filename", str(self.workdir / "temporal.db"), "--log-level", "warn",
+               *dev_server_flags()]
+        self.temporal_pid = proc.spawn(cmd, self.log("temporal"))
+        proc.wait_until(proc.tcp_open(self.temporal_port), "Temporal dev server", 60, self.temporal_pid, self.log("temporal"))
+
+    def stop_temporal(self) -> None:
+        proc.stop_pid(self.temporal_pid)
+        self.temporal_pid = None
+
+    def start_worker(self) -> None:
+        env = {"TASKPLANE_TEMPORAL_ADDRESS": self.temporal_address, "TASKPLANE_GATEWAY_URL": self.cluster.gateway_url,
+               "TASKPLANE_DATABASE_URL": self.database_url, "TASKPLANE_STATE_DIR": str(self.workdir),
+               "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        log = self.log("worker")
+        mark = log.stat().st_size if log.exists() else 0
+        self.worker_pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "worker", "--module", "tp_rel_agents"], log, env=env)
+        proc.wait_until(lambda: "worker_started" in log.read_bytes()[mark:].decode(errors="replace"), "worker", 60,
+                        self.worker_pid, log)
+
+    def kill_worker(self) -> None:
+        """SIGKILL: no graceful shutdown, in-flight activities are abandoned."""
+        import signal
+
+        if self.worker_pid and proc.alive(self.worker_pid):
+            os.killpg(self.worker_pid, signal.SIGKILL)
+            proc.stop_pid(self.worker_pid, timeout_s=2)
+        self.worker_pid = None
+
+    def start(self) -> RelStack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.environ["TASKPLANE_LOG_LEVEL"] = "debug"  # inherited by the gateway: attempt_recorded lines
+        try:
+            self.start_postgres()
+            from taskplane.store.migrate import upgrade
+
+            upgrade(self.database_url)
+            self.start_temporal()
+            self.cluster.start()
+            self.start_worker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        os.environ.pop("TASKPLANE_LOG_LEVEL", None)
+        proc.stop_pid(self.worker_pid)
+        self.cluster.stop()
+        self.stop_temporal()
+        embedded.destroy(self.pg_dir)
+
+    # ---- views -------------------------------------------------------------------------
+    def gateway_rows(self, prefix: str) -> list[dict[str, Any]]:
+        """The cost rows the gateway handed to its writer for tasks starting with ``prefix``
+        (from its log, which survives gateway restarts)."""
+        out = []
+        for line in _lines(self.log("gateway")):
+            if '"attempt_recorded"' in line:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if str(rec.get("task_id") or "").startswith(prefix):
+                    out.append(rec)
+        return out
+
+    async def kv_views(self) -> dict[str, dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            reps = (await client.get(f"{self.cluster.gateway_url}/admin/replicas")).json()["replicas"]
+            out = {}
+            for r in reps:
+                rep = next(x for x in self.cluster.replicas if x.name == r["name"])
+                try:
+                    state = (await client.get(f"{rep.url}/admin/state")).json()
+                except httpx.HTTPError:
+                    state = None
+                out[r["name"]] = {"gateway": r, "replica": state}
+            return out
+
+
+def _lines(path: Path) -> Iterator[str]:
+    if path.exists():
+        with path.open(errors="replace") as f:
+            yield from f
+
+
+#: Rows of the fault matrix, filled by test_fault_matrix.py and printed at the end of the run.
+MATRIX: list[dict[str, Any]] = []
+
+COLUMNS = [("fault", 24), ("tasks", 6), ("ok", 4), ("failed", 7), ("lost", 5), ("rows", 5), ("in db", 6),
+           ("lost", 5), ("doubled", 8), ("not ok", 7), ("kv sync s", 10), ("wall s", 7)]
+
+
+def render_matrix(rows: list[dict[str, Any]] | None = None) -> str:
+    rows = MATRIX if rows is None else rows
+    head = "".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(COLUMNS))
+    lines = ["fault matrix (tasks: ok / failed with a recorded failure / lost; cost rows: handed over by the gateway,",
+             "in Postgres, lost, doubled, and how many of them record a failed attempt; KV view back in sync after)", head]
+    for r in rows:
+        kv = "-" if r["kv_recovery_s"] is None else f"{r['kv_recovery_s']:.1f}"
+        vals = [r["fault"], r["tasks"], r["ok"], r["failed"], r["lost"], r["rows_gateway"], r["rows_db"],
+                r["rows_lost"], r["rows_doubled"], r["rows_not_success"], kv, f"{r['wall_s']:.0f}"]
+        lines.append("".join(f"{v!s:>{w}}" if i else f"{v!s:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, COLUMNS, strict=True))))
+    return "\n".join(lines)
