@@ -58,6 +58,9 @@ class ReplicaState:
     errors: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     down_signal: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    probe_failures: int = 0
+    progress_tokens: float = -1.0
+    progress_at: float = 0.0
 
     def signal_down(self) -> None:
         """Wake calls waiting on this replica: it stopped answering its health probe."""
@@ -107,6 +110,13 @@ class ReplicaState:
             inflight_decode_tokens=self.inflight_decode_tokens,
             has_kv_events=self.kv_events_live,
         )
+
+
+#: Probe timeouts in a row before calls waiting on the replica give up on it.
+PROBE_FAILURES_DOWN = 3
+#: A replica with calls in flight whose token counters have not moved for this long, and
+#: whose /health does not answer, is hung.
+STALL_S = 3.0
 
 
 class ReplicaRegistry:
@@ -196,19 +206,43 @@ class ReplicaRegistry:
         from taskplane.engines.metrics import parse_metrics
 
         assert self._client is not None
+        metrics_call, health_call = await asyncio.gather(self._client.get(s.metrics_url), self._client.get(s.health_url),
+                                                         return_exceptions=True)
         try:
-            # /metrics alone is not enough: a hung engine can still serve it while its
-            # inference (and vLLM's /health) stop answering. Probe both.
-            resp, health = await asyncio.gather(self._client.get(s.metrics_url), self._client.get(s.health_url))
-            resp.raise_for_status()
-            health.raise_for_status()
-            m = parse_metrics(resp.text)
+            if isinstance(metrics_call, BaseException):
+                raise metrics_call
+            metrics_call.raise_for_status()
+            m = parse_metrics(metrics_call.text)
         except Exception as exc:
+            # Refused or reset: the replica is gone. A timeout may be overload: only after
+            # a few in a row do the calls waiting on it give up.
+            s.probe_failures += 1
+            gone = isinstance(exc, httpx.ConnectError) or s.probe_failures >= PROBE_FAILURES_DOWN
             if s.healthy:
                 log.warning("replica_unreachable", replica=s.name, error=type(exc).__name__)
             s.healthy = False
-            s.signal_down()
+            if gone:
+                s.signal_down()
             return
+        now = time.monotonic()
+        progress = float(m.prompt_tokens) + float(m.generation_tokens)
+        if progress != s.progress_tokens or s.inflight == 0:
+            s.progress_tokens, s.progress_at = progress, now
+        health_ok = not isinstance(health_call, BaseException) and health_call.status_code == 200
+        if not health_ok:
+            # /metrics answers but /health does not: hung, or just busy? A busy engine
+            # still makes progress (its token counters move); a hung one does not.
+            stalled = s.inflight > 0 and now - s.progress_at >= STALL_S
+            if s.inflight == 0 or stalled:
+                if s.healthy:
+                    log.warning("replica_unhealthy", replica=s.name, stalled=stalled,
+                                error=type(health_call).__name__ if isinstance(health_call, BaseException)
+                                else health_call.status_code)
+                s.healthy = False
+                if stalled:
+                    s.signal_down()
+                return
+        s.probe_failures = 0
         was = s.healthy
         s.healthy = True
         s.consecutive_failures = 0

@@ -149,8 +149,9 @@ class Gateway:
         self.response_cache = response_cache
         limits = config.limits
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(limits.request_timeout_s, connect=2.0),
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+            # a connect timeout under a burst of new connections is overload, not death: allow 5 s
+            timeout=httpx.Timeout(limits.request_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=4000, max_keepalive_connections=1000),
         )
         self._tenant_inflight: dict[str, int] = {}
 
@@ -353,7 +354,8 @@ class Gateway:
             resp = await self._send_unless_down(req, replica)
         except (httpx.HTTPError, OSError, ReplicaDown) as exc:
             batch_end = finish()
-            self.registry.mark_failure(replica.name, hard=True)
+            # refused/reset/down: the replica is gone; a timeout may only be overload
+            self.registry.mark_failure(replica.name, hard=not isinstance(exc, httpx.TimeoutException))
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} failed: {type(exc).__name__}")
             await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end,
                                       timeout=isinstance(exc, httpx.TimeoutException))
