@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -59,6 +61,7 @@ from taskplane.store.records import AttemptRecord, Outcome
 log = structlog.get_logger(__name__)
 
 MAX_TRIES = 3
+UPSTREAM_POOLS = 8  # upstream connection pools per replica (see Gateway._client_for)
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -147,16 +150,32 @@ class Gateway:
         self.sink = sink
         self.metrics = metrics
         self.response_cache = response_cache
-        limits = config.limits
-        self.client = httpx.AsyncClient(
-            # a connect timeout under a burst of new connections is overload, not death: allow 5 s
-            timeout=httpx.Timeout(limits.request_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=4000, max_keepalive_connections=1000),
-        )
+        self._pools: dict[str, list[httpx.AsyncClient]] = {}
+        self._pool_turn = 0
+        self._tls: ssl.SSLContext | None = None
         self._tenant_inflight: dict[str, int] = {}
+        self._last_replica: OrderedDict[str, str] = OrderedDict()  # call id -> replica of its latest attempt
 
     async def close(self) -> None:
-        await self.client.aclose()
+        for clients in self._pools.values():
+            for c in clients:
+                await c.aclose()
+        self._pools.clear()
+
+    def _client_for(self, replica: ReplicaState) -> httpx.AsyncClient:
+        """An upstream client for this replica. httpcore scans every connection of a pool
+        for each request, which is quadratic at a thousand streams; a few small pools per
+        replica, taken in turn, keep each scan short."""
+        clients = self._pools.get(replica.name)
+        if clients is None:
+            timeout = httpx.Timeout(self.config.limits.request_timeout_s, connect=5.0)  # a connect burst is not death
+            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64)
+            if self._tls is None:
+                self._tls = ssl.create_default_context()  # one CA load, not one per pool
+            clients = self._pools[replica.name] = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=self._tls)
+                                                   for _ in range(UPSTREAM_POOLS)]
+        self._pool_turn += 1
+        return clients[self._pool_turn % len(clients)]
 
     # ---- request intake -------------------------------------------------
     def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
@@ -279,11 +298,29 @@ class Gateway:
         self.metrics.queue.observe(queue_ms / 1000.0)
         return decision, queue_ms
 
+    def _previous_replica(self, call: Call) -> str | None:
+        """Where an earlier attempt of this call went (the client retried: avoid it)."""
+        if call.ctx.attempt <= 1 or not call.ctx.call_id:
+            return None
+        return self._last_replica.get(call.ctx.call_id)
+
+    def _remember_replica(self, call: Call, replica: str) -> None:
+        if not call.ctx.call_id:
+            return
+        self._last_replica[call.ctx.call_id] = replica
+        self._last_replica.move_to_end(call.ctx.call_id)
+        while len(self._last_replica) > 100_000:
+            self._last_replica.popitem(last=False)
+
     async def _run(self, call: Call) -> Any:
-        exclude: set[str] = set()
+        previous = self._previous_replica(call)
+        exclude: set[str] = {previous} if previous else set()
         last_error: TaskplaneError | None = None
         for try_index in range(MAX_TRIES):
             decision, queue_ms = await self._place(call, exclude)
+            if decision.action is Action.NO_REPLICA and previous in exclude and last_error is None:
+                exclude.discard(previous)  # the previous replica is the only one left: better than none
+                decision, queue_ms = await self._place(call, exclude)
             if decision.action is not Action.PLACE or decision.replica is None:
                 exc = self._decision_error(decision, call)
                 if last_error is not None and decision.action is Action.NO_REPLICA:
@@ -296,6 +333,7 @@ class Gateway:
             if replica is None:
                 exclude.add(decision.replica)
                 continue
+            self._remember_replica(call, replica.name)
             outcome = await self._attempt(call, decision, replica, try_index, queue_ms)
             if isinstance(outcome, TaskplaneError):
                 last_error = outcome
@@ -350,8 +388,12 @@ class Gateway:
             return batch_end
 
         try:
-            req = self.client.build_request("POST", url, json=self._upstream_body(call, model))
-            resp = await self._send_unless_down(req, replica)
+            client = self._client_for(replica)
+            req = client.build_request("POST", url, json=self._upstream_body(call, model))
+            resp = await self._send_unless_down(client, req, replica)
+        except asyncio.CancelledError:
+            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            raise
         except (httpx.HTTPError, OSError, ReplicaDown) as exc:
             batch_end = finish()
             # refused/reset/down: the replica is gone; a timeout may only be overload
@@ -387,6 +429,10 @@ class Gateway:
             usage = data.get("usage") or {}
             if not isinstance(usage, dict):
                 raise ValueError("usage is not an object")
+        except asyncio.CancelledError:
+            await resp.aclose()
+            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            raise
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             await resp.aclose()
             batch_end = finish()
@@ -405,11 +451,11 @@ class Gateway:
             self.response_cache.put(self._cache_key(call), data)
         return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
 
-    async def _send_unless_down(self, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+    async def _send_unless_down(self, client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
         """Send upstream, but give up as soon as the registry sees the replica stop answering
         its health probe: nothing was streamed yet, so the call is retried elsewhere in
         seconds instead of waiting out ``request_timeout_s`` on a hung engine."""
-        send = asyncio.ensure_future(self.client.send(req, stream=True))
+        send = asyncio.ensure_future(client.send(req, stream=True))
         down = asyncio.ensure_future(replica.down_signal.wait())
         try:
             await asyncio.wait({send, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -581,6 +627,19 @@ class Gateway:
         self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
         await self._write(rec)
         self._completed(call, decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
+
+    async def _record_cancelled(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
+                                t0: float, started: datetime, batch_start: int, batch_end: int) -> None:
+        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
+        still spent, so the attempt is recorded — shielded from the cancellation itself."""
+        err = TaskplaneError(ErrorType.REPLICA_ERROR, "the client cancelled the call")
+        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.CANCELLED,
+                           model_served=decision.model or call.pool.model, started=started)
+        rec.error_type = err.error_type.value
+        rec.queue_ms, rec.total_ms = queue_ms, (time.monotonic() - t0) * 1000.0
+        self._charge(rec, replica, rec.total_ms, batch_start, batch_end)
+        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
+        await asyncio.shield(self.sink.record_attempt(rec))
 
     async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
         rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
