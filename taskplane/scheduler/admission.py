@@ -59,6 +59,17 @@ class AdmissionSettings:
     fair_unit: str = "tokens"  # fair share counts "tokens" (prompt + max_tokens) or "calls"
     min_retry_after_s: float = 1.0
     max_retry_after_s: float = 60.0
+    # KV working-set admission: a task's first call is admitted on a replica only while the
+    # contexts of the sessions pinned there, plus this call's, fit in this fraction of its
+    # KV cache (per priority band; a band not listed is never held back). Without it, new
+    # tasks evict the contexts of tasks paused on a tool call, every later step re-prefills
+    # its whole context and throughput collapses under overload. Empty: off.
+    # The shares leave room for contexts growing step by step and for the blocks of calls
+    # running; lower bands give way first (see docs/benchmarks.md for the sweep that chose them).
+    working_set_limits: dict[str, float] = field(
+        default_factory=lambda: {"interactive": 0.8, "standard": 0.75, "batch": 0.7}
+    )
+    working_set_retry_after_s: float = 30.0  # Retry-After of a task's first call refused for room
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))

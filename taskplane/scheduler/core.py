@@ -255,6 +255,23 @@ class Scheduler:
         queue = self.queue_for(state.model)
         band = band_rank(req.priority)
         free = ~state.c(state.saturated)
+        room = state.room
+        if room is not None and not state.c(room).any():
+            # no replica can hold this new task's context next to the sessions in flight:
+            # refuse it now (it has spent nothing) rather than let it evict theirs
+            settings = self.admission or AdmissionSettings()
+            return self._shed(req, "working_set", settings.working_set_retry_after_s,
+                              "no replica has KV room for a new task next to the sessions in flight")
+        pinned = state.pinned
+        if (
+            pinned >= 0
+            and settings_ws(self.admission)
+            and not bool(state.saturated[pinned])
+            and bool(np.any(state.sel == pinned))
+        ):
+            # a session in flight already holds its KV room: it never waits behind new tasks
+            state.narrow(free)
+            return None
         if free.any() and not queue.has_at_or_above(band):
             state.narrow(free)
             return None
@@ -354,6 +371,14 @@ class Scheduler:
                     continue
                 free = ~state.c(state.saturated)
                 if not free.any():
+                    room = state.room
+                    if room is not None and not state.c(room).any():
+                        # a new task waiting for working-set room would block the line
+                        queue.pop()
+                        settings = self.admission or AdmissionSettings()
+                        out.append((req, self._shed(req, "working_set", settings.working_set_retry_after_s,
+                                                    "no replica has KV room for a new task")))
+                        continue
                     break  # head of line waits for capacity
                 state.narrow(free)
                 decision = self._place(state)
@@ -458,7 +483,7 @@ class Scheduler:
                 reason = "outscored"
             pins.break_pin(session, reason)
             moved = True
-        pins.placed(session, view.name, state.now_s, req.agent)
+        pins.placed(session, view.name, state.now_s, req.agent, tokens=int(req.prompt_tokens + state.completion_tokens))
         return moved
 
     def _remember(self, state: CycleState, view: ReplicaView) -> None:
@@ -505,10 +530,12 @@ class Scheduler:
         if self.sessions is not None:
             session = request.session_id or request.task_id
             if session is not None:
-                if outcome.ok:
-                    self.sessions.finished(session, now_s)
-                else:
+                if not outcome.ok:
                     self.sessions.break_pin(session, "failed")
+                elif request.steps_remaining == 0:
+                    self.sessions.end(session)  # the task's last step: its context is done with
+                else:
+                    self.sessions.finished(session, now_s)
 
     def on_kv_events(self, replica: str, events: Iterable[Any], seq: int | None = None) -> BatchResult | None:
         """Feed one batch of a replica's KV events (``seq``: the ZMQ sequence number)."""
@@ -530,6 +557,11 @@ class Scheduler:
         self.kv_index.remove_replica(replica)
         if self.sessions is not None:
             self.sessions.drop_replica(replica, "removed")
+
+
+def settings_ws(settings: AdmissionSettings | None) -> bool:
+    """Is working-set admission on?"""
+    return settings is not None and bool(settings.working_set_limits)
 
 
 def describe_decision(d: Decision) -> str:

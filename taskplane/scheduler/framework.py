@@ -284,6 +284,7 @@ class CycleState:
         self._matched: dict[str, np.ndarray] = {}
         self._prediction: Prediction | None = None
         self._saturated: np.ndarray | None = None
+        self._room: np.ndarray | bool | None = False  # False: not computed yet
         self._needed: np.ndarray | None = None
         self._pinned = -2  # -2: not looked up yet
         self.pinned_name: str | None = None
@@ -384,14 +385,44 @@ class CycleState:
 
     @property
     def saturated(self) -> np.ndarray:
-        """Replicas that should take no more work now (admission holds calls instead)."""
+        """Replicas that should take no more work now (admission holds calls instead).
+
+        For the first call of a task, also the replicas without working-set room for it
+        (see :attr:`room`)."""
         if self._saturated is None:
-            self._saturated = (
+            sat = (
                 (self.waiting >= self.saturation_waiting)
                 | (self.running >= self.max_seqs)
                 | (self.free < self.new_blocks_needed())
             )
+            room = self.room
+            self._saturated = sat if room is None else sat | ~room
         return self._saturated
+
+    @property
+    def starts_task(self) -> bool:
+        """The call opens a task (step 0, or no step given and no live session pin)."""
+        step = self.request.step
+        return step == 0 if step is not None else self.pinned < 0
+
+    @property
+    def room(self) -> np.ndarray | None:
+        """For a task's first call under working-set admission: the pool replicas whose
+        pinned sessions' contexts plus this call's fit in the band's share of their KV
+        cache. None when the check does not apply (later steps, no limit for the band)."""
+        if self._room is False:
+            self._room = None
+            sched = self.scheduler
+            settings = sched.admission
+            pins = sched.sessions
+            if settings is not None and pins is not None and settings.working_set_limits and self.starts_task:
+                limit = settings.working_set_limits.get(self.request.priority)
+                if limit is not None:
+                    pins.sweep(self.now_s)
+                    ws = np.fromiter((pins.working_set(n) for n in self.names), dtype=np.float64, count=self.n)
+                    need = self.request.prompt_tokens + self.completion_tokens
+                    self._room = ws + need <= limit * self.total * self.block_size
+        return self._room  # type: ignore[return-value]
 
     @property
     def pinned(self) -> int:

@@ -4,6 +4,12 @@ Between two calls of a session the agent runs a tool (a test suite, a web search
 must outlive that gap or the next call lands on a cold replica. How long a gap lasts depends
 on the agent, so the time-to-live is learned per agent from the gaps actually observed:
 mean + k standard deviations, clamped. Pins never expire while a call is in flight.
+
+Each pin also carries the session's context size (prompt + completion tokens of its latest
+call), summed per replica into the replica's *working set*: the KV cache the sessions in
+flight there will come back for. Admission uses it to keep new tasks from evicting the
+context of tasks already running (see ``AdmissionSettings.working_set_limits``). A
+session whose last step finished (no steps remaining) is released at once.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class Pin:
     agent: str
     last_end_s: float | None  # when the session's last call finished (None: one in flight)
     inflight: int = 0
+    tokens: int = 0  # context of the latest call (prompt + completion): its KV footprint
 
 
 class _GapStats:
@@ -63,6 +70,8 @@ class SessionPins:
         self._pins: dict[str, Pin] = {}
         self._gaps: dict[str, _GapStats] = {}
         self.broken: dict[str, int] = {}
+        self._ws: dict[str, int] = {}  # replica -> tokens of the sessions pinned there
+        self._swept_s = -math.inf
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -100,13 +109,18 @@ class SessionPins:
             return None
         if pin.inflight == 0 and pin.last_end_s is not None:
             if now_s - pin.last_end_s > self.ttl_for(pin.agent):
-                del self._pins[session]
+                self._drop(session, pin)
                 self._count("expired")
                 return None
         return pin.replica
 
-    def placed(self, session: str | None, replica: str, now_s: float, agent: str | None = None) -> None:
-        """A call of ``session`` was placed on ``replica``: (re)pin it and learn the gap."""
+    def placed(
+        self, session: str | None, replica: str, now_s: float, agent: str | None = None, tokens: int = 0
+    ) -> None:
+        """A call of ``session`` was placed on ``replica``: (re)pin it and learn the gap.
+
+        ``tokens``: the call's prompt + expected completion, the session's KV footprint now.
+        """
         if session is None:
             return
         pin = self._pins.get(session)
@@ -116,11 +130,54 @@ class SessionPins:
             if len(self._pins) >= self.max_sessions:
                 self._evict_oldest()
             pin = self._pins[session] = Pin(replica, agent or "default", None, 0)
+        else:
+            self._ws_add(pin.replica, -pin.tokens)
         pin.replica = replica
         if agent:
             pin.agent = agent
         pin.inflight += 1
         pin.last_end_s = None
+        pin.tokens = max(int(tokens), 0)
+        self._ws_add(replica, pin.tokens)
+
+    def end(self, session: str | None) -> bool:
+        """The session's task is done (its last step finished): release its pin now."""
+        if session is None:
+            return False
+        pin = self._pins.get(session)
+        if pin is None:
+            return False
+        self._drop(session, pin)
+        return True
+
+    # -- working sets
+
+    def _ws_add(self, replica: str, tokens: int) -> None:
+        if tokens:
+            left = self._ws.get(replica, 0) + tokens
+            if left > 0:
+                self._ws[replica] = left
+            else:
+                self._ws.pop(replica, None)
+
+    def _drop(self, session: str, pin: Pin) -> None:
+        del self._pins[session]
+        self._ws_add(pin.replica, -pin.tokens)
+
+    def sweep(self, now_s: float, every_s: float = 1.0) -> None:
+        """Expire idle pins past their TTL (at most once per ``every_s``), so working sets
+        do not count sessions that have gone away."""
+        if now_s - self._swept_s < every_s:
+            return
+        self._swept_s = now_s
+        for session, pin in list(self._pins.items()):
+            if pin.inflight == 0 and pin.last_end_s is not None and now_s - pin.last_end_s > self.ttl_for(pin.agent):
+                self._drop(session, pin)
+                self._count("expired")
+
+    def working_set(self, replica: str) -> int:
+        """Context tokens of the sessions pinned to ``replica`` (call ``sweep`` first)."""
+        return self._ws.get(replica, 0)
 
     def finished(self, session: str | None, now_s: float) -> None:
         """A call of ``session`` finished: the tool-call gap starts now."""
@@ -133,8 +190,10 @@ class SessionPins:
         pin.last_end_s = now_s
 
     def break_pin(self, session: str, reason: str) -> bool:
-        if self._pins.pop(session, None) is None:
+        pin = self._pins.get(session)
+        if pin is None:
             return False
+        self._drop(session, pin)
         self._count(reason)
         return True
 
@@ -143,6 +202,7 @@ class SessionPins:
         victims = [s for s, p in self._pins.items() if p.replica == replica]
         for s in victims:
             del self._pins[s]
+        self._ws.pop(replica, None)
         if victims:
             self._count(reason, len(victims))
         return len(victims)
@@ -153,8 +213,8 @@ class SessionPins:
 
     def _evict_oldest(self) -> None:
         # dicts keep insertion order: the first pin is the oldest session still tracked
-        for session in self._pins:
-            del self._pins[session]
+        for session, pin in self._pins.items():
+            self._drop(session, pin)
             return
 
     def _count(self, reason: str, n: int = 1) -> None:
