@@ -60,7 +60,15 @@ class ReplicaState:
     down_signal: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     probe_failures: int = 0
     progress_tokens: float = -1.0
-    progress_at: float = 0.0
+    progress_at: float = field(default_factory=time.monotonic)
+
+    def saw_progress(self) -> None:
+        """The replica sent something (headers, a stream chunk, a body): it is alive."""
+        self.progress_at = time.monotonic()
+
+    def stalled(self) -> bool:
+        """Calls are in flight, yet nothing came back and no token counter moved for STALL_S."""
+        return self.inflight > 0 and time.monotonic() - self.progress_at >= STALL_S
 
     def signal_down(self) -> None:
         """Wake calls waiting on this replica: it stopped answering its health probe."""
@@ -114,9 +122,9 @@ class ReplicaState:
 
 #: Probe timeouts in a row before calls waiting on the replica give up on it.
 PROBE_FAILURES_DOWN = 3
-#: A replica with calls in flight whose token counters have not moved for this long, and
-#: whose /health does not answer, is hung.
-STALL_S = 3.0
+#: A replica with calls in flight that sent no byte back and whose token counters did not
+#: move for this long, and whose /health does not answer, is hung (busy ones keep sending).
+STALL_S = 5.0
 
 
 class ReplicaRegistry:
@@ -217,7 +225,7 @@ class ReplicaRegistry:
             # Refused or reset: the replica is gone. A timeout may be overload: only after
             # a few in a row do the calls waiting on it give up.
             s.probe_failures += 1
-            gone = isinstance(exc, httpx.ConnectError) or s.probe_failures >= PROBE_FAILURES_DOWN
+            gone = isinstance(exc, httpx.ConnectError) or (s.probe_failures >= PROBE_FAILURES_DOWN and s.stalled())
             if s.healthy:
                 log.warning("replica_unreachable", replica=s.name, error=type(exc).__name__)
             s.healthy = False
@@ -232,7 +240,7 @@ class ReplicaRegistry:
         if not health_ok:
             # /metrics answers but /health does not: hung, or just busy? A busy engine
             # still makes progress (its token counters move); a hung one does not.
-            stalled = s.inflight > 0 and now - s.progress_at >= STALL_S
+            stalled = s.stalled()
             if s.inflight == 0 or stalled:
                 if s.healthy:
                     log.warning("replica_unhealthy", replica=s.name, stalled=stalled,

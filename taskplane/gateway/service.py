@@ -391,6 +391,7 @@ class Gateway:
             client = self._client_for(replica)
             req = client.build_request("POST", url, json=self._upstream_body(call, model))
             resp = await self._send_unless_down(client, req, replica)
+            replica.saw_progress()
         except asyncio.CancelledError:
             await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
             raise
@@ -513,6 +514,7 @@ class Gateway:
             failure: str | None = None
             try:
                 async for chunk in resp.aiter_bytes():
+                    replica.saw_progress()
                     buf += chunk
                     while b"\n\n" in buf:
                         event, buf = buf.split(b"\n\n", 1)
