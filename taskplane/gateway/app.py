@@ -7,7 +7,8 @@ size cap before parsing, so an oversized or endless upload is refused with 413.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,22 @@ def _kv_view(state: dict[str, Any], name: str) -> dict[str, Any]:
         except Exception:  # the index's shape is the scheduler's business; this view is best effort
             pass
     return out
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, Any], poll_s: float = 0.5) -> Any:
+    """Run the call, but stop it when the client disconnects (an activity that timed out):
+    the upstream request is closed so the engine stops spending GPU on an answer nobody
+    reads, and the attempt is recorded as cancelled."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=499)
 
 
 def build_app(
@@ -151,7 +168,7 @@ def build_app(
             return _error_response(exc)
         except BodyTimeout as exc:
             return _plain_error(408, str(exc), headers={"Connection": "close"})
-        return await gw.handle(kind, raw, request.headers)
+        return await _unless_client_leaves(request, gw.handle(kind, raw, request.headers))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
