@@ -12,7 +12,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SDK_NAMES = {"agent", "step", "llm", "submit", "TaskHandle", "current_context"}
+_SDK_NAMES = {
+    "agent", "step", "llm", "submit", "TaskHandle", "current_context", "approval", "continue_as_new",
+    "should_continue_as_new", "Decision", "TaskFailed", "connect", "get_handle",
+}
 
 
 def __getattr__(name: str) -> Any:

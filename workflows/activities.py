@@ -11,6 +11,7 @@ errors into typed activity failures (:mod:`taskplane.sdk.retry`).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime
@@ -44,12 +45,18 @@ class TaskRows(Protocol):
 
 
 def http_client() -> httpx.AsyncClient:
-    """One pooled client per worker; no transport retries (Temporal retries), no proxies."""
+    """One pooled client per worker; no transport retries (Temporal retries), no proxies.
+
+    With auth on (the default outside ``taskplane dev``) the gateway needs the tenant's
+    API key: ``TASKPLANE_API_KEY`` is sent as ``Authorization: Bearer``.
+    """
+    key = os.environ.get("TASKPLANE_API_KEY")
     return httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(retries=0),
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         timeout=httpx.Timeout(120.0, connect=5.0),
         trust_env=False,
+        headers={"Authorization": f"Bearer {key}"} if key else None,
     )
 
 

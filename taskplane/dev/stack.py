@@ -146,6 +146,8 @@ def _start_temporal(state_dir: Path, info: dict[str, Any], ports: dict[str, int]
     log_file = logs / "temporal.log"
     cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(ui),
            "--db-filename", str(state_dir / "temporal.db"), "--log-level", "warn", "--ui-disable-news-fetch",
+           # WAL: the file-backed dev server answers in ~18 ms instead of ~44-84 ms per workflow task
+           "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
            *dev_server_flags()]
     pid = proc.spawn(cmd, log_file)
     address = f"127.0.0.1:{port}"
