@@ -1,0 +1,64 @@
+"""`taskplane dev up | status | down` as a user runs them: every part up and reachable,
+a second `up` finds the stack, `down` stops exactly what `up` started."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from taskplane.dev import processes as proc
+from taskplane.store import embedded
+
+
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "taskplane.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ))
+
+
+def _base_port() -> int:
+    for _ in range(50):
+        base = random.randrange(30000, 40000, 10)
+        ports = [base + i for i in (0, 1, 2, 3, 10, 11, 110, 111, 1110, 1111)]
+        if not any(proc.port_in_use(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def test_dev_up_status_down(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    base = _base_port()
+    up = _cli("dev", "up", "--state-dir", str(state), "--replicas", "2", "--base-port", str(base))
+    try:
+        assert up.returncode == 0, up.stderr
+        status = _cli("dev", "status", "--json", "--state-dir", str(state))
+        assert status.returncode == 0
+        info = json.loads(status.stdout)
+        for key in ("gateway_url", "temporal_address", "temporal_ui_url", "database_url"):
+            assert info[key], key
+        assert [set(r) >= {"url", "gpu", "metrics_url", "kv_events"} for r in info["replicas"]] == [True, True]
+        assert {p["name"] for p in info["parts"]} == {"temporal", "postgres", "replica-0", "replica-1", "gateway", "worker"}
+        assert all(p["alive"] for p in info["parts"])
+        assert httpx.get(f"{info['gateway_url']}/healthz", timeout=5).json()["healthy_replicas"] == 2
+        assert httpx.get(info["temporal_ui_url"], timeout=10).status_code == 200
+        for r in info["replicas"]:
+            assert "vllm:num_requests_running" in httpx.get(r["metrics_url"], timeout=5).text
+
+        again = _cli("dev", "up", "--state-dir", str(state), "--replicas", "2", "--base-port", str(base))
+        assert again.returncode == 0 and "found the running dev stack" in again.stderr
+        assert json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)["parts"] == info["parts"]
+    finally:
+        down = _cli("dev", "down", "--state-dir", str(state))
+    assert down.returncode == 0
+    for p in info["parts"]:
+        if p["name"] == "postgres":
+            assert not embedded.is_running(Path(p["data_dir"]))
+        else:
+            assert not proc.alive(p["pid"]), p["name"]
+    gone = _cli("dev", "status", "--json", "--state-dir", str(state))
+    assert gone.returncode == 1 and json.loads(gone.stdout)["running"] is False
