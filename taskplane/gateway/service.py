@@ -516,8 +516,11 @@ class Gateway:
                 async for chunk in resp.aiter_bytes():
                     replica.saw_progress()
                     buf += chunk
-                    while b"\n\n" in buf:
-                        event, buf = buf.split(b"\n\n", 1)
+                    # every complete event of this read goes out in one write: under load a
+                    # read holds many events, and each write costs a trip through the server
+                    *events, buf = buf.split(b"\n\n")
+                    outs = []
+                    for event in events:
                         out = self._filter_event(event, call, st["usage"])
                         if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
                             st["ttft_ms"] = (time.monotonic() - t0) * 1000.0
@@ -526,7 +529,9 @@ class Gateway:
                         elif event.lstrip().startswith(b'data: {"error"'):
                             failure = "reported an error"
                         if out is not None:
-                            yield out + b"\n\n"
+                            outs.append(out + b"\n\n")
+                    if outs:
+                        yield b"".join(outs)
                 if not st["ok"] and failure is None:
                     failure = "ended the stream before it finished"
             except (httpx.HTTPError, OSError) as exc:
