@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
@@ -347,7 +348,7 @@ class ClusterSim:
 
         if hasattr(policy, "decide"):
             decide = policy.decide
-            self._decide: Callable[[CallRequest, list[ReplicaView], float], Decision] = (
+            self._decide: Callable[[CallRequest, Any, float], Decision] = (
                 lambda req, views, now: decide(req, views, now))
         elif callable(policy):
             self._decide = lambda req, views, now: policy(req, views)
@@ -381,6 +382,10 @@ class ClusterSim:
                 name=r.name, model=r.model, gpu=r.gpu, cost_per_hour_usd=price, healthy=True,
                 model_loaded=r.model_loaded, kv_blocks_total=eng.num_blocks, kv_blocks_free=eng.free_blocks(),
                 block_size=self.bs, has_kv_events=self._on_kv is not None, max_num_seqs=r.max_num_seqs))
+        # a Scheduler gets the fleet as a ReplicaTable kept up to date row by row (a plain
+        # list would be copied into numpy columns on every decision: O(replicas) each)
+        self._table = ReplicaTable(self.views) if hasattr(policy, "decide") else None
+        self._replicas: Any = self._table if self._table is not None else self.views
         self._healthy = [True] * len(self.engines)
         self._wake_ver = [0] * len(self.engines)
         self._dirty: set[int] = set()
@@ -529,6 +534,8 @@ class ClusterSim:
             v.inflight_decode_tokens = e.pending_decode_tokens()
             v.model_loaded = e.model_loaded
             v.healthy = self._healthy[i]
+            if self._table is not None:
+                self._table.upsert(v)
         self._dirty.clear()
 
     def _offer(self, call: _Call, t: float) -> None:
@@ -541,7 +548,7 @@ class ClusterSim:
         self._calls_by_id[req.call_id or ""] = call
         self._refresh_views()
         t0 = time.perf_counter_ns()
-        decision = self._decide(req, self.views, t)
+        decision = self._decide(req, self._replicas, t)
         self.decision_ns.append(time.perf_counter_ns() - t0)
         self._apply(call, decision, t)
 
@@ -726,7 +733,7 @@ class ClusterSim:
         if self._release is not None:
             self._refresh_views()
             t0 = time.perf_counter_ns()
-            released = self._release(self.views, t)
+            released = self._release(self._replicas, t)
             if released:
                 self.decision_ns.append(time.perf_counter_ns() - t0)
             for req, d in released:
@@ -755,7 +762,7 @@ class ClusterSim:
             call.request = req
             self._refresh_views()
             t0 = time.perf_counter_ns()
-            d = self._decide(req, self.views, t)
+            d = self._decide(req, self._replicas, t)
             self.decision_ns.append(time.perf_counter_ns() - t0)
             if d.action == Action.QUEUE:
                 self._seq += 1
