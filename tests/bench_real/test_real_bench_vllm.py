@@ -1,0 +1,57 @@
+"""A tiny real-engine bench: taskplane's gateway, a peer router (vllm-router
+consistent_hash, when scripts/install-peers.sh has run) and client-side round-robin, each
+in front of the same two real vLLM replicas, complete the workload, and every figure the
+bench reports is the replicas' own: prompt tokens queried equal what the client sent,
+prefix hits equal the cached tokens vLLM reported call by call.
+
+To stay short (about two minutes) the replicas are started once for all routers
+(``fresh_replicas=False``); the bench itself restarts them before each router.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from taskplane.bench.real import run_real_bench
+from taskplane.bench.real_routers import peers_python
+
+pytestmark = pytest.mark.vllm
+
+
+def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
+    routers = ["taskplane", "round-robin"]
+    if peers_python() is not None:
+        routers.insert(1, "vllm-router-consistent-hash")
+    results = run_real_bench(tmp_path, replicas=2, policies=",".join(routers), seed=5, tasks=4, time_scale=0.2,
+                             num_blocks=48, fresh_replicas=False)
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["workload"] == "agents-vllm" and saved["replicas"] == 2 and saved["seed"] == 5
+    assert list(saved["policies"]) == routers
+    assert 0 < saved["hit_ceiling"] < 1
+    assert "| taskplane |" in (tmp_path / "results.md").read_text()
+
+    for name in routers:
+        m = results["policies"][name]
+        tasks = [json.loads(line) for line in (tmp_path / f"calls-{name}.jsonl").read_text().splitlines()]
+        calls = [c for t in tasks for c in t["calls"]]
+        # Everything completed (deadlines are tens of seconds; four tasks are light work).
+        assert m["calls_ok"] == m["calls"] == len(calls) > 4, (name, m)
+        assert all(t["completed"] for t in tasks), name
+        # The replicas' counters saw exactly the prompts the client sent ...
+        assert m["prefix_cache_queries"] == sum(c["prompt_tokens"] for c in calls), name
+        # ... and their prefix hits are the cached tokens vLLM reported for those calls.
+        assert m["prefix_cache_hits"] == sum(c["cached_tokens"] for c in calls), name
+        assert m["prefix_cache_hits"] > 0, name  # later steps reuse earlier ones
+        assert m["prefix_hit_ratio"] == pytest.approx(m["prefix_cache_hits"] / m["prefix_cache_queries"], abs=1e-4)
+        assert 0 < m["ttft_p50_ms"] <= m["ttft_p99_ms"] < m["call_e2e_p99_ms"] + 1
+        assert m["busy_cpu_s"] > 0 and m["inference_s"] > 0 and m["engine_steps"] >= m["calls"]
+        assert m["tasks_succeeded"] == m["tasks"] == 4 and m["deadline_met_ratio"] == 1.0
+    # taskplane's gateway names the replica that served each call; a task stays on one.
+    tp = [json.loads(line) for line in (tmp_path / "calls-taskplane.jsonl").read_text().splitlines()]
+    for task in tp:
+        assert len({c["replica"] for c in task["calls"]}) == 1, task["task_id"]
+        assert task["calls"][0]["replica"] in {"replica-0", "replica-1"}
