@@ -138,7 +138,9 @@ async def test_eviction_publishes_block_removed(sim_factory: Any) -> None:
             first = [{"role": "user", "content": "alpha " * 40}]
             second = [{"role": "user", "content": "omega " * 40}]
             await _chat(client, sim, first)
-            await col.wait_for(lambda: bool(col.of(BlockStored)))
+            # every batch the first call produced (prompt blocks, then output blocks) has arrived
+            published = (await client.get(f"{sim.url}/admin/state")).json()["kv_events"]["next_seq"]
+            await col.wait_for(lambda: sub.last_seq is not None and sub.last_seq + 1 >= published)
             stored_first = {h for e in col.of(BlockStored) for h in e.block_hashes}
             await _chat(client, sim, second)
             await col.wait_for(lambda: bool(col.of(BlockRemoved)))
