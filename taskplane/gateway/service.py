@@ -576,9 +576,10 @@ class Gateway:
         """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
         exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
         self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
-        await self.sink.record_attempt(rec)
         log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
                   replica=rec.replica, error_type=rec.error_type)
+        # counted and logged first, then shielded: a client that goes away cannot drop the row
+        await asyncio.shield(self.sink.record_attempt(rec))
 
     def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
                 started: datetime) -> AttemptRecord:
@@ -646,7 +647,7 @@ class Gateway:
         rec.queue_ms, rec.total_ms = queue_ms, (time.monotonic() - t0) * 1000.0
         self._charge(rec, replica, rec.total_ms, batch_start, batch_end)
         self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await asyncio.shield(self.sink.record_attempt(rec))
+        await self._write(rec)
 
     async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
         rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
