@@ -65,6 +65,7 @@ class Scheduler:
         seed: int = 0,
         admission: AdmissionSettings | None = None,
         response_cache_entries: int = 0,
+        sticky: bool = False,
         tenants: Iterable[Any] | Mapping[str, TenantPolicy] | None = None,
         fallbacks: Mapping[str, str] | None = None,
         kv_index: KVIndex | None = None,
@@ -81,6 +82,7 @@ class Scheduler:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.admission = admission
+        self.sticky = sticky  # decide a pinned session's call over its replica first
         self.saturation_waiting = admission.max_waiting_per_replica if admission else 2
         self.response_cache = ResponseCache(response_cache_entries) if response_cache_entries > 0 else None
         self.tenants: dict[str, TenantPolicy] = (
@@ -174,6 +176,10 @@ class Scheduler:
                 if moved is not None:
                     return moved
             return Decision(Action.NO_REPLICA, reason=f"no replica serves model {req.model!r}")
+        if self.sticky and self.sessions is not None:
+            kept = self._decide_pinned(req, replicas, pool, now)
+            if kept is not None:
+                return kept
         state = CycleState(self, req, replicas, pool, now, req.model)
         emptied = self._filter(state)
         if emptied is not None:
@@ -207,6 +213,35 @@ class Scheduler:
             held = self._admit(state, now)
             if held is not None:
                 return held
+        return self._place(state)
+
+    def _decide_pinned(
+        self, req: CallRequest, replicas: ReplicaTable, pool: np.ndarray, now: float
+    ) -> Decision | None:
+        """Sticky sessions: a call whose session has a live pin is decided over its pinned
+        replica alone — same filters, budget check, admission and scorers — and stays there
+        when that replica can take it; otherwise (filtered out, over budget, saturated,
+        queue ahead) None sends it through the whole pool. Most agent calls continue a
+        session, so their decision costs the same at 10 or 10,000 replicas."""
+        pins = self.sessions
+        assert pins is not None
+        name = pins.get(req.session_id or req.task_id, now)
+        if name is None:
+            return None
+        row = replicas.row_of(name)
+        if row is None or not bool(np.any(pool == row)):
+            return None
+        state = CycleState(self, req, replicas, np.array([row], dtype=np.intp), now, req.model)
+        if self._filter(state) is not None:
+            return None
+        if req.budget_ms is not None and self.admission is not None:
+            if float(state.prediction.total_ms[0]) > req.budget_ms:
+                return None
+        if self.admission is not None:
+            if bool(state.saturated[0]):
+                return None
+            if not settings_ws(self.admission) and self.queue_for(req.model).has_at_or_above(band_rank(req.priority)):
+                return None
         return self._place(state)
 
     # ------------------------------------------------------------------ move

@@ -29,6 +29,7 @@ class Preset:
     scorers: tuple[Any, ...] = ()
     picker: Any = "max-score"
     admission: bool = False
+    sticky: bool = False  # a pinned session's call is decided over its replica first
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -94,6 +95,7 @@ PRESETS: dict[str, Preset] = {
                 _s("workflow-context", 1.0),
             ),
             admission=True,
+            sticky=True,
         ),
     )
 }
@@ -145,6 +147,7 @@ def build_scheduler(
         picker=built_picker,
         seed=seed,
         admission=settings,
+        sticky=preset.sticky,
         response_cache_entries=response_cache_entries,
         tenants=tenants,
         fallbacks=fallbacks,
