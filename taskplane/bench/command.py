@@ -162,7 +162,8 @@ def run_point(
         run = run_policy(make(), point.workload, cluster, seed=seed, progress=tick)
         lat = call_latencies(run.result)
         point.policies[name] = policy_metrics(run.result, hit_ceiling=point.ceiling, decision_ns=run.decision_ns,
-                                              wall_s=round(run.wall_s, 2), latencies=lat)
+                                              wall_s=round(run.wall_s, 2), latencies=lat,
+                                              decision_cpu_ns=run.decision_cpu_ns, cpu_s=run.cpu_s)
         point.ttfts[name] = lat[0]
         if progress is not None and task_id is not None:
             progress.update(task_id, completed=total)

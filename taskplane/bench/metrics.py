@@ -25,7 +25,8 @@ from taskplane.store.records import Outcome, TaskStatus
 
 #: fields measured on the wall clock: they differ between two runs of the same seed
 WALL_CLOCK_FIELDS: frozenset[str] = frozenset(
-    {"decision_p50_us", "decision_p90_us", "decision_p99_us", "decision_mean_us", "wall_s"}
+    {"decision_p50_us", "decision_p90_us", "decision_p99_us", "decision_mean_us", "decision_cpu_p50_us",
+     "decision_cpu_p99_us", "wall_s", "cpu_s"}
 )
 
 
@@ -68,6 +69,8 @@ def policy_metrics(
     decision_ns: Iterable[int] | None = None,
     wall_s: float | None = None,
     latencies: tuple[np.ndarray, np.ndarray] | None = None,
+    decision_cpu_ns: Iterable[int] | None = None,
+    cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """Every figure of one run (JSON-able; None where there is nothing to measure)."""
     calls = result.calls
@@ -87,6 +90,7 @@ def policy_metrics(
     n_met = len(met)
     prefix = report.cache_hit_ratio or 0.0
     dec = np.fromiter(decision_ns if decision_ns is not None else result.decision_ns, dtype=np.float64)
+    dcpu = np.fromiter(decision_cpu_ns if decision_cpu_ns is not None else (), dtype=np.float64)
     out: dict[str, Any] = {
         "calls": len({(c.task_id, c.step) for c in calls}),
         "attempts": len(calls),
@@ -128,7 +132,10 @@ def policy_metrics(
         "decision_p90_us": float(np.percentile(dec, 90)) / 1000.0 if dec.size else None,
         "decision_p99_us": float(np.percentile(dec, 99)) / 1000.0 if dec.size else None,
         "decision_mean_us": float(dec.mean()) / 1000.0 if dec.size else None,
+        "decision_cpu_p50_us": float(np.percentile(dcpu, 50)) / 1000.0 if dcpu.size else None,
+        "decision_cpu_p99_us": float(np.percentile(dcpu, 99)) / 1000.0 if dcpu.size else None,
         "makespan_s": result.end_s,
         "wall_s": wall_s,
+        "cpu_s": None if cpu_s is None else round(cpu_s, 2),
     }
     return {k: _round(v) for k, v in out.items()}

@@ -28,6 +28,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("retries", "retries", "{:d}"),
     ("decision_p50_us", "decision p50 µs", "{:.0f}"),
     ("decision_p99_us", "p99 µs", "{:.0f}"),
+    ("decision_cpu_p99_us", "p99 µs CPU", "{:.0f}"),
 )
 
 

@@ -29,7 +29,8 @@ class TimedPolicy:
 
     def __init__(self, policy: Any, progress: Progress | None = None, every: int = 200) -> None:
         self.inner = policy
-        self.decision_ns = array("q")
+        self.decision_ns = array("q")  # wall clock around each policy call
+        self.decision_cpu_ns = array("q")  # the deciding thread's CPU time (no preemption)
         self.done = 0
         self._progress = progress
         self._every = max(1, every)
@@ -52,10 +53,13 @@ class TimedPolicy:
         return int(getattr(self.inner, "queued", 0))
 
     def decide(self, request: CallRequest, replicas: Any, now_s: float) -> Decision:
-        clock = time.perf_counter_ns
+        clock, cpu = time.perf_counter_ns, time.thread_time_ns
+        c0 = cpu()
         t0 = clock()
         d = self._decide(request, replicas, now_s)
-        self.decision_ns.append(clock() - t0)
+        t1 = clock()
+        self.decision_cpu_ns.append(cpu() - c0)
+        self.decision_ns.append(t1 - t0)
         return d
 
     def observe_completion(self, request: CallRequest, outcome: CallOutcome, now_s: float) -> None:
@@ -71,14 +75,17 @@ class TimedScheduler(TimedPolicy):
     """:class:`TimedPolicy` for objects with ``release``: times each released call too."""
 
     def release(self, replicas: list[ReplicaView], now_s: float) -> list[tuple[CallRequest, Decision]]:
-        clock = time.perf_counter_ns
+        clock, cpu = time.perf_counter_ns, time.thread_time_ns
+        c0 = cpu()
         t0 = clock()
         out = self.inner.release(replicas, now_s)
         dt = clock() - t0
+        dc = cpu() - c0
         if out:
-            per = dt // len(out)
+            per, per_cpu = dt // len(out), dc // len(out)
             for _ in out:
                 self.decision_ns.append(per)
+                self.decision_cpu_ns.append(per_cpu)
         return out  # type: ignore[no-any-return]
 
 
@@ -91,6 +98,8 @@ class Run:
     result: ClusterResult
     decision_ns: array
     wall_s: float
+    decision_cpu_ns: array | None = None
+    cpu_s: float | None = None
 
 
 def run_policy(
@@ -109,11 +118,14 @@ def run_policy(
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     try:
         result = simulate(cluster, workload, timed, seed=seed)
     finally:
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         if was_enabled:
             gc.enable()
-    return Run(result=result, decision_ns=timed.decision_ns, wall_s=wall)
+    return Run(result=result, decision_ns=timed.decision_ns, wall_s=wall,
+               decision_cpu_ns=timed.decision_cpu_ns, cpu_s=cpu)
