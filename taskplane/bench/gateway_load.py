@@ -155,6 +155,37 @@ class RssSampler:
         self.peak = max(self.peak, self._rss())
 
 
+def stable_port(low: int = 20000, high: int = 31000) -> int:
+    """A free port below the kernel's ephemeral range (32768+ by default): a port picked by
+    binding port 0 can be taken by one of the thousands of outgoing connections a load run
+    opens before the server binds it."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the sim's replay port (+1000) too
+            try:
+                s.bind(("127.0.0.1", port + 1000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port found below the ephemeral range")
+
+
+def pin_ports(cluster: LocalCluster) -> LocalCluster:
+    """Move a LocalCluster's ports out of the ephemeral range (see ``stable_port``)."""
+    for r in cluster.replicas:
+        r.port, r.kv_port = stable_port(), stable_port()
+    cluster.gateway_port = stable_port()
+    return cluster
+
+
 def _raise_fd_limit(need: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, max(soft, need)) if hard != resource.RLIM_INFINITY else max(soft, need)
@@ -220,7 +251,8 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
     _raise_fd_limit(4 * calls + 1024)  # inherited by the gateway and replicas started below
     with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp:
         wd = workdir or Path(tmp)
-        cluster = LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192, config_overrides=load_config(calls, admission))
+        cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192,
+                                         config_overrides=load_config(calls, admission)))
         with cluster:
             res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s))
             res["admission"] = admission

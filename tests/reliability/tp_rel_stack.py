@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from taskplane.bench.gateway_load import pin_ports, stable_port
 from taskplane.dev import processes as proc
-from taskplane.dev.local import LocalCluster, free_port
+from taskplane.dev.local import LocalCluster
 from taskplane.store import embedded
 from taskplane.temporal_names import dev_server_flags, temporal_binary
 
@@ -26,13 +27,15 @@ class RelStack:
     def __init__(self, workdir: Path, replicas: int = 3) -> None:
         self.workdir = workdir
         self.pg_dir = workdir / "pg" / "data"
-        self.pg_port = free_port()
-        self.temporal_port = free_port()
+        self.pg_port = stable_port()
+        self.temporal_port = stable_port()
         self.temporal_pid: int | None = None
         self.worker_pid: int | None = None
         self.database_url = embedded.url_for(self.pg_port)
-        self.cluster = LocalCluster(workdir, replicas=replicas, gpus=["h100", "l40s", "h100"],
-                                    database_url=self.database_url, speed=5.0)
+        # parts restart on their ports: keep them out of the ephemeral range, where an
+        # outgoing connection could take a port while its server is down
+        self.cluster = pin_ports(LocalCluster(workdir, replicas=replicas, gpus=["h100", "l40s", "h100"],
+                                              database_url=self.database_url, speed=5.0))
 
     @property
     def temporal_address(self) -> str:
