@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -95,13 +96,20 @@ async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], he
 
 async def run_phase(name: str, urls: list[str], calls: int, max_tokens: int, timeout_s: float,
                     headers: dict[str, str]) -> tuple[PhaseStats, list[CallResult]]:
-    limits = httpx.Limits(max_connections=calls + 10, max_keepalive_connections=calls + 10)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=limits, trust_env=False) as client:
+    # Several small client pools: httpcore scans a whole pool per request, which is quadratic
+    # at a thousand streams and would make the load generator, not the gateway, the bottleneck.
+    shards = max(1, calls // 50)
+    per = calls // shards + 10
+    limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
+    timeout = httpx.Timeout(timeout_s, connect=30.0)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False))
+                   for _ in range(shards)]
         start = asyncio.Event()
 
         async def gated(i: int) -> CallResult:
             await start.wait()
-            return await one_call(client, urls[i % len(urls)], _body(i, max_tokens), headers)
+            return await one_call(clients[i % shards], urls[i % len(urls)], _body(i, max_tokens), headers)
 
         tasks = [asyncio.ensure_future(gated(i)) for i in range(calls)]
         await asyncio.sleep(0)
