@@ -70,6 +70,11 @@ class AdmissionSettings:
         default_factory=lambda: {"interactive": 0.8, "standard": 0.75, "batch": 0.7}
     )
     working_set_retry_after_s: float = 30.0  # Retry-After of a task's first call refused for room
+    # A task whose deadline budget is shorter than this many Retry-Afters is never refused
+    # for room: the wait alone would likely cost it its deadline, so it is admitted and
+    # takes its chance with the engine's LRU (found on real vLLM with tasks due in 15-45 s,
+    # where every refusal became a missed deadline). Tasks without a budget can wait.
+    working_set_min_budget_retries: float = 4.0
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))

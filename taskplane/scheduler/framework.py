@@ -409,13 +409,19 @@ class CycleState:
     def room(self) -> np.ndarray | None:
         """For a task's first call under working-set admission: the pool replicas whose
         pinned sessions' contexts plus this call's fit in the band's share of their KV
-        cache. None when the check does not apply (later steps, no limit for the band)."""
+        cache. None when the check does not apply (later steps, no limit for the band, a
+        budget too short to wait out a refusal)."""
         if self._room is False:
             self._room = None
             sched = self.scheduler
             settings = sched.admission
             pins = sched.sessions
-            if settings is not None and pins is not None and settings.working_set_limits and self.starts_task:
+            budget = self.request.budget_ms
+            can_wait = budget is None or budget >= (
+                settings.working_set_min_budget_retries * settings.working_set_retry_after_s * 1000.0
+                if settings is not None else 0.0
+            )
+            if settings is not None and pins is not None and settings.working_set_limits and self.starts_task and can_wait:
                 limit = settings.working_set_limits.get(self.request.priority)
                 if limit is not None:
                     pins.sweep(self.now_s)
