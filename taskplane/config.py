@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taskplane.context import Priority
-from taskplane.errors import ConfigError
+from taskplane.errors import ConfigError, describe_validation
 
 GpuName = Literal["h100", "h200", "b200", "l40s", "a100", "cpu"]
 
@@ -183,11 +183,7 @@ class GatewayConfig(_Strict):
 
 
 def _describe(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors()[:5]:
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
+    return describe_validation(err)
 
 
 def load_gateway_config(path: str | Path) -> GatewayConfig:

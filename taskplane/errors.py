@@ -47,6 +47,15 @@ NON_RETRYABLE: frozenset[ErrorType] = frozenset(
 )
 
 
+def describe_validation(exc: Any, *, limit: int = 5, top: str = "(top level)") -> str:
+    """One line from a pydantic ValidationError: ``field.path: message; ...``."""
+    parts = []
+    for e in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in e["loc"]) or top
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
 class TaskplaneError(Exception):
     """An error with a type from the contract, a message for the user and an optional Retry-After."""
 

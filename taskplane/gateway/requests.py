@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.errors import ErrorType, TaskplaneError, describe_validation
 
 
 class ChatMessage(BaseModel):
@@ -64,11 +64,7 @@ class CompletionRequest(_Common):
 
 
 def _explain(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in e["loc"]) or "body"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
+    return describe_validation(exc, limit=3, top="body")
 
 
 def _reject_constant(name: str) -> Any:
