@@ -24,6 +24,7 @@ from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
+from taskplane.gateway.http11 import MAX_HEADER_BYTES
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.service import AttemptSink, Gateway, _error_response
 
@@ -52,6 +53,24 @@ async def read_capped(request: Request, limit: int, timeout_s: float | None = No
     except TimeoutError:
         raise BodyTimeout(f"request body not received within {timeout_s:g} s ({size} bytes arrived)") from None
     return b"".join(chunks)
+
+
+class HeaderLimit:
+    """Refuse a request whose header block is over ``limit`` bytes (431). The HTTP layer
+    already refuses one that arrives in pieces; a block that arrives whole behind another
+    request on a kept-alive connection reaches the app, and is refused here."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.limit:
+            resp = _plain_error(431, f"request header block exceeds the {self.limit}-byte limit",
+                                headers={"Connection": "close"})
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _plain_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -141,6 +160,7 @@ def build_app(
                 await close()
 
     app = FastAPI(title="taskplane gateway", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(HeaderLimit, limit=MAX_HEADER_BYTES)
     app.state.taskplane = state
     app.state.registry = registry
 
