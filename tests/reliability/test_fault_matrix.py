@@ -97,19 +97,29 @@ async def _drained(stack: RelStack, prefix: str, bound_s: float = 60) -> tuple[l
 
 async def _kv_recovered(stack: RelStack, bound_s: float = 20) -> float | None:
     """Seconds until, for every replica, the gateway's KV event position equals the
-    replica's last published sequence (after a direct call makes each replica publish)."""
+    replica's last published sequence. Traffic goes on meanwhile (a direct call to each
+    lagging replica every second makes it publish), as it does in production: a subscriber
+    learns of a gap, or of a restarted publisher, from the next event it receives."""
     t0 = time.monotonic()
+    last_poke = 0.0
     async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
-        for r in stack.cluster.replicas:
-            body = {"model": agents.MODEL, "max_tokens": 2,
-                    "messages": [{"role": "user", "content": f"kv probe {uuid.uuid4().hex}"}]}
-            await http.post(f"{r.url}/v1/chat/completions", json=body)
-    while time.monotonic() - t0 < bound_s:
-        views = await stack.kv_views()
-        if all(v["replica"] and v["gateway"].get("kv_events_last_seq") == v["replica"]["kv_events"]["next_seq"] - 1
-               for v in views.values()):
-            return time.monotonic() - t0
-        await asyncio.sleep(0.2)
+        while time.monotonic() - t0 < bound_s:
+            views = await stack.kv_views()
+            lagging = [name for name, v in views.items()
+                       if not v["replica"] or v["gateway"].get("kv_events_last_seq") != v["replica"]["kv_events"]["next_seq"] - 1]
+            if not lagging:
+                return time.monotonic() - t0
+            if time.monotonic() - last_poke >= 1.0:
+                last_poke = time.monotonic()
+                for r in stack.cluster.replicas:
+                    if r.name in lagging:
+                        body = {"model": agents.MODEL, "max_tokens": 2,
+                                "messages": [{"role": "user", "content": f"kv probe {uuid.uuid4().hex}"}]}
+                        try:
+                            await http.post(f"{r.url}/v1/chat/completions", json=body)
+                        except httpx.HTTPError:
+                            pass
+            await asyncio.sleep(0.2)
     return None
 
 
@@ -124,6 +134,19 @@ async def wait_for_calls_in_flight(stack: RelStack, bound_s: float = 5.0) -> int
                 return int(n)
             await asyncio.sleep(0.01)
     return 0
+
+
+async def replica_with_calls_in_flight(stack: RelStack, prefix: str, bound_s: float = 5.0) -> Any:
+    """A replica that is serving one of this case's calls right now (else the busiest one)."""
+    deadline = time.monotonic() + bound_s
+    async with httpx.AsyncClient(timeout=2, trust_env=False) as http:
+        while time.monotonic() < deadline:
+            reps = (await http.get(f"{stack.cluster.gateway_url}/admin/replicas")).json()["replicas"]
+            busy = [r["name"] for r in reps if r["inflight"] > 0]
+            if busy:
+                return next(r for r in stack.cluster.replicas if r.name == busy[0])
+            await asyncio.sleep(0.01)
+    return busiest_replica(stack, prefix)
 
 
 async def _faults(url: str, **body: Any) -> None:
@@ -203,7 +226,7 @@ async def test_kill_a_replica(stack: RelStack, client: Client) -> None:
     victim: list[Any] = []
 
     async def inject(prefix: str) -> None:
-        victim.append(busiest_replica(stack, prefix))
+        victim.append(await replica_with_calls_in_flight(stack, prefix))
         try:
             await _faults(victim[0].url, crash=True)  # os._exit in the replica: a real crash
         except httpx.HTTPError:
@@ -221,10 +244,10 @@ async def test_hang_a_replica(stack: RelStack, client: Client) -> None:
     victim: list[Any] = []
 
     async def inject(prefix: str) -> None:
-        victim.append(busiest_replica(stack, prefix))
+        victim.append(await replica_with_calls_in_flight(stack, prefix))
         await _faults(victim[0].url, hang=True)
 
-    row = await run_case(stack, client, "hang a replica", inject, lambda: _faults(victim[0].url, clear=True), 6.0)
+    row = await run_case(stack, client, "hang a replica", inject, lambda: _faults(victim[0].url, clear=True), 10.0)
     _check(row)
     assert row["rows_not_success"] >= 1, "calls waiting on the hung replica were abandoned and retried"
 

@@ -250,3 +250,25 @@ async def test_prompts_and_keys_never_reach_the_logs(pg_url: str, tmp_path: Path
     assert os.environ["TASKPLANE_LOG_LEVEL"] == "debug"
     cfg = yaml.safe_load((tmp_path / "gateway.yaml").read_text())
     assert "SECRET" not in json.dumps(cfg)
+
+
+async def test_header_limit_holds_for_a_request_pipelined_behind_another(secure: LocalCluster) -> None:
+    """Both requests in one write: h11 parses the second, whole, from its buffer; the limit
+    must still hold (the app-level check)."""
+    body = json.dumps(_chat("hi")).encode()
+    auth_line = f"Authorization: Bearer {KEYS['acme']}\r\n"
+    first = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n{auth_line}Content-Type: application/json\r\n"
+             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    second = (f"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Pad: {'p' * 70000}\r\nConnection: close\r\n\r\n").encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", secure.gateway_port)
+    writer.write(first + second)
+    await writer.drain()
+    data = b""
+    while True:
+        chunk = await asyncio.wait_for(reader.read(65536), timeout=30)
+        if not chunk:
+            break
+        data += chunk
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 200")
+    assert b"HTTP/1.1 431" in data and b"header block exceeds" in data
