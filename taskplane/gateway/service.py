@@ -369,20 +369,33 @@ class Gateway:
         started_wall = datetime.now(UTC)
         t0 = time.monotonic()
         replica.inflight += 1
-        replica.inflight_prompt_tokens += call.prompt_tokens
+        # Prefill work queued on the replica: the tokens it must compute (not those it holds
+        # in its prefix cache), until the first token shows they are done (as the simulator
+        # and the scheduler's own accounting count it; whole prompts of calls already
+        # decoding made a busy replica look seconds behind).
+        block = replica.config.block_size or replica.block_size or call.request.block_size
+        pending_prefill = max(call.prompt_tokens - decision.cached_blocks * block, 0)
+        replica.inflight_prompt_tokens += pending_prefill
         replica.inflight_decode_tokens += call.max_tokens
         batch_start = replica.inflight
         self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
         done = False
+        prefilling = True
+
+        def prefilled() -> None:
+            nonlocal prefilling
+            if prefilling:
+                prefilling = False
+                replica.inflight_prompt_tokens -= pending_prefill
 
         def finish() -> int:
             nonlocal done
             if done:
                 return replica.inflight
             done = True
+            prefilled()
             batch_end = replica.inflight
             replica.inflight -= 1
-            replica.inflight_prompt_tokens -= call.prompt_tokens
             replica.inflight_decode_tokens -= call.max_tokens
             self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
             return batch_end
@@ -421,7 +434,8 @@ class Gateway:
             return _error_response(err)
         self.registry.mark_success(replica.name)
         if call.stream:
-            return self._stream(call, decision, replica, try_index, queue_ms, t0, started_wall, resp, finish, batch_start)
+            return self._stream(call, decision, replica, try_index, queue_ms, t0, started_wall, resp, finish, batch_start,
+                                prefilled)
         try:
             raw = await resp.aread()
             data = json.loads(raw)
@@ -478,7 +492,8 @@ class Gateway:
         return TaskplaneError(etype, f"the engine refused the request: {msg}")
 
     def _stream(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float, t0: float,
-                started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int) -> StreamingResponse:
+                started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int,
+                prefilled: Any = None) -> StreamingResponse:
         model = decision.model or call.pool.model
         st: dict[str, Any] = {"ok": False, "ttft_ms": None, "usage": {}, "settled": False}
 
@@ -524,6 +539,8 @@ class Gateway:
                         out = self._filter_event(event, call, st["usage"])
                         if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
                             st["ttft_ms"] = (time.monotonic() - t0) * 1000.0
+                            if prefilled is not None:
+                                prefilled()
                         if event.strip() == b"data: [DONE]":
                             st["ok"] = True
                         elif event.lstrip().startswith(b'data: {"error"'):
