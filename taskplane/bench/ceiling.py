@@ -18,6 +18,8 @@ contents. Blocks are chained (equal block, different predecessors: different blo
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from taskplane.sim.workloads.base import TaskSpec, Workload
 
 _MASK64 = (1 << 64) - 1
@@ -105,3 +107,39 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
         serve(ids, prompt, len(ids))
         seen.update(ids)
     return hit_tokens, prompt_tokens
+
+
+def lru_bound(workload: Workload, capacity_blocks: int) -> float | None:
+    """Hit ratio of *one* LRU prefix cache holding ``capacity_blocks`` blocks (the whole
+    fleet's KV memory pooled), calls in arrival order; open-loop (trace) workloads only.
+
+    No router can do much better on a fleet of that total KV memory whose engines evict by
+    LRU: it is the reference for "how much of the ceiling could this fleet reach at all".
+    (Closed-loop agent calls have no fixed order, so they get None.)"""
+    if any(not t.open_loop for t in workload.tasks if t.calls):
+        return None
+    bs = workload.block_size
+    calls = sorted(((c.at_s or t.arrival_s, k, c) for t in workload.tasks for k, c in enumerate(t.calls)),
+                   key=lambda x: (x[0], x[1]))
+    lru: OrderedDict[int, None] = OrderedDict()
+    hit = total = 0
+    for _, _, c in calls:
+        contents = list(c.contents or [])
+        prompt = c.prompt_tokens or len(contents) * bs
+        ids: list[int] = []
+        parent = 0
+        for content in contents[: prompt // bs]:
+            parent = _chain(parent, content)
+            ids.append(parent)
+        cap = min(len(ids), (prompt - 1) // bs)
+        k = 0
+        while k < cap and ids[k] in lru:
+            k += 1
+        hit += k * bs
+        total += prompt
+        for h in ids:
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > capacity_blocks:
+            lru.popitem(last=False)
+    return hit / total if total else 0.0

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from taskplane.bench import plots
-from taskplane.bench.ceiling import hit_ceiling
+from taskplane.bench.ceiling import hit_ceiling, lru_bound
 from taskplane.bench.metrics import call_latencies, policy_metrics
 from taskplane.bench.render import rich_table, write_results
 from taskplane.bench.runner import run_policy
@@ -117,17 +117,27 @@ class Point:
     workload: Workload
     ceiling: float
     rate: float | None = None
+    lru: float | None = None  # one LRU cache of the fleet's whole KV memory (traces only)
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     ttfts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"load": self.load, "hit_ceiling": round(self.ceiling, 5)}
+        if self.lru is not None:
+            d["hit_lru_bound"] = round(self.lru, 5)
         if self.rate is not None:
             d["arrival_rate_per_s"] = round(self.rate, 5)
         d["tasks"] = len(self.workload.tasks)
         d["calls"] = self.workload.num_calls
         d["policies"] = self.policies
         return d
+
+
+def fleet_kv_blocks(cluster: ClusterSpec, block_size: int) -> int:
+    """KV blocks of the whole fleet (what vLLM would allocate on each replica)."""
+    from taskplane.sim.gpus import default_kv_blocks
+
+    return sum(r.kv_blocks or default_kv_blocks(r.gpu, r.model, block_size) for r in cluster.replicas)
 
 
 def preset_factories(names: Iterable[str], seed: int, tenants: Any = None) -> dict[str, PolicyFactory]:
@@ -233,7 +243,8 @@ def run_suite(
         info = {k: v for k, v in info.items() if v is not None}
     else:
         wl = mooncake_workload(trace, time_scale=time_scale, duration_s=duration_s)
-        points.append(Point(load=None, workload=wl, ceiling=hit_ceiling(wl)))
+        points.append(Point(load=None, workload=wl, ceiling=hit_ceiling(wl),
+                            lru=lru_bound(wl, fleet_kv_blocks(cluster, wl.block_size))))
         info = {"trace": str(trace) if trace else "mooncake_conversation_trace.jsonl",
                 "requests": wl.num_calls, "sessions": len(wl.tasks)}
         if duration_s is not None:
@@ -252,6 +263,7 @@ def run_suite(
         "seed": seed,
         "time_scale": time_scale,
         "hit_ceiling": round(head.ceiling, 5),
+        "hit_lru_bound": None if head.lru is None else round(head.lru, 5),
         "load": head.load,
         "policies": policies,
         "targets": evaluate(workload, head.policies),
@@ -301,7 +313,7 @@ def write_plots(out: Path, workload: str, points: list[Point]) -> list[Path]:
     files = [
         plots.ttft_cdf(out / "ttft_cdf.png", head.ttfts, f"TTFT per policy — {workload}{suffix}"),
         plots.hit_ratio_bars(out / "hit_ratio.png", head.policies, head.ceiling,
-                             f"prefix-hit ratio vs infinite-cache ceiling — {workload}{suffix}"),
+                             f"prefix-hit ratio vs infinite-cache ceiling — {workload}{suffix}", lru=head.lru),
     ]
     if workload == "agents":
         sweep = [{"load": p.load, "policies": p.policies} for p in points]

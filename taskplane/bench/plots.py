@@ -59,8 +59,11 @@ def ttft_cdf(path: Path, ttfts: dict[str, np.ndarray], title: str) -> Path:
     return path
 
 
-def hit_ratio_bars(path: Path, policies: dict[str, dict[str, Any]], ceiling: float, title: str) -> Path:
-    """Prefix-hit ratio per policy against the infinite-cache ceiling."""
+def hit_ratio_bars(
+    path: Path, policies: dict[str, dict[str, Any]], ceiling: float, title: str, lru: float | None = None
+) -> Path:
+    """Prefix-hit ratio per policy against the infinite-cache ceiling (and, for traces, the
+    hit ratio of one LRU cache as large as the fleet's whole KV memory)."""
     fig = _figure()
     ax = fig.add_subplot(111)
     names = list(policies)
@@ -69,6 +72,10 @@ def hit_ratio_bars(path: Path, policies: dict[str, dict[str, Any]], ceiling: flo
     bars = ax.bar(names, vals, color=[colors[n] for n in names])
     ax.axhline(ceiling, color="black", ls="--", lw=1)
     ax.text(len(names) - 0.5, ceiling, f" ceiling {ceiling:.1%}", va="bottom", ha="right", fontsize=8)
+    if lru is not None:
+        ax.axhline(lru, color="#64748b", ls=":", lw=1)
+        ax.text(-0.5, lru, f"one LRU of the fleet's KV {lru:.1%} ", va="bottom", ha="left", fontsize=8,
+                color="#475569")
     for b, v in zip(bars, vals, strict=True):
         ratio = v / ceiling if ceiling else 0.0
         ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1%}\n({ratio:.0%})", ha="center", va="bottom", fontsize=7)

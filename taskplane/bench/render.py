@@ -108,6 +108,9 @@ def results_markdown(results: dict[str, Any]) -> str:
                    f"baseline ({cap['reference_policy']}) finishes >= {cap['slo_attainment']:.0%} of tasks "
                    f"within deadline, arrivals over {cap['window_s']:.0f} s ({len(cap['probes'])} probe runs)")
     out.append(f"- infinite-cache hit ceiling: {results['hit_ceiling']:.1%}")
+    if results.get("hit_lru_bound") is not None:
+        out.append(f"- one LRU cache as large as the fleet's whole KV memory hits {results['hit_lru_bound']:.1%} "
+                   f"({results['hit_lru_bound'] / results['hit_ceiling']:.0%} of the ceiling)")
     out.append(f"- machine: {results['machine'].get('cpu_model')} ({results['machine'].get('nproc')} cores)")
     out.append(f"- command: `{results.get('command', '')}`")
     out.append("")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taskplane.bench.ceiling import ceiling_tokens, hit_ceiling
+from taskplane.bench.ceiling import ceiling_tokens, hit_ceiling, lru_bound
 from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, round_robin, simulate
 from taskplane.sim.workloads.agents import AgentWorkloadConfig, generate_agent_tasks
 from taskplane.sim.workloads.mooncake import load_mooncake
@@ -43,3 +43,9 @@ def test_trace_ceiling_equals_one_unbounded_replica(tmp_path: Path) -> None:
     assert prompts == 2048 + 1536 + 3000 + 2100 + 1024
     res = simulate(ClusterSpec([ReplicaSpec("big", kv_blocks=100_000)]), wl, round_robin())
     assert abs(_served_ratio(res) - hits / prompts) < 1e-9
+
+    # one LRU cache: unbounded it is the ceiling; with room for 5 blocks each conversation
+    # is evicted by the other before its next turn, and only the shared block 0 hits
+    assert lru_bound(wl, 10**6) == hits / prompts
+    assert lru_bound(wl, 5) == 3 * 512 / prompts
+    assert lru_bound(generate_agent_tasks(AgentWorkloadConfig(n_tasks=2, seed=1)), 10) is None
