@@ -177,7 +177,7 @@ def bench(
     tasks: Annotated[int | None, typer.Option(help="agent tasks (agents workload)")] = None,
     load: Annotated[str | None, typer.Option(help="comma-separated load factors for the agents sweep")] = None,
     fleet: Annotated[str | None, typer.Option(help="GPU mix, e.g. h100:8,l40s:8")] = None,
-    duration_s: Annotated[float | None, typer.Option(help="only replay this many seconds of the trace")] = None,
+    duration_s: Annotated[float | None, typer.Option(help="mooncake: replay only the first S seconds of the trace; agents: arrival window in seconds (default 1200)")] = None,
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
