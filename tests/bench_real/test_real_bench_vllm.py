@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from taskplane.bench.real import run_real_bench
 from taskplane.bench.real_routers import peers_python
+from taskplane.engines.metrics import parse_metrics, relevant_lines
 
 pytestmark = pytest.mark.vllm
 
@@ -50,6 +52,20 @@ def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
         assert 0 < m["ttft_p50_ms"] <= m["ttft_p99_ms"] < m["call_e2e_p99_ms"] + 1
         assert m["busy_cpu_s"] > 0 and m["inference_s"] > 0 and m["engine_steps"] >= m["calls"]
         assert m["tasks_succeeded"] == m["tasks"] == 4 and m["deadline_met_ratio"] == 1.0
+    # The gateway's fast /metrics parse reads real vLLM pages to the same values as a full parse.
+    pages = sorted((tmp_path / "work").glob("*/metrics-replica-*.txt"))
+    assert len(pages) == 2 * len(routers)
+    for page in pages:
+        text = page.read_text()
+        kept = relevant_lines(text)
+        assert len(kept) < len(text) / 5
+        fast = parse_metrics(text)
+        assert fast.prefix_cache_queries > 0 and fast.num_gpu_blocks == 48 and fast.block_size == 128
+        full = {f"{s.name}{sorted(s.labels.items())}": s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        for fam in text_string_to_metric_families(kept):
+            for s in fam.samples:
+                assert full[f"{s.name}{sorted(s.labels.items())}"] == s.value
     # taskplane's gateway names the replica that served each call; a task stays on one.
     tp = [json.loads(line) for line in (tmp_path / "calls-taskplane.jsonl").read_text().splitlines()]
     for task in tp:
