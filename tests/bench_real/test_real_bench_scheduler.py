@@ -105,3 +105,22 @@ def test_metrics_junk_still_raises() -> None:
     with pytest.raises(ValueError):
         parse_metrics("this is { not prometheus\n")
     assert parse_metrics("other_metric 1\n").num_running == 0
+
+
+def test_working_set_scorer_spreads_new_tasks_by_pinned_context() -> None:
+    """The opt-in "working-set" scorer: a new task goes where the pinned sessions' contexts
+    leave the most KV room; a task's later calls are not pulled away from their pin."""
+    from taskplane.scheduler.policies import build_scheduler
+
+    sched = build_scheduler(policy="taskplane", admission=False, metrics=False, seed=3,
+                            scorers=[{"type": "working-set", "weight": 1.0},
+                                     {"type": "session-affinity", "weight": 2.0}])
+    fleet = _fleet()
+    first = sched.decide(_call("A", None), fleet, 0.0)
+    assert first.action == Action.PLACE
+    second = sched.decide(_call("B", None), fleet, 0.1)
+    assert second.replica != first.replica  # A's 1,000 tokens are pinned on the first
+    later = CallRequest(model="m", prompt_tokens=1200, max_tokens=100, tenant="t", priority="standard",
+                        session_id="A", task_id="A", step=1, steps_remaining=1, call_id="A:1",
+                        block_size=BS, agent="a")
+    assert sched.decide(later, fleet, 1.0).replica == first.replica

@@ -1,6 +1,10 @@
 """Scorers: a normalised score in [0, 1] per candidate replica, higher is better."""
 
-from taskplane.scheduler.scorers.cache import PrefixCacheScorer, SessionAffinityScorer
+from taskplane.scheduler.scorers.cache import (
+    PrefixCacheScorer,
+    SessionAffinityScorer,
+    WorkingSetScorer,
+)
 from taskplane.scheduler.scorers.cost import DynamoCostScorer, GpuPriceScorer
 from taskplane.scheduler.scorers.load import KvUsageScorer, LeastLoadedScorer, QueueScorer
 from taskplane.scheduler.scorers.resources import (
@@ -22,4 +26,5 @@ __all__ = [
     "SessionAffinityScorer",
     "WeightWarmthScorer",
     "WorkflowContextScorer",
+    "WorkingSetScorer",
 ]

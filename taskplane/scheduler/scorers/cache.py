@@ -78,3 +78,42 @@ class SessionAffinityScorer(Scorer):
             return out
         out[pos[0]] = 1.0
         return out
+
+
+@dataclass(slots=True)
+class WorkingSetParams:
+    fits: float = param(
+        0.5,
+        "while every candidate's pinned contexts plus this task's fit in this share of its KV "
+        "cache, all score 1 (nothing would be evicted, so balance buys nothing)",
+    )
+
+
+@register("working-set")
+class WorkingSetScorer(Scorer):
+    """Spread new tasks by the KV their sessions will hold, not only by their first prompt.
+
+    For a task's first call only: 1 minus how much more of its KV cache a replica's pinned
+    session contexts (plus this task's) fill than the emptiest candidate's, clipped at 0.
+    A new task's prefix match is usually just its agent's shared system prompt, which pulls
+    every task of one agent type onto one replica; on small caches that replica then evicts
+    paused sessions while the other idles (seen on real vLLM: a 34/66 split). Later calls
+    score 1 everywhere: session affinity keeps them where their context is.
+    """
+
+    Params = WorkingSetParams
+
+    def score(self, state: CycleState) -> np.ndarray:
+        out = np.ones(len(state.sel))
+        pins = state.scheduler.sessions
+        if pins is None or not state.starts_task or out.size < 2:
+            return out
+        pins.sweep(state.now_s)
+        names = state.names
+        ws = np.fromiter((pins.working_set(names[i]) for i in state.sel), dtype=np.float64, count=out.size)
+        need = state.request.prompt_tokens + state.completion_tokens
+        capacity = state.c(state.total) * state.c(state.block_size)
+        pressure = (ws + need) / np.maximum(capacity, 1.0)
+        if float(pressure.max()) <= self.params.fits:
+            return out
+        return np.clip(1.0 - (pressure - float(pressure.min())), 0.0, 1.0)
