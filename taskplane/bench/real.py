@@ -31,7 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 from taskplane.bench.real_client import Target, TaskResult, run_workload
-from taskplane.bench.real_metrics import group_cpu_seconds, router_metrics, snapshot
+from taskplane.bench.real_metrics import (
+    group_cpu_seconds,
+    machine_busy_seconds,
+    router_metrics,
+    self_cpu_seconds,
+    snapshot,
+)
 from taskplane.bench.real_routers import (
     RouterSpec,
     parse_routers,
@@ -201,12 +207,14 @@ def run_router(
                 _wait_router(spec, url, pid, log, replicas)
                 target = Target(spec.name, [url], spec.headers, model=replicas[0].model)
             before = snapshot(client, replicas)
+            machine0, client0 = machine_busy_seconds(), self_cpu_seconds()
             router_cpu = group_cpu_seconds(pid) if pid is not None else 0.0
             gw_before = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             say(f"[dim]{spec.name}: running {workload.num_calls} calls …[/]")
             tasks, wall = run_workload(target, workload)
             after = snapshot(client, replicas)
             router_cpu = group_cpu_seconds(pid) - router_cpu if pid is not None else 0.0
+            machine_s, client_s = machine_busy_seconds() - machine0, self_cpu_seconds() - client0
             gw_after = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             for r in replicas:  # the raw pages, for checking the figures by hand
                 (work / f"metrics-replica-{r.index}.txt").write_text(client.get(r.metrics_url).text)
@@ -216,6 +224,12 @@ def run_router(
         proc.stop_pid(pid)
     metrics = router_metrics(tasks, before, after, hit_ceiling=ceiling, wall_s=round(wall, 2))
     metrics["router_cpu_s"] = round(router_cpu, 2)
+    metrics["client_cpu_s"] = round(client_s, 2)
+    # What else ran on the machine meanwhile (other sessions share these cores): the run's
+    # figures are only comparable between routers when this is of the same order.
+    other = machine_s - metrics["busy_cpu_s"] - router_cpu - client_s
+    metrics["other_cpu_s"] = round(max(other, 0.0), 1)
+    metrics["other_cpu_share"] = round(max(other, 0.0) / (wall * len(os.sched_getaffinity(0))), 3) if wall > 0 else None
     if gw_before is not None and gw_after is not None:
         metrics.update(_gateway_figures(gw_before, gw_after))
     # Cost: the fleet for the run's wall time at the price book's CPU-replica price, over
@@ -312,6 +326,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("inference_s", "vLLM inference s", "{:.0f}"),
     ("engine_steps", "engine steps", "{:,d}"),
     ("load_split", "load split", "{}"),
+    ("other_cpu_share", "other load on the cores", "{:.0%}"),
 )
 
 
@@ -341,6 +356,7 @@ TERMINAL: tuple[tuple[str, str, str], ...] = (
     ("deadline_met_ratio", "tasks in\ndeadline", "{:.0%}"),
     ("busy_cpu_s", "replica\nCPU s", "{:.0f}"),
     ("load_split", "load\nsplit", "{}"),
+    ("other_cpu_share", "other\nload", "{:.0%}"),
 )
 
 

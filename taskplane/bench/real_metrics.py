@@ -82,6 +82,22 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / _CLK_TCK
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent busy since boot (from /proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
+def self_cpu_seconds() -> float:
+    """CPU seconds of this process (the bench's client)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def snapshot(client: httpx.Client, replicas: Sequence[VllmReplica]) -> list[ReplicaCounters]:
     snaps = []
     for r in replicas:
