@@ -73,8 +73,9 @@ class AdmissionSettings:
     # A task whose deadline budget is shorter than this many Retry-Afters is never refused
     # for room: the wait alone would likely cost it its deadline, so it is admitted and
     # takes its chance with the engine's LRU (found on real vLLM with tasks due in 15-45 s,
-    # where every refusal became a missed deadline). Tasks without a budget can wait.
-    working_set_min_budget_retries: float = 4.0
+    # where every refusal became a missed deadline). Tasks without a budget can wait. At 2
+    # (60 s) the simulated agents (deadlines 120-900 s) are refused exactly as before.
+    working_set_min_budget_retries: float = 2.0
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
