@@ -86,7 +86,7 @@ class CallContext(BaseModel):
         if self.budget_ms is not None:
             h[H_BUDGET_MS] = str(int(self.budget_ms))
         if self.sunk_cost_usd:
-            h[H_SUNK_COST] = f"{self.sunk_cost_usd:.8f}"
+            h[H_SUNK_COST] = f"{self.sunk_cost_usd:.10g}"
         if self.allow_fallback:
             h[H_ALLOW_FALLBACK] = "true"
         if self.agent:

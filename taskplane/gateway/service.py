@@ -681,7 +681,7 @@ class Gateway:
 
     def _headers(self, replica: ReplicaState, rec: AttemptRecord, queue_ms: float, model: str) -> dict[str, str]:
         return {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_CACHED_TOKENS: str(rec.cached_tokens),
-                R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.8f}", R_MODEL: model}
+                R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.10g}", R_MODEL: model}
 
 
 async def wait_cancelled(task: asyncio.Task[Any]) -> None:
