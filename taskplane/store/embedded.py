@@ -44,8 +44,10 @@ def _run_as() -> str | None:
 
 
 def _make_traversable(path: Path) -> None:
-    """Let the unprivileged postgres user reach ``path`` and read the binaries."""
-    for parent in [path, *path.parents]:
+    """Let the unprivileged postgres user reach ``path`` and the binaries and read them
+    (a checkout under a private directory, e.g. ``mktemp -d``'s 0700, would hide them)."""
+    bins = _bin_dir()
+    for parent in [path, *path.parents, bins, *bins.parents]:
         mode = parent.stat().st_mode
         wanted = mode | stat.S_IXOTH | stat.S_IXGRP
         if mode != wanted:
