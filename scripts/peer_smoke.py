@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 
 from taskplane.engines.metrics import parse_metrics
-from taskplane.engines.vllm_launcher import VllmReplica, free_ports, start_replicas, stop_replicas
+from taskplane.engines.vllm_launcher import VllmReplica, start_replicas, stop_replicas
+from taskplane.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(os.environ.get("TASKPLANE_PEERS_VENV", ROOT / ".venv-peers")) / "bin" / "python"

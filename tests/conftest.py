@@ -7,7 +7,6 @@ stopped at the end.
 
 from __future__ import annotations
 
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,14 +14,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from taskplane.ports import free_port
 from taskplane.store import embedded
-
-
-def free_port() -> int:
-    """A TCP port that is free right now on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

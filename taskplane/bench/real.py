@@ -58,12 +58,12 @@ from taskplane.engines.vllm_launcher import (
     VllmNotInstalled,
     VllmReplica,
     VllmStartError,
-    free_ports,
     require_vllm_python,
     start_replicas,
     stop_replicas,
 )
 from taskplane.errors import UserError
+from taskplane.ports import free_ports
 
 OURS = "taskplane"
 #: KV blocks of 128 tokens per replica: about a third of what the workload's live sessions

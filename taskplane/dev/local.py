@@ -5,7 +5,6 @@ stack (no Temporal). Everything it starts, ``stop()`` stops.
 
 from __future__ import annotations
 
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +13,7 @@ from typing import Any
 import yaml
 
 from taskplane.dev import processes as proc
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from taskplane.ports import free_port
 
 
 @dataclass

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ import httpx
 import structlog
 
 from taskplane.engines.vllm_model import write_model_dir
+from taskplane.ports import free_ports
 
 log = structlog.get_logger(__name__)
 
@@ -99,20 +99,6 @@ def require_vllm_python(venv: Path | None = None) -> Path:
             f"(or point {VENV_ENV} at a venv it created)"
         )
     return python
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports free right now, found by binding port 0 (held together so they differ)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def replica_command(

@@ -460,14 +460,18 @@ class Scheduler:
     # ------------------------------------------------------------------ place
 
     def _place(self, state: CycleState) -> Decision:
+        """Score the candidates and pick one. A single candidate (a pinned session's
+        replica, a pool of one) is a forced choice: it is not scored, which is most of the
+        cost of a continuing call's decision."""
         n = len(state.sel)
         totals = np.zeros(n)
         scored: list[tuple[Scorer, np.ndarray]] = []
-        for scorer in self.scorers:
-            s = scorer.score(state)
-            if scorer.weight:
-                totals += scorer.weight * s
-            scored.append((scorer, s))
+        if n > 1:
+            for scorer in self.scorers:
+                s = scorer.score(state)
+                if scorer.weight:
+                    totals += scorer.weight * s
+                scored.append((scorer, s))
         pos = self.picker.pick(state, totals) if n > 1 else 0
         i = int(state.sel[pos])
         view = state.view(i)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from taskplane.dev.local import free_port
+from taskplane.ports import free_port
 
 CONFIGS = sorted((Path(__file__).parent / "corpus" / "configs").glob("*.yaml"))
 

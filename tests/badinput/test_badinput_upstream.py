@@ -17,7 +17,7 @@ import yaml
 from tp_bad_upstream import BadUpstream
 
 from taskplane.dev import processes as proc
-from taskplane.dev.local import free_port
+from taskplane.ports import free_port
 
 MODEL = "llama-3.1-8b"
 NON_STREAM = ["garbage", "not-openai", "json-list", "usage-not-object", "html-500", "truncated-body", "close-at-once", "hang"]

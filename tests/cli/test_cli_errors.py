@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taskplane.dev.local import free_port
+from taskplane.ports import free_port
 
 
 def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import yaml
 from fake_kube import FakeKubeApi, endpoint_slice, serve
 
 from taskplane.dev import processes as proc
-from taskplane.dev.local import free_port
+from taskplane.ports import free_port
 
 NS, SVC = "taskplane", "vllm-llama"
 

@@ -19,6 +19,7 @@ import tp_sdk_agents as agents
 from tp_sdk_recorder import Recorder
 
 import taskplane
+from taskplane.ports import free_port
 from taskplane.sdk.client import taskplane_client
 from taskplane.temporal_names import SEARCH_ATTRIBUTES, temporal_binary
 from workflows.worker import build_worker
@@ -29,23 +30,15 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest_asyncio.fixture(scope="module")
 async def ui_env() -> AsyncIterator[tuple[Any, str]]:
     """A dev server with its Web UI on (the shared one runs without)."""
     from temporalio.testing import WorkflowEnvironment
 
-    ui_port = _free_port()
+    ui_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), search_attributes=SEARCH_ATTRIBUTES,
-        port=_free_port(), ui=True, ui_port=ui_port,
+        port=free_port(), ui=True, ui_port=ui_port,
     )
     try:
         yield env, f"http://127.0.0.1:{ui_port}"

@@ -14,19 +14,13 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from taskplane.ports import free_port
 
 
 def free_port_pair() -> tuple[int, int]:
     """A PUB port whose replay port (+1000) is free as well."""
     for _ in range(50):
         p = free_port()
-        if p + 1000 > 65535:
-            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", p + 1000))

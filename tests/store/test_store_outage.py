@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -17,18 +16,13 @@ from _store_records import T0, attempt, task
 from sqlalchemy import text
 
 from taskplane.errors import UserError
+from taskplane.ports import free_port
 from taskplane.store import db, embedded
 from taskplane.store.migrate import upgrade
 from taskplane.store.records import TaskStatus
 from taskplane.store.writer import CostWriter
 
 N = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _counts(url: str) -> tuple[int, int, int, float]:
@@ -73,7 +67,7 @@ async def test_postgres_killed_mid_run_loses_nothing_doubles_nothing(
     # Not under tmp_path: pytest re-makes /tmp/pytest-of-<user> private (0700) whenever any
     # pytest session starts, which would lock the unprivileged postgres user out mid-test.
     pg_root = Path(tempfile.mkdtemp(prefix="taskplane-pg-outage-"))
-    data_dir, port = pg_root / "data", _free_port()
+    data_dir, port = pg_root / "data", free_port()
     url = await asyncio.to_thread(embedded.start, data_dir, port)
     try:
         await asyncio.to_thread(upgrade, url)

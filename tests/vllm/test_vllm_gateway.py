@@ -20,7 +20,6 @@ import yaml
 from vllm_helpers import MODEL, EventLog, metrics, subscribe, unique_text, wait_for
 
 from taskplane.dev import processes as proc
-from taskplane.dev.local import free_port
 from taskplane.engines.tokenize import chat_tokens
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
@@ -29,6 +28,7 @@ from taskplane.engines.vllm_launcher import (
     start_replicas,
     stop_replicas,
 )
+from taskplane.ports import free_port
 
 GATEWAY_BLOCKS = 64
 """A roomier cache than the eviction tests use: sessions here must stay resident."""
