@@ -23,7 +23,7 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 def _base_port() -> int:
     for _ in range(50):
-        base = random.randrange(30000, 40000, 10)
+        base = random.randrange(20000, 31000, 10)  # below the ephemeral range (see taskplane/ports.py)
         ports = [base + i for i in (0, 1, 2, 3, 10, 11, 110, 111, 1110, 1111)]
         if not any(proc.port_in_use(p) for p in ports):
             return base
