@@ -167,7 +167,7 @@ def report(
 @app.command()
 def bench(
     out: Annotated[Path, typer.Option(help="directory for results.json, results.md and plots")],
-    workload: Annotated[str, typer.Option(help="agents|mooncake")] = "agents",
+    workload: Annotated[str, typer.Option(help="agents|mooncake|scale (one policy at fleet scale)")] = "agents",
     trace: Annotated[Path | None, typer.Option(help="a file in the Mooncake trace format")] = None,
     replicas: Annotated[int, typer.Option(min=1)] = 16,
     policies: Annotated[str | None, typer.Option(help="comma-separated; default all")] = None,
@@ -178,12 +178,14 @@ def bench(
     load: Annotated[str | None, typer.Option(help="comma-separated load factors for the agents sweep")] = None,
     fleet: Annotated[str | None, typer.Option(help="GPU mix, e.g. h100:8,l40s:8")] = None,
     duration_s: Annotated[float | None, typer.Option(help="mooncake: replay only the first S seconds of the trace; agents: arrival window in seconds (default 1200)")] = None,
+    cells: Annotated[int, typer.Option(min=1, help="scale: split fleet and tasks into cells, one scheduler and process each")] = 1,
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
 
     run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
-              time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s)
+              time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
+              cells=cells)
 
 
 @app.command()

@@ -325,6 +325,25 @@ def write_plots(out: Path, workload: str, points: list[Point]) -> list[Path]:
 # ------------------------------------------------------------------ the command
 
 
+def _run_scale(
+    out: Path, *, replicas: int, tasks: int | None, policies: str | None, seed: int, engine: str, cells: int
+) -> dict[str, Any]:
+    """``--workload scale``: one policy at fleet scale (taskplane/bench/scale.py)."""
+    from taskplane.bench.scale import run_scale_command
+
+    if engine != "sim":
+        raise UserError("--workload scale runs in the cluster simulator: use --engine sim")
+    names = parse_policies(policies) if policies else ["taskplane"]
+    if len(names) != 1:
+        raise UserError("--workload scale measures one policy: give --policies NAME")
+    if tasks is not None and tasks < 1:
+        raise UserError("--tasks must be at least 1")
+    if not 1 <= cells <= replicas:
+        raise UserError(f"--cells must be between 1 and --replicas ({replicas}), got {cells}")
+    return run_scale_command(out=out, replicas=replicas, tasks=tasks or 100_000, policy=names[0], seed=seed,
+                             cells=cells)
+
+
 def run_bench(
     out: Path,
     workload: str = "agents",
@@ -338,10 +357,16 @@ def run_bench(
     load: str | None = None,
     fleet: str | None = None,
     duration_s: float | None = None,
+    cells: int = 1,
 ) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
-    if workload not in WORKLOADS:
-        raise UserError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if workload not in (*WORKLOADS, "scale"):
+        raise UserError(f"--workload must be one of {', '.join((*WORKLOADS, 'scale'))}, got {workload!r}")
+    if workload == "scale":
+        return _run_scale(out, replicas=replicas, tasks=tasks, policies=policies, seed=seed, engine=engine,
+                          cells=cells)
+    if cells != 1:
+        raise UserError("--cells splits the fleet for --workload scale only")
     if engine == "vllm":
         if importlib.util.find_spec("taskplane.bench.real") is None:
             raise UserError("the real-engine bench (--engine vllm) is not available yet; use --engine sim")

@@ -1,7 +1,13 @@
-"""Scale in simulation: one scheduler in front of 1,000 simulated replicas, 100,000 agent tasks.
+"""Scale in simulation: 1,000 simulated replicas, 100,000 agent tasks.
 
+    taskplane bench --workload scale --replicas 1000 --tasks 100000 [--cells 2] --out DIR
     python -m taskplane.bench.scale [--replicas 1000] [--tasks 100000] [--rate 150]
-                                    [--policy taskplane] [--seed 1] [--out DIR]
+                                    [--policy taskplane] [--seed 1] [--cells 1] [--out DIR]
+
+One cell (the default) is one scheduler in front of the whole fleet. ``--cells N`` splits
+fleet and tasks into N cells (tasks by a hash of their id), each with its own scheduler in
+its own process — the cell design docs/scale.md proposes for large fleets, and the way
+to use more than one core.
 
 Runs the benchmark's agent mix (3-60 calls a task) in the virtual-time cluster simulator
 with the same scheduler the gateway runs, fed by every replica's KV events, and measures
@@ -24,9 +30,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing as mp
 import resource
 import sys
 import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +50,7 @@ from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, simulate
+from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
 
 #: Temporal history events per activity (ActivityTaskScheduled/Started/Completed plus the
@@ -101,36 +112,63 @@ def kv_index_size(index: KVIndex) -> dict[str, Any]:
     }
 
 
-def run_scale(
-    *,
-    replicas: int = 1000,
-    tasks: int = 100_000,
-    rate: float | None = None,
-    policy: str = "taskplane",
-    gpu: str = "h100",
-    seed: int = 1,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Simulate ``tasks`` agent tasks on ``replicas`` replicas; returns the measurements."""
-    rate = rate if rate is not None else 0.15 * replicas
-    t0, c0 = time.perf_counter(), time.process_time()
-    workload = agent_workload(tasks, rate, seed)
-    cluster = ClusterSpec.fleet(f"{gpu}:{replicas}")
+@dataclass(slots=True)
+class CellRun:
+    """What one cell's simulation measured (picklable: cells run in child processes)."""
+
+    replicas: int
+    tasks: int
+    attempts: int
+    calls: int
+    calls_ok: int
+    sheds: int
+    tasks_finished: int
+    tasks_within_deadline: int
+    prompt_tokens: int
+    cached_tokens: int
+    virtual_s: float
+    activities: int
+    kv_batches: int
+    kv_events: int
+    blocks_stored: int
+    blocks_removed: int
+    kv_index: dict[str, Any]
+    decision_ns: np.ndarray
+    decision_cpu_ns: np.ndarray
+    simulate_wall_s: float
+    simulate_cpu_s: float
+    generate_cpu_s: float
+    peak_rss_mb: float
+    block_size: int
+
+
+def cell_of(task_id: str, cells: int) -> int:
+    """The cell a task runs in: a stable hash of its id (the global layer routes tasks,
+    not calls; every call of a task stays in its cell, with its KV cache)."""
+    return zlib.crc32(task_id.encode()) % cells if cells > 1 else 0
+
+
+def _cell_fleet(gpu: str, replicas: int, cell: int, cells: int) -> ClusterSpec:
+    """Replicas ``cell``, ``cell + cells``, ... of a ``replicas``-wide fleet."""
+    fleet = ClusterSpec.fleet(f"{gpu}:{replicas}")
+    return ClusterSpec(fleet.replicas[cell::cells])
+
+
+def simulate_cell(
+    *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int, cell: int = 0, cells: int = 1,
+    tick: Callable[[int], None] | None = None, workload: Workload | None = None,
+) -> CellRun:
+    """Simulate one cell: its share of the fleet and of the tasks, with its own scheduler.
+
+    ``workload``: the whole run's tasks when already generated (default: generate them)."""
+    c0 = time.process_time()
+    workload = workload if workload is not None else agent_workload(tasks, rate, seed)
+    if cells > 1:
+        workload = Workload(workload.name, [t for t in workload.tasks if cell_of(t.task_id, cells) == cell],
+                            workload.block_size, dict(workload.meta))
+    cluster = _cell_fleet(gpu, replicas, cell, cells)
     sched = build_policy(policy, seed=seed, tenants=agent_tenants(), metrics=False)
-    t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
-    n_calls = workload.num_calls
-
-    progress = None
-    if console is not None:
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("calls"), TimeElapsedColumn(), console=console)
-        bar = progress.add_task(f"{tasks:,} tasks on {replicas:,} replicas", total=n_calls)
-        progress.start()
-
-    def tick(done: int) -> None:
-        if progress is not None:
-            progress.update(bar, completed=min(done, n_calls))
-
+    c_gen = time.process_time() - c0
     timed = CountingScheduler(sched, tick)
     gc.collect()
     gc.disable()
@@ -139,80 +177,206 @@ def run_scale(
         result = simulate(cluster, workload, timed, seed=seed)
     finally:
         gc.enable()
+    t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
+    calls = result.calls
+    ok = [c for c in calls if c.outcome is Outcome.SUCCESS]
+    return CellRun(
+        replicas=len(cluster.replicas), tasks=len(workload.tasks), attempts=len(calls),
+        calls=len({(c.task_id, c.step) for c in calls}), calls_ok=len(ok),
+        sheds=sum(1 for c in calls if c.outcome is Outcome.SHED),
+        tasks_finished=sum(1 for t in result.tasks if t.status is not TaskStatus.RUNNING),
+        tasks_within_deadline=sum(1 for t in result.tasks if t.deadline_met),
+        prompt_tokens=sum(c.prompt_tokens for c in ok), cached_tokens=sum(c.cached_tokens for c in ok),
+        virtual_s=result.end_s,
+        activities=len(calls) + sum(max(len(t.calls) - 1, 0) for t in workload.tasks),
+        kv_batches=timed.kv_batches, kv_events=timed.kv_events,
+        blocks_stored=timed.blocks_stored, blocks_removed=timed.blocks_removed,
+        kv_index=kv_index_size(sched.kv_index),
+        decision_ns=np.asarray(timed.decision_ns, dtype=np.int64),
+        decision_cpu_ns=np.asarray(timed.decision_cpu_ns, dtype=np.int64),
+        simulate_wall_s=t_sim, simulate_cpu_s=c_sim, generate_cpu_s=c_gen,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        block_size=workload.block_size,
+    )
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cell_child(kwargs: dict[str, Any], done: Any, conn: Any) -> None:
+    def tick(n: int) -> None:
+        done.value = n
+
+    try:
+        conn.send(("ok", simulate_cell(**kwargs, tick=tick)))
+    except BaseException as e:  # report it to the parent instead of dying silently
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+def _run_cells(kwargs: dict[str, Any], cells: int, tick: Callable[[int], None]) -> list[CellRun]:
+    """One child process per cell (fork: the children share the parent's imports)."""
+    ctx = mp.get_context("fork")
+    counters = [ctx.Value("q", 0, lock=False) for _ in range(cells)]
+    pipes = [ctx.Pipe(duplex=False) for _ in range(cells)]
+    procs = [ctx.Process(target=_cell_child, args=({**kwargs, "cell": c, "cells": cells}, counters[c], pipes[c][1]),
+                         name=f"scale-cell-{c}", daemon=True) for c in range(cells)]
+    for proc in procs:
+        proc.start()
+    results: dict[int, CellRun] = {}
+    try:
+        while len(results) < cells:
+            for c, (recv, _) in enumerate(pipes):
+                if c in results or not recv.poll(0.2 / cells):
+                    if c not in results and not procs[c].is_alive() and not recv.poll():
+                        raise RuntimeError(f"cell {c} exited with code {procs[c].exitcode} before reporting")
+                    continue
+                status, value = recv.recv()
+                if status != "ok":
+                    raise RuntimeError(f"cell {c} failed: {value}")
+                results[c] = value
+            tick(sum(int(v.value) for v in counters))
+    finally:
+        for proc in procs:
+            if proc.is_alive() and len(results) < cells:
+                proc.terminate()
+            proc.join()
+    return [results[c] for c in range(cells)]
+
+
+def run_scale(
+    *,
+    replicas: int = 1000,
+    tasks: int = 100_000,
+    rate: float | None = None,
+    policy: str = "taskplane",
+    gpu: str = "h100",
+    seed: int = 1,
+    cells: int = 1,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Simulate ``tasks`` agent tasks on ``replicas`` replicas; returns the measurements.
+
+    ``cells`` > 1 splits the fleet and the tasks into that many cells, each with its own
+    scheduler (gateway) in its own process, as docs/scale.md proposes for large fleets;
+    the figures are then summed (rates, rows, index entries) or merged (decision times)."""
+    if cells < 1 or cells > replicas:
+        raise ValueError(f"cells must be between 1 and the number of replicas ({replicas}), got {cells}")
+    rate = rate if rate is not None else 0.15 * replicas
+    t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu_s()
+    workload = agent_workload(tasks, rate, seed)  # once: forked cells inherit it
+    n_calls = workload.num_calls
+
+    progress = None
+    if console is not None:
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("calls"), TimeElapsedColumn(), console=console)
+        label = f"{tasks:,} tasks on {replicas:,} replicas" + (f" in {cells} cells" if cells > 1 else "")
+        bar = progress.add_task(label, total=n_calls)
+        progress.start()
+
+    def tick(done: int) -> None:
+        if progress is not None:
+            progress.update(bar, completed=min(done, n_calls))
+
+    kwargs = dict(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed, workload=workload)
+    t1 = time.perf_counter()
+    try:
+        runs = [simulate_cell(**kwargs, tick=tick)] if cells == 1 else _run_cells(kwargs, cells, tick)  # type: ignore[arg-type]
+    finally:
         if progress is not None:
             progress.update(bar, completed=n_calls)
             progress.stop()
-    t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
-
-    t2 = time.perf_counter()
-    index = kv_index_size(sched.kv_index)
-    calls = result.calls
-    vt = result.end_s
-    ok = sum(1 for c in calls if c.outcome is Outcome.SUCCESS)
-    sheds = sum(1 for c in calls if c.outcome is Outcome.SHED)
-    done = [t for t in result.tasks if t.status is not TaskStatus.RUNNING]
-    met = sum(1 for t in result.tasks if t.deadline_met)
-    prompt = sum(c.prompt_tokens for c in calls if c.outcome is Outcome.SUCCESS)
-    cached = sum(c.cached_tokens for c in calls if c.outcome is Outcome.SUCCESS)
-    dec = np.asarray(timed.decision_ns, dtype=np.float64) / 1000.0
-    dcpu = np.asarray(timed.decision_cpu_ns, dtype=np.float64) / 1000.0
-    tool_activities = sum(max(len(t.calls) - 1, 0) for t in workload.tasks)
-    activities = len(calls) + tool_activities
-    t_sum = time.perf_counter() - t2
+    t_cells = time.perf_counter() - t1
     wall = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    cpu = time.process_time() - c0 + _children_cpu_s() - k0  # the cells' processes included
+    return summarize(runs, replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed,
+                     wall_s=wall, cpu_s=cpu, cells_wall_s=t_cells)
+
+
+def _merge_index(runs: list[CellRun]) -> dict[str, Any]:
+    keys = ("distinct_blocks", "replica_block_entries", "owner_map_bytes", "engine_hash_map_bytes",
+            "approx_blocks", "total_bytes")
+    merged: dict[str, Any] = {k: sum(int(r.kv_index[k]) for r in runs) for k in keys}
+    merged["bytes_per_entry"] = round(merged["total_bytes"] / max(merged["replica_block_entries"], 1), 1)
+    if len(runs) > 1:
+        merged["largest_cell_bytes"] = max(int(r.kv_index["total_bytes"]) for r in runs)
+    return merged
+
+
+def summarize(
+    runs: list[CellRun], *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int,
+    wall_s: float, cpu_s: float, cells_wall_s: float,
+) -> dict[str, Any]:
+    """The measurements of a run (one cell or several) as ``scale.json`` records them."""
+    vt = max(r.virtual_s for r in runs)
+    attempts = sum(r.attempts for r in runs)
+    n_tasks = sum(r.tasks for r in runs)
+    met = sum(r.tasks_within_deadline for r in runs)
+    prompt = sum(r.prompt_tokens for r in runs)
+    cached = sum(r.cached_tokens for r in runs)
+    dec = np.concatenate([r.decision_ns for r in runs]).astype(np.float64) / 1000.0
+    dcpu = np.concatenate([r.decision_cpu_ns for r in runs]).astype(np.float64) / 1000.0
+    activities = sum(r.activities for r in runs)
+    kv_batches = sum(r.kv_batches for r in runs)
+    kv_events = sum(r.kv_events for r in runs)
+    blocks = sum(r.blocks_stored + r.blocks_removed for r in runs)
+    sim_cpu = sum(r.simulate_cpu_s for r in runs)
 
     def per_s(x: float) -> float:
         return round(x / vt, 2) if vt > 0 else 0.0
 
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return round(float(np.percentile(a, q)), 1) if a.size else None
+
+    history = activities * EVENTS_PER_ACTIVITY + n_tasks * EVENTS_PER_WORKFLOW
     return {
         "replicas": replicas, "gpu": gpu, "policy": policy, "seed": seed, "tasks": tasks,
-        "arrival_rate_per_s": rate, "calls": len({(c.task_id, c.step) for c in calls}), "attempts": len(calls),
-        "workload_calls": n_calls,
+        "cells": len(runs), "replicas_per_cell": [r.replicas for r in runs],
+        "arrival_rate_per_s": rate, "calls": sum(r.calls for r in runs), "attempts": attempts,
         "timing": {
-            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "generate_wall_s": round(t_gen, 1), "generate_cpu_s": round(c_gen, 1),
-            "simulate_wall_s": round(t_sim, 1), "simulate_cpu_s": round(c_sim, 1),
-            "summarize_wall_s": round(t_sum, 1),
-            "cpu_us_per_call": round(c_sim / max(len(calls), 1) * 1e6, 1),
-            "virtual_s": round(vt, 1), "virtual_per_wall": round(vt / max(t_sim, 1e-9), 2),
-            "target_wall_s": 300, "target_met": wall <= 300,
+            "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
+            "simulate_wall_s": round(cells_wall_s, 1), "simulate_cpu_s": round(sim_cpu, 1),
+            "cell_simulate_wall_s": [round(r.simulate_wall_s, 1) for r in runs],
+            "cpu_us_per_call": round(sim_cpu / max(attempts, 1) * 1e6, 1),
+            "virtual_s": round(vt, 1), "virtual_per_wall": round(vt / max(cells_wall_s, 1e-9), 2),
+            "target_wall_s": 300, "target_met": wall_s <= 300,
         },
         "decision": {
             "count": int(dec.size),
-            "wall_p50_us": round(float(np.percentile(dec, 50)), 1) if dec.size else None,
-            "wall_p99_us": round(float(np.percentile(dec, 99)), 1) if dec.size else None,
-            "cpu_p50_us": round(float(np.percentile(dcpu, 50)), 1) if dcpu.size else None,
-            "cpu_p99_us": round(float(np.percentile(dcpu, 99)), 1) if dcpu.size else None,
+            "wall_p50_us": pct(dec, 50), "wall_p99_us": pct(dec, 99),
+            "cpu_p50_us": pct(dcpu, 50), "cpu_p99_us": pct(dcpu, 99),
             "cpu_mean_us": round(float(dcpu.mean()), 1) if dcpu.size else None,
             "cpu_total_s": round(float(dcpu.sum()) / 1e6, 1),
         },
         "outcome": {
-            "tasks_finished": len(done), "tasks_within_deadline": met,
-            "deadline_met_ratio": round(met / max(len(result.tasks), 1), 4),
-            "calls_ok": ok, "sheds": sheds, "prefix_hit_ratio": round(cached / prompt, 4) if prompt else None,
+            "tasks_finished": sum(r.tasks_finished for r in runs), "tasks_within_deadline": met,
+            "deadline_met_ratio": round(met / max(n_tasks, 1), 4),
+            "calls_ok": sum(r.calls_ok for r in runs), "sheds": sum(r.sheds for r in runs),
+            "prefix_hit_ratio": round(cached / prompt, 4) if prompt else None,
         },
-        "kv_index": index,
+        "kv_index": _merge_index(runs),
         "kv_events": {
-            "batches": timed.kv_batches, "events": timed.kv_events,
-            "blocks_stored": timed.blocks_stored, "blocks_removed": timed.blocks_removed,
-            "batches_per_s": per_s(timed.kv_batches), "events_per_s": per_s(timed.kv_events),
-            "blocks_per_s": per_s(timed.blocks_stored + timed.blocks_removed),
-            "batches_per_s_per_replica": round(per_s(timed.kv_batches) / replicas, 3),
-            "block_size_tokens": workload.block_size,
+            "batches": kv_batches, "events": kv_events,
+            "blocks_stored": sum(r.blocks_stored for r in runs), "blocks_removed": sum(r.blocks_removed for r in runs),
+            "batches_per_s": per_s(kv_batches), "events_per_s": per_s(kv_events), "blocks_per_s": per_s(blocks),
+            "batches_per_s_per_replica": round(per_s(kv_batches) / replicas, 3),
+            "block_size_tokens": runs[0].block_size,
         },
         "store": {
-            "attempt_rows": len(calls), "task_rows": 2 * len(result.tasks),
-            "attempt_rows_per_s": per_s(len(calls)), "task_rows_per_s": per_s(2 * len(result.tasks)),
-            "rows_per_s": per_s(len(calls) + 2 * len(result.tasks)),
+            "attempt_rows": attempts, "task_rows": 2 * n_tasks,
+            "attempt_rows_per_s": per_s(attempts), "task_rows_per_s": per_s(2 * n_tasks),
+            "rows_per_s": per_s(attempts + 2 * n_tasks),
         },
         "temporal": {
-            "workflows_per_s": per_s(len(result.tasks)), "activities_per_s": per_s(activities),
-            "history_events_per_s": per_s(activities * EVENTS_PER_ACTIVITY + len(result.tasks) * EVENTS_PER_WORKFLOW),
-            "history_events_per_task_mean": round(
-                (activities * EVENTS_PER_ACTIVITY + len(result.tasks) * EVENTS_PER_WORKFLOW) / max(len(result.tasks), 1), 1),
+            "workflows_per_s": per_s(n_tasks), "activities_per_s": per_s(activities),
+            "history_events_per_s": per_s(history),
+            "history_events_per_task_mean": round(history / max(n_tasks, 1), 1),
         },
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "peak_rss_mb": round(sum(r.peak_rss_mb for r in runs), 1),
         "machine": machine_info(),
     }
 
@@ -221,6 +385,7 @@ def markdown(r: dict[str, Any]) -> str:
     t, d, k, e, s, w = r["timing"], r["decision"], r["kv_index"], r["kv_events"], r["store"], r["temporal"]
     rows = [
         ("replicas / tasks / calls", f"{r['replicas']:,} / {r['tasks']:,} / {r['calls']:,}"),
+        ("cells (one scheduler and process each)", f"{r['cells']} ({', '.join(map(str, r['replicas_per_cell']))} replicas)"),
         ("wall time (target 300 s)", f"{t['wall_s']:,} s ({'met' if t['target_met'] else 'not met'})"),
         ("CPU time", f"{t['cpu_s']:,} s (simulate {t['simulate_cpu_s']:,} s, {t['cpu_us_per_call']} µs per call)"),
         ("virtual time", f"{t['virtual_s']:,} s ({t['virtual_per_wall']}x wall)"),
@@ -238,6 +403,23 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
 
+def run_scale_command(
+    *, out: Path | None, replicas: int = 1000, tasks: int = 100_000, rate: float | None = None,
+    policy: str = "taskplane", gpu: str = "h100", seed: int = 1, cells: int = 1,
+) -> dict[str, Any]:
+    """Run, print the table, and write ``scale.json`` and ``scale.md`` to ``out``."""
+    console = Console(stderr=True)
+    r = run_scale(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed, cells=cells,
+                  console=console)
+    md = markdown(r)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scale.json").write_text(json.dumps(r, indent=2) + "\n")
+        (out / "scale.md").write_text(md + "\n")
+    print(md)
+    return r
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, default=1000)
@@ -246,17 +428,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", default="taskplane")
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cells", type=int, default=1, help="cells, each with its own scheduler and process")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    console = Console(stderr=True)
-    r = run_scale(replicas=a.replicas, tasks=a.tasks, rate=a.rate, policy=a.policy, gpu=a.gpu, seed=a.seed,
-                  console=console)
-    md = markdown(r)
-    if a.out is not None:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "scale.json").write_text(json.dumps(r, indent=2) + "\n")
-        (a.out / "scale.md").write_text(md + "\n")
-    print(md)
+    run_scale_command(out=a.out, replicas=a.replicas, tasks=a.tasks, rate=a.rate, policy=a.policy, gpu=a.gpu,
+                      seed=a.seed, cells=a.cells)
 
 
 if __name__ == "__main__":
