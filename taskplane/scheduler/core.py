@@ -177,7 +177,7 @@ class Scheduler:
                     return moved
             return Decision(Action.NO_REPLICA, reason=f"no replica serves model {req.model!r}")
         if self.sticky and self.sessions is not None:
-            kept = self._decide_pinned(req, replicas, pool, now)
+            kept = self._decide_pinned(req, replicas, now)
             if kept is not None:
                 return kept
         state = CycleState(self, req, replicas, pool, now, req.model)
@@ -215,9 +215,7 @@ class Scheduler:
                 return held
         return self._place(state)
 
-    def _decide_pinned(
-        self, req: CallRequest, replicas: ReplicaTable, pool: np.ndarray, now: float
-    ) -> Decision | None:
+    def _decide_pinned(self, req: CallRequest, replicas: ReplicaTable, now: float) -> Decision | None:
         """Sticky sessions: a call whose session has a live pin is decided over its pinned
         replica alone — same filters, budget check, admission and scorers — and stays there
         when that replica can take it; otherwise (filtered out, over budget, saturated,
@@ -229,7 +227,8 @@ class Scheduler:
         if name is None:
             return None
         row = replicas.row_of(name)
-        if row is None or not bool(np.any(pool == row)):
+        # in the pool: serves the model and is not to be avoided (what _pool selects)
+        if row is None or replicas.views[row].model != req.model or name in req.avoid_replicas:
             return None
         state = CycleState(self, req, replicas, np.array([row], dtype=np.intp), now, req.model)
         if self._filter(state) is not None:

@@ -425,7 +425,7 @@ class CycleState:
                 limit = settings.working_set_limits.get(self.request.priority)
                 if limit is not None:
                     pins.sweep(self.now_s)
-                    ws = np.fromiter((pins.working_set(n) for n in self.names), dtype=np.float64, count=self.n)
+                    ws = pins.working_sets(self.names)
                     need = self.request.prompt_tokens + self.completion_tokens
                     self._room = ws + need <= limit * self.total * self.block_size
         return self._room  # type: ignore[return-value]

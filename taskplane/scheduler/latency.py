@@ -95,12 +95,23 @@ class LatencyModel:
             self._dirty = True
         return code
 
+    def _row(self, gpu: str) -> tuple[float, float, float, float]:
+        """``timing(gpu)``'s four numbers, without building a GpuTiming (this runs on
+        every decision after a completion recalibrated the model)."""
+        prior = self.priors.get(gpu) or self.priors.get(DEFAULT_GPU) or GPU_PRIORS[DEFAULT_GPU]
+        decode = math.exp(self._log_decode.get(gpu, 0.0))
+        return (
+            prior.prefill_tokens_per_s * math.exp(self._log_prefill.get(gpu, 0.0)),
+            prior.decode_base_ms * decode,
+            prior.decode_per_seq_ms * decode,
+            self._cold.get(gpu, prior.cold_start_s),
+        )
+
     def _param_table(self) -> np.ndarray:
         if self._dirty:
             rows: list[tuple[float, float, float, float]] = [(0.0, 0.0, 0.0, 0.0)] * len(self._codes)
             for gpu, code in self._codes.items():
-                t = self.timing(gpu)
-                rows[code] = (t.prefill_tokens_per_s, t.decode_base_ms, t.decode_per_seq_ms, t.cold_start_s)
+                rows[code] = self._row(gpu)
             self._params = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
             self._dirty = False
         return self._params
@@ -203,8 +214,7 @@ class LatencyModel:
         self.samples[gpu] = self.samples.get(gpu, 0) + 1
         if ttft_s is not None and ttft_s > 1e-4 and prefill_tokens >= 64:
             # the fixed first-step overhead is not prefill work
-            t = self.timing(gpu)
-            prefill_s = max(ttft_s - t.decode_base_ms / 1000.0, 1e-4)
+            prefill_s = max(ttft_s - self._row(gpu)[1] / 1000.0, 1e-4)
             ratio = (prefill_tokens / prefill_s) / prior.prefill_tokens_per_s
             self._ewma(self._log_prefill, gpu, math.log(min(max(ratio, 1e-3), 1e3)))
         if decode_s is not None and decode_s > 0 and completion_tokens > 1:

@@ -15,8 +15,10 @@ session whose last step finished (no steps remaining) is released at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from prometheus_client import Counter
 
 PINS_BROKEN = Counter(
@@ -178,6 +180,11 @@ class SessionPins:
     def working_set(self, replica: str) -> int:
         """Context tokens of the sessions pinned to ``replica`` (call ``sweep`` first)."""
         return self._ws.get(replica, 0)
+
+    def working_sets(self, replicas: Sequence[str]) -> np.ndarray:
+        """``working_set`` of each of ``replicas``, as floats (one pass for a whole pool)."""
+        get = self._ws.get
+        return np.fromiter((get(r, 0) for r in replicas), dtype=np.float64, count=len(replicas))
 
     def finished(self, session: str | None, now_s: float) -> None:
         """A call of ``session`` finished: the tool-call gap starts now."""
