@@ -73,6 +73,9 @@ class SessionPins:
         self._gaps: dict[str, _GapStats] = {}
         self.broken: dict[str, int] = {}
         self._ws: dict[str, int] = {}  # replica -> tokens of the sessions pinned there
+        # agent -> its idle sessions (no call in flight) in the order they went idle, so a
+        # sweep expires a prefix per agent instead of scanning every pin
+        self._idle: dict[str, dict[str, None]] = {}
         self._swept_s = -math.inf
 
     def __len__(self) -> int:
@@ -134,6 +137,7 @@ class SessionPins:
             pin = self._pins[session] = Pin(replica, agent or "default", None, 0)
         else:
             self._ws_add(pin.replica, -pin.tokens)
+            self._not_idle(session, pin)
         pin.replica = replica
         if agent:
             pin.agent = agent
@@ -165,6 +169,12 @@ class SessionPins:
     def _drop(self, session: str, pin: Pin) -> None:
         del self._pins[session]
         self._ws_add(pin.replica, -pin.tokens)
+        self._not_idle(session, pin)
+
+    def _not_idle(self, session: str, pin: Pin) -> None:
+        idle = self._idle.get(pin.agent)
+        if idle is not None:
+            idle.pop(session, None)
 
     def sweep(self, now_s: float, every_s: float = 1.0) -> None:
         """Expire idle pins past their TTL (at most once per ``every_s``), so working sets
@@ -172,8 +182,14 @@ class SessionPins:
         if now_s - self._swept_s < every_s:
             return
         self._swept_s = now_s
-        for session, pin in list(self._pins.items()):
-            if pin.inflight == 0 and pin.last_end_s is not None and now_s - pin.last_end_s > self.ttl_for(pin.agent):
+        for agent, idle in self._idle.items():
+            # idle in the order their last call ended: the expired ones are a prefix
+            ttl = self.ttl_for(agent)
+            while idle:
+                session = next(iter(idle))
+                pin = self._pins[session]
+                if pin.last_end_s is None or now_s - pin.last_end_s <= ttl:
+                    break
                 self._drop(session, pin)
                 self._count("expired")
 
@@ -195,6 +211,10 @@ class SessionPins:
             return
         pin.inflight = max(pin.inflight - 1, 0)
         pin.last_end_s = now_s
+        if pin.inflight == 0:
+            idle = self._idle.setdefault(pin.agent, {})
+            idle.pop(session, None)
+            idle[session] = None  # the most recently idle goes last
 
     def break_pin(self, session: str, reason: str) -> bool:
         pin = self._pins.get(session)
@@ -208,7 +228,7 @@ class SessionPins:
         """Break every pin to ``replica`` (it failed or left); returns how many."""
         victims = [s for s, p in self._pins.items() if p.replica == replica]
         for s in victims:
-            del self._pins[s]
+            self._not_idle(s, self._pins.pop(s))
         self._ws.pop(replica, None)
         if victims:
             self._count(reason, len(victims))
