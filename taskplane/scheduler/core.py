@@ -231,6 +231,7 @@ class Scheduler:
         if row is None or replicas.views[row].model != req.model or name in req.avoid_replicas:
             return None
         state = CycleState(self, req, replicas, np.array([row], dtype=np.intp), now, req.model)
+        state._pinned, state.pinned_name = 0, name  # looked up above: the one candidate
         if self._filter(state) is not None:
             return None
         if req.budget_ms is not None and self.admission is not None:
