@@ -65,3 +65,18 @@ async def temporal_env() -> AsyncIterator[object]:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest_asyncio.fixture
+async def fresh_db_url(pg_server_url: str) -> AsyncIterator[str]:
+    """An empty database with taskplane's schema at head on the shared server, dropped
+    afterwards: rows written by other tests never mix into the numbers a test checks."""
+    from taskplane.store import db
+    from taskplane.store.migrate import upgrade
+
+    url = await db.create_database(pg_server_url)
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        await db.drop_database(url)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 import sys
 import time
@@ -30,6 +29,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from taskplane.bench.command import machine_info as sim_machine_info
 from taskplane.bench.real_client import Target, TaskResult, run_workload
 from taskplane.bench.real_metrics import (
     group_cpu_seconds,
@@ -396,19 +396,11 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """What the figures were measured on: everything here shares a few CPU cores."""
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpu_model": model, "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(), "load_avg_1m_at_end": load, "python": platform.python_version(),
-            "platform": platform.platform()}
+    """What the figures were measured on (everything here shares a few CPU cores), with
+    the load at the end of the run."""
+    info = sim_machine_info()
+    info["load_avg_1m_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return info
 
 
 def run_real_bench(
