@@ -371,13 +371,15 @@ class CostWriter:
         """While attempts are in flight and nothing else committed lately, stamp the outbox
         as alive: a crash then leaves their estimated end at most ``heartbeat_s`` early."""
         while True:
-            await asyncio.sleep(self.heartbeat_s)
-            if self._open and time.monotonic() - self._last_commit >= self.heartbeat_s:
-                try:
-                    await self._io(self.outbox.beat)
-                    self._last_commit = time.monotonic()
-                except Exception as exc:  # a failed beat only shortens a crash estimate
-                    log.warning("outbox heartbeat failed", error=str(exc)[:200])
+            due = self._last_commit + self.heartbeat_s - time.monotonic()
+            if not self._open or due > 0:
+                await asyncio.sleep(due if self._open else self.heartbeat_s / 4)
+                continue
+            try:
+                await self._io(self.outbox.beat)
+            except Exception as exc:  # a failed beat only shortens a crash estimate
+                log.warning("outbox heartbeat failed", error=str(exc)[:200])
+            self._last_commit = time.monotonic()
 
     async def _send_loop(self) -> None:
         backoff = self.min_backoff_s
