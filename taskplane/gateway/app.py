@@ -142,6 +142,7 @@ def build_app(
         gw = Gateway(config, registry, placer, sink, metrics, build_response_cache(config))
         state["gateway"] = gw
         state["sink"] = sink
+        await gw.record_lost_attempts()  # before serving: a predecessor killed mid-attempt
         await registry.start()
         subs = await start_kv_subscriptions(config, registry, placer)
         state["kv_subscriptions"] = subs

@@ -50,13 +50,13 @@ from taskplane.context import (
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
 from taskplane.engines.tokenize import chat_tokens, tokenize
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import auth, costing
+from taskplane.gateway import auth, costing, lost
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
 from taskplane.scheduler.hashing import chain_hashes
 from taskplane.scheduler.types import Action, CallRequest, Decision
-from taskplane.store.records import AttemptRecord, Outcome
+from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +73,10 @@ class AttemptSink:
     """Where attempt records go (the durable cost writer); a no-op when none is set."""
 
     async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
+        return None
+
+    async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
+        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note."""
         return None
 
 
@@ -161,6 +165,13 @@ class Gateway:
             for c in clients:
                 await c.aclose()
         self._pools.clear()
+
+    async def record_lost_attempts(self) -> int:
+        """Write the rows of attempts a killed predecessor on this outbox left in flight."""
+        records = await lost.record_orphans(self.sink, self._write)
+        for rec in records:
+            self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
+        return len(records)
 
     def _client_for(self, replica: ReplicaState) -> httpx.AsyncClient:
         """An upstream client for this replica. httpcore scans every connection of a pool
@@ -401,6 +412,7 @@ class Gateway:
             return batch_end
 
         try:
+            await self._note_open(call, decision, replica, try_index, queue_ms, started_wall, batch_start, model)
             client = self._client_for(replica)
             req = client.build_request("POST", url, json=self._upstream_body(call, model))
             resp = await self._send_unless_down(client, req, replica)
@@ -589,6 +601,21 @@ class Gateway:
         return event
 
     # ---- records --------------------------------------------------------
+    async def _note_open(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
+                         started: datetime, batch_start: int, model: str) -> None:
+        """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
+        leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
+        written costs that insurance, not the call."""
+        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
+                           started=started)
+        rec.error_type, rec.queue_ms = GATEWAY_LOST, queue_ms
+        note = lost.AttemptNote(record=rec, timeout_s=self.config.limits.request_timeout_s,
+                                price_per_hour_usd=replica.price_per_hour, batch_at_start=batch_start)
+        try:
+            await self.sink.open_attempt(rec.attempt_key, note.model_dump_json())
+        except Exception as exc:
+            log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
+
     async def _write(self, rec: AttemptRecord) -> None:
         """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
         exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""

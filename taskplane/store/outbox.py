@@ -7,6 +7,10 @@ Rows are deleted only after Postgres committed them; a crash in between replays 
 which the idempotent writes in Postgres absorb. Rows Postgres rejects as bad data go to
 a ``dead`` table instead of blocking the queue.
 
+The same file holds the in-flight journal (``inflight.py``): attempts sent to a replica
+whose row is not written yet. Appending an attempt's row closes its note in the same
+transaction.
+
 Not thread-safe by itself: the writer calls it from one dedicated thread.
 """
 
@@ -16,6 +20,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from taskplane.store import inflight
 
 FILE_NAME = "outbox.sqlite3"
 
@@ -60,6 +66,7 @@ class Outbox:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.executescript(_SCHEMA)
+        conn.executescript(inflight.SCHEMA)
         self._conn = conn
 
     @property
@@ -68,14 +75,32 @@ class Outbox:
             raise RuntimeError("outbox is not open")
         return self._conn
 
-    def append_many(self, items: list[tuple[str, str, str]]) -> None:
-        """Append ``(kind, key, payload)`` items in one fsynced transaction (a group commit)."""
+    def append_many(self, items: list[tuple[str, str, str]], opens: list[tuple[str, str]] | None = None) -> None:
+        """Append ``(kind, key, payload)`` items and open ``(attempt_key, note)`` in-flight
+        notes in one fsynced transaction (a group commit). An appended attempt row closes
+        its own note: the row and the note's removal commit together."""
         now = time.time()
         with _transaction(self.conn):
             self.conn.executemany(
                 "INSERT INTO outbox (kind, key, payload, created) VALUES (?, ?, ?, ?)",
                 [(kind, key, payload, now) for kind, key, payload in items],
             )
+            if opens:
+                inflight.open_notes(self.conn, opens, now)
+            inflight.close_notes(self.conn, [key for kind, key, _ in items if kind == "attempt"])
+            inflight.touch(self.conn, now)
+
+    def beat(self) -> None:
+        """Record that this process is alive (the end of an orphaned attempt's estimate)."""
+        with _transaction(self.conn):
+            inflight.touch(self.conn, time.time())
+
+    def take_orphans(self) -> list[inflight.Orphan]:
+        """Attempts an earlier process left open (see ``inflight.take_orphans``)."""
+        return inflight.take_orphans(self.conn)
+
+    def open_count(self) -> int:
+        return inflight.count_open(self.conn)
 
     def peek(self, limit: int) -> list[OutboxRow]:
         """The oldest ``limit`` rows, in append order."""
@@ -88,6 +113,7 @@ class Outbox:
             return
         with _transaction(self.conn):
             self.conn.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
+            inflight.touch(self.conn, time.time())
 
     def bury(self, row: OutboxRow, error: str) -> None:
         """Move a row Postgres rejects as bad data to ``dead`` so the rest can flow."""

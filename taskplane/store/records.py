@@ -21,6 +21,11 @@ class Outcome(StrEnum):
     CACHED = "cached"  # served from the exact response cache; no GPU time
 
 
+#: ``error_type`` of an attempt whose gateway was killed while a replica worked on it; its
+#: row is written by the next gateway on the same outbox, with an estimated cost.
+GATEWAY_LOST = "gateway_lost"
+
+
 class TaskStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

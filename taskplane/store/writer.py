@@ -7,6 +7,10 @@ an upsert that never turns a terminal status back into ``running``. A row leaves
 outbox only after Postgres committed it. While Postgres is down the loop retries with
 capped exponential backoff; a new writer on the same outbox replays what is left.
 So nothing is lost (outbox first) and nothing is doubled (idempotent writes).
+
+The writer also keeps the outbox's in-flight journal (``inflight.py``): ``open_attempt``
+notes an attempt before it is sent (sharing the group commit), its row closes the note,
+and ``orphaned_attempts`` hands a new process the notes a crashed one left open.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskplane.errors import UserError
+from taskplane.store import inflight
 from taskplane.store.db import create_engine, describe_url, is_unreachable, sqlstate
 from taskplane.store.models import LlmCall, Task
 from taskplane.store.outbox import Outbox, OutboxRow
@@ -37,6 +42,7 @@ log = structlog.get_logger("taskplane.store.writer")
 
 ATTEMPT = "attempt"
 TASK = "task"
+OPEN = "open"  # an in-flight note, not a row: it goes to the journal, never to Postgres
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -118,7 +124,9 @@ async def write_records(
     merged: dict[str, TaskRecord] = {}
     for t in tasks:
         merged[t.task_id] = merge_task(merged[t.task_id], t) if t.task_id in merged else t
-    attempt_rows = {a.attempt_key: attempt_row(a) for a in attempts}
+    attempt_rows: dict[str, dict[str, Any]] = {}
+    for a in attempts:  # the first row of a key wins, as ON CONFLICT DO NOTHING does across batches
+        attempt_rows.setdefault(a.attempt_key, attempt_row(a))
     async with engine.begin() as conn:
         if attempt_rows:
             stmt = pg_insert(LlmCall).on_conflict_do_nothing(index_elements=["attempt_key"])
@@ -175,6 +183,7 @@ class CostWriter:
         min_backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
         close_timeout_s: float = 5.0,
+        heartbeat_s: float = 1.0,
     ) -> None:
         self.database_url = database_url
         self.outbox = Outbox(Path(outbox_dir))
@@ -182,11 +191,16 @@ class CostWriter:
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
         self.close_timeout_s = close_timeout_s
+        self.heartbeat_s = heartbeat_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskplane-outbox")
         self._engine: AsyncEngine | None = None
         self._waiting: list[tuple[str, str, str, asyncio.Future[None]]] = []
         self._appender: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
+        self._heart: asyncio.Task[None] | None = None
+        self._open: set[str] = set()  # attempt keys noted open by this process
+        self._orphans: list[inflight.Orphan] = []
+        self._last_commit = 0.0
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
         self._stop = asyncio.Event()
@@ -207,14 +221,19 @@ class CostWriter:
             return
         self._lock_file = _lock_directory(self.outbox.path.parent)
         await self._io(self.outbox.open)
+        self._orphans = await self._io(self.outbox.take_orphans)  # before this process notes or beats
         self._pending = await self._io(self.outbox.count)
         self._dead = await self._io(self.outbox.dead_count)
         self._engine = create_engine(self.database_url)
         self._closing = False
         self._stop.clear()
         self._sender = asyncio.create_task(self._send_loop(), name="taskplane-cost-writer")
+        self._heart = asyncio.create_task(self._heartbeat(), name="taskplane-outbox-heartbeat")
         if self._pending:
             log.info("outbox replay", pending=self._pending, outbox=str(self.outbox.path))
+        if self._orphans:
+            log.warning("attempts left in flight by a process that died", orphans=len(self._orphans),
+                        outbox=str(self.outbox.path))
 
     async def close(self) -> None:
         """Deliver what can be delivered within ``close_timeout_s``, then stop. The rest stays
@@ -228,8 +247,11 @@ class CostWriter:
         if self._appender is not None:
             await asyncio.gather(self._appender, return_exceptions=True)
         self._sender.cancel()
-        await asyncio.gather(self._sender, return_exceptions=True)
+        if self._heart is not None:
+            self._heart.cancel()
+        await asyncio.gather(self._sender, *([self._heart] if self._heart else []), return_exceptions=True)
         self._sender = None
+        self._heart = None
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -253,6 +275,22 @@ class CostWriter:
     async def record_attempt(self, rec: AttemptRecord) -> None:
         """Record one LLM call attempt (idempotent on ``rec.attempt_key``)."""
         await self._append(ATTEMPT, rec.attempt_key, rec.model_dump_json())
+        self._open.discard(rec.attempt_key)
+
+    async def open_attempt(self, attempt_key: str, note: str) -> None:
+        """Note an attempt as in flight (fsynced on return); its ``record_attempt`` closes the
+        note. Call just before the request goes to the replica."""
+        self._open.add(attempt_key)
+        try:
+            await self._append(OPEN, attempt_key, note)
+        except Exception:
+            self._open.discard(attempt_key)  # not noted (disk full?): nothing to keep alive for
+            raise
+
+    def orphaned_attempts(self) -> list[inflight.Orphan]:
+        """Attempts the previous process on this outbox left open (it died mid-attempt).
+        Each stays noted until a row with its key is recorded through this writer."""
+        return list(self._orphans)
 
     async def upsert_task(self, rec: TaskRecord) -> None:
         """Create or update a task row; a terminal status is never overwritten by ``running``."""
@@ -289,6 +327,7 @@ class CostWriter:
             "last_error": self._last_error,
             "last_error_at": self._last_error_at,
             "outbox": str(self.outbox.path),
+            "open_attempts": len(self._open),
         }
 
     # ---- internals ---------------------------------------------------------------------
@@ -301,7 +340,8 @@ class CostWriter:
             raise RuntimeError("CostWriter is not started (call `await writer.start()` first)")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((kind, key, payload, fut))
-        self._pending += 1
+        if kind != OPEN:
+            self._pending += 1
         if self._appender is None or self._appender.done():
             self._appender = asyncio.create_task(self._drain_appends())
         await asyncio.shield(fut)
@@ -310,18 +350,36 @@ class CostWriter:
         """Group commit: everything that arrived while the last fsync ran goes in the next one."""
         while self._waiting:
             batch, self._waiting = self._waiting, []
+            rows = [(k, key, p) for k, key, p, _ in batch if k != OPEN]
+            opens = [(key, p) for k, key, p, _ in batch if k == OPEN]
             try:
-                await self._io(self.outbox.append_many, [(k, key, p) for k, key, p, _ in batch])
+                await self._io(self.outbox.append_many, rows, opens)
             except Exception as exc:  # disk full, permissions: the caller must know
-                self._pending -= len(batch)
+                self._pending -= len(rows)
                 for *_, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
+            self._last_commit = time.monotonic()
             for *_, fut in batch:
                 if not fut.done():
                     fut.set_result(None)
-            self._wake.set()
+            if rows:
+                self._wake.set()
+
+    async def _heartbeat(self) -> None:
+        """While attempts are in flight and nothing else committed lately, stamp the outbox
+        as alive: a crash then leaves their estimated end at most ``heartbeat_s`` early."""
+        while True:
+            due = self._last_commit + self.heartbeat_s - time.monotonic()
+            if not self._open or due > 0:
+                await asyncio.sleep(due if self._open else self.heartbeat_s / 4)
+                continue
+            try:
+                await self._io(self.outbox.beat)
+            except Exception as exc:  # a failed beat only shortens a crash estimate
+                log.warning("outbox heartbeat failed", error=str(exc)[:200])
+            self._last_commit = time.monotonic()
 
     async def _send_loop(self) -> None:
         backoff = self.min_backoff_s

@@ -31,6 +31,7 @@ from tp_rel_stack import MATRIX, RelStack
 import taskplane
 from taskplane.dev import processes as proc
 from taskplane.sdk import TaskFailed, TaskHandle, connect
+from taskplane.store.records import GATEWAY_LOST
 
 pytestmark = pytest.mark.stack
 
@@ -84,7 +85,8 @@ async def _drained(stack: RelStack, prefix: str, bound_s: float = 60) -> tuple[l
     while True:
         want = {r["attempt_key"] for r in stack.gateway_rows(prefix)}
         try:
-            calls = await _pg(stack, "SELECT attempt_key, outcome, replica FROM llm_calls WHERE task_id LIKE $1", prefix + "%")
+            calls = await _pg(stack, "SELECT attempt_key, outcome, error_type, replica FROM llm_calls WHERE task_id LIKE $1",
+                              prefix + "%")
             tasks = await _pg(stack, "SELECT task_id, status, error FROM tasks WHERE task_id LIKE $1", prefix + "%")
         except (OSError, asyncpg.PostgresError):
             calls, tasks = [], []
@@ -189,10 +191,11 @@ async def run_case(stack: RelStack, client: Client, fault: str, inject: Callable
     row = {
         "fault": fault, "tasks": TASKS,
         "ok": outcomes.count("ok"), "failed": outcomes.count("failed"), "lost": outcomes.count("lost"),
-        "rows_gateway": len(set(gw_keys)), "rows_db": len(db_keys),
+        "rows_gateway": len(set(gw_keys)), "rows_db": len(db_keys),  # lost attempts: logged by the next gateway
         "rows_lost": len(set(gw_keys) - set(db_keys)),
         "rows_doubled": (len(db_keys) - len(set(db_keys))) + len(set(db_keys) - set(gw_keys)),
         "rows_not_success": sum(1 for r in calls if r["outcome"] != "success"),
+        "rows_gateway_lost": sum(1 for r in calls if r["error_type"] == GATEWAY_LOST),
         "kv_recovery_s": kv_s, "wall_s": time.monotonic() - t0,
         "task_rows": {t["task_id"]: t["status"] for t in tasks},
         "failed_errors": [t["error"] for t in tasks if t["status"] != "succeeded"],
@@ -295,7 +298,11 @@ async def test_kill_and_restart_the_gateway(stack: RelStack, client: Client) -> 
     async def clear() -> None:
         await asyncio.to_thread(stack.cluster.start_gateway)
 
-    _check(await run_case(stack, client, "kill -9 the gateway", inject, clear, 2.0))
+    row = await run_case(stack, client, "kill -9 the gateway", inject, clear, 2.0)
+    _check(row)
+    # the strike waits for calls in flight: the attempts it cut off are rows too, written
+    # by the restarted gateway from the dead one's in-flight journal (gateway/lost.py)
+    assert row["rows_gateway_lost"] >= 1, row
 
 
 async def test_stop_postgres(stack: RelStack, client: Client) -> None:

@@ -143,17 +143,19 @@ def _lines(path: Path) -> Iterator[str]:
 MATRIX: list[dict[str, Any]] = []
 
 COLUMNS = [("fault", 24), ("tasks", 6), ("ok", 4), ("failed", 7), ("lost", 5), ("rows", 5), ("in db", 6),
-           ("lost", 5), ("doubled", 8), ("not ok", 7), ("kv sync s", 10), ("wall s", 7)]
+           ("lost", 5), ("doubled", 8), ("not ok", 7), ("gw lost", 8), ("kv sync s", 10), ("wall s", 7)]
 
 
 def render_matrix(rows: list[dict[str, Any]] | None = None) -> str:
     rows = MATRIX if rows is None else rows
     head = "".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(COLUMNS))
     lines = ["fault matrix (tasks: ok / failed with a recorded failure / lost; cost rows: handed over by the gateway,",
-             "in Postgres, lost, doubled, and how many of them record a failed attempt; KV view back in sync after)", head]
+             "in Postgres, lost, doubled, how many of them record a failed attempt, and how many of those a killed gateway's",
+             "successor recorded from its in-flight journal; KV view back in sync after)", head]
     for r in rows:
         kv = "-" if r["kv_recovery_s"] is None else f"{r['kv_recovery_s']:.1f}"
         vals = [r["fault"], r["tasks"], r["ok"], r["failed"], r["lost"], r["rows_gateway"], r["rows_db"],
-                r["rows_lost"], r["rows_doubled"], r["rows_not_success"], kv, f"{r['wall_s']:.0f}"]
+                r["rows_lost"], r["rows_doubled"], r["rows_not_success"], r.get("rows_gateway_lost", 0), kv,
+                f"{r['wall_s']:.0f}"]
         lines.append("".join(f"{v!s:>{w}}" if i else f"{v!s:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, COLUMNS, strict=True))))
     return "\n".join(lines)
