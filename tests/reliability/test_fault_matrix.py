@@ -291,11 +291,18 @@ async def test_kill_the_worker(stack: RelStack, client: Client) -> None:
 
 async def test_kill_and_restart_the_gateway(stack: RelStack, client: Client) -> None:
     async def inject(_: str) -> None:
+        # the replicas hold the calls they get, so the strike surely cuts calls off at a
+        # replica (sent, journalled) rather than between two calls
+        for rep in stack.cluster.replicas:
+            await _faults(rep.url, hang=True)
         await wait_for_calls_in_flight(stack)
+        await asyncio.sleep(0.5)
         _sigkill(stack.cluster.gateway_pid)
         stack.cluster.gateway_pid = None
 
     async def clear() -> None:
+        for rep in stack.cluster.replicas:
+            await _faults(rep.url, clear=True)
         await asyncio.to_thread(stack.cluster.start_gateway)
 
     row = await run_case(stack, client, "kill -9 the gateway", inject, clear, 2.0)
