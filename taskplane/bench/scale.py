@@ -47,6 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskplane.bench.command import machine_info
 from taskplane.bench.runner import TimedScheduler
 from taskplane.bench.workloads import agent_tenants, agent_workload
+from taskplane.engines.kv_events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, simulate
@@ -75,14 +76,17 @@ class CountingScheduler(TimedScheduler):
         self.kv_batches += 1
         for ev in events:
             self.kv_events += 1
-            hashes = getattr(ev, "block_hashes", None)
-            if hashes is None and isinstance(ev, dict):
-                hashes = ev.get("block_hashes")
-            n = len(hashes or ())
-            if type(ev).__name__ == "BlockStored" or (isinstance(ev, dict) and ev.get("type") == "BlockStored"):
-                self.blocks_stored += n
-            else:
-                self.blocks_removed += n
+            kind = type(ev)
+            if kind is BlockStored:
+                self.blocks_stored += len(ev.block_hashes)
+            elif kind is BlockRemoved:
+                self.blocks_removed += len(ev.block_hashes)
+            elif isinstance(ev, dict):  # raw msgpack maps
+                n = len(ev.get("block_hashes") or ())
+                if ev.get("type") == "BlockStored":
+                    self.blocks_stored += n
+                else:
+                    self.blocks_removed += n
         return self.inner.on_kv_events(replica, events, seq)
 
 
