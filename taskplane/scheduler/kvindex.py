@@ -306,6 +306,7 @@ class PreciseIndex:
         self.unchained_blocks = 0
         self.block_sizes: set[int] = set()  # every block size seen in events
         self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
+        self.auth_mask = 0  # the same as a bitmask: lets a match skip the approximate view
         self._bs = np.zeros(64, dtype=np.int64)  # by replica id: block size of its events
 
     @staticmethod
@@ -321,6 +322,7 @@ class PreciseIndex:
         rid = self.slots.ensure(name)
         self._auth = self._grow(self._auth, rid + 1)
         self._auth[rid] = value
+        self.auth_mask = self.auth_mask | (1 << rid) if value else self.auth_mask & ~(1 << rid)
 
     def authoritative(self, ids: np.ndarray) -> np.ndarray:
         """By replica id (as from ``ReplicaSlots.ids_of``): is the precise view exact?"""
@@ -436,6 +438,8 @@ class PreciseIndex:
             rid = self.slots.get(name)
             if rid is not None and rid < len(self._auth):
                 self._auth[rid] = False
+            if rid is not None:
+                self.auth_mask &= ~(1 << rid)
             if rid is not None and rid < len(self._bs):
                 self._bs[rid] = 0
         _BLOCKS_PRECISE.set(len(self.owners))
@@ -743,9 +747,7 @@ class KVIndex:
             if block_size is not None and self.precise.other_block_sizes(block_size):
                 sizes = self.precise.block_size_by_id(ids)
                 precise[(sizes != 0) & (sizes != block_size)] = 0
-        if use_approx and block_hashes[0] in self.approx.owners:
-            # (when nobody holds the first block the approximate view is all zeros, and
-            # max(precise, 0) is precise: skip it)
+        if use_approx and self._approx_matters(block_hashes[0], src, precise is not None):
             approx = self._counts(self.approx.owners, block_hashes, ids)
         if precise is None:
             return approx if approx is not None else np.zeros(n, dtype=np.int64)
@@ -756,6 +758,18 @@ class KVIndex:
             authoritative = self.precise.authoritative(ids)
             return np.where(authoritative, precise, np.maximum(precise, approx))
         return np.maximum(precise, approx)
+
+    def _approx_matters(self, first: int, src: Source, with_precise: bool) -> bool:
+        """Can the approximate view change a match of a prompt starting with ``first``?
+
+        Only replicas holding ``first`` in it can have approximate counts, and in ``AUTO``
+        an in-sync publisher's precise count wins: when no such replica is out of sync
+        (usually: it only records routing to replicas that are), the answer is the precise
+        one and the walk, the ``np.where`` and the ``np.maximum`` are skipped."""
+        holders = self.approx.owners.get(first)
+        if not holders:
+            return False
+        return not with_precise or src != Source.AUTO or bool(holders & ~self.precise.auth_mask)
 
     def match_one(
         self,
@@ -794,12 +808,10 @@ class KVIndex:
         approx_owners = self.approx.owners
         if not ((src != Source.PRECISE or not tokenized) and approx_owners):
             return matched or 0
-        approx = _extent(approx_owners.get, hashes, 0, bit)
-        if matched is None:
-            return approx
-        if src == Source.AUTO and precise.authoritative_id(rid):
+        if matched is not None and src == Source.AUTO and precise.authoritative_id(rid):
             return matched
-        return max(matched, approx)
+        approx = _extent(approx_owners.get, hashes, 0, bit)
+        return approx if matched is None else max(matched, approx)
 
     def _counts(self, owners: dict[int, int], hashes: Sequence[int], ids: np.ndarray) -> np.ndarray:
         """Leading ``hashes`` each of ``ids`` holds in ``owners``: one walk for the pool."""

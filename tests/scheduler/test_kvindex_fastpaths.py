@@ -188,3 +188,26 @@ def test_pool_walk_equals_brute_force(data: st.DataObject) -> None:
         while want < len(hashes) and hashes[want] in held[name]:
             want += 1
         assert count == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auth_mask_mirrors_the_authoritative_array(seed: int) -> None:
+    """``auth_mask`` (used to skip the approximate view) agrees with ``authoritative``."""
+    rng = random.Random(seed)
+    names = [f"r{i}" for i in range(30)]
+    idx = KVIndex()
+    stream = random_stream(rng, names, 2, 300)
+    for step, (name, events) in enumerate(stream):
+        r = rng.random()
+        if r < 0.05:
+            idx.clear_replica(name)
+        elif r < 0.08:
+            idx.remove_replica(name)
+        elif r < 0.1:
+            idx.record_routing(name, [step], 5)
+        else:
+            idx.apply_batch(name, idx.precise.expected_seq(name) or 0, events)
+        ids = np.arange(idx.slots.capacity + 1)
+        auth = idx.precise.authoritative(ids)
+        mask = idx.precise.auth_mask
+        assert [bool(mask >> int(i) & 1) for i in ids] == auth.tolist()
