@@ -16,6 +16,9 @@ Two indexes share one replica numbering and answer one ``match`` call:
 Both map each block hash to a bitmask of replica ids (a Python int), so ``match`` walks the
 prompt's hashes once, ANDing masks, and stops as soon as no replica is left: the cost is one
 dict lookup per matched block, independent of the number of replicas or indexed blocks.
+A block with a single owner (nearly all of them) stores that replica's one shared ``1 << id``
+object (:meth:`ReplicaSlots.bit`): no int per entry, and once a walk is down to one replica
+(or is asked about one or a few: a pinned session) it tests each block by identity.
 """
 
 from __future__ import annotations
