@@ -16,6 +16,9 @@ Two indexes share one replica numbering and answer one ``match`` call:
 Both map each block hash to a bitmask of replica ids (a Python int), so ``match`` walks the
 prompt's hashes once, ANDing masks, and stops as soon as no replica is left: the cost is one
 dict lookup per matched block, independent of the number of replicas or indexed blocks.
+A block with a single owner (nearly all of them) stores that replica's one shared ``1 << id``
+object (:meth:`ReplicaSlots.bit`): no int per entry, and once a walk is down to one replica
+(or is asked about one or a few: a pinned session) it tests each block by identity.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge
 
+from taskplane.engines.kv_events import BlockRemoved as _VBlockRemoved
+from taskplane.engines.kv_events import BlockStored as _VBlockStored
 from taskplane.scheduler.hashing import ROOT, chain_hashes
 
 KV_EVENTS = Counter(
@@ -86,7 +91,12 @@ _REMOVED_ORDER = ("block_hashes", "medium")
 
 
 def _gpu_tier(medium: Any) -> bool:
-    return medium is None or str(medium).upper() == "GPU"
+    return medium is None or medium == "GPU" or str(medium).upper() == "GPU"
+
+
+def _stored_indexable(ev: Any) -> bool:
+    """:func:`normalize_event`'s ``indexable`` for a ``kv_events.BlockStored`` (no group field)."""
+    return ev.lora_id is None and ev.lora_name is None and _gpu_tier(ev.medium)
 
 
 def normalize_event(ev: Any) -> Event:
@@ -145,6 +155,7 @@ class ReplicaSlots:
         self._free: list[int] = []
         self._next = 0
         self.version = 0  # bumped whenever a name gains or loses its id
+        self._bits: list[int] = []  # by id: the one shared ``1 << id`` object
 
     def get(self, name: str) -> int | None:
         return self._ids.get(name)
@@ -179,14 +190,33 @@ class ReplicaSlots:
     def names(self) -> list[str]:
         return list(self._ids)
 
+    def bit(self, rid: int) -> int:
+        """The shared ``1 << rid`` object, the owner mask of a block only ``rid`` holds.
+
+        Most blocks have one owner. Storing this one object for all of them, rather than a
+        fresh int per block, saves an int per index entry (about 90 bytes at 1,000 replicas)
+        and lets a walk recognise a single-owner block by identity (:func:`_extent`)."""
+        bits = self._bits
+        while len(bits) <= rid:
+            bits.append(1 << len(bits))
+        return bits[rid]
+
+    def canonical(self, mask: int) -> int:
+        """``mask`` (nonzero), as the shared object of :meth:`bit` when it has one bit."""
+        if mask & (mask - 1):
+            return mask
+        return self.bit(mask.bit_length() - 1)
+
 
 # --------------------------------------------------------------------------- walk
 
 
-def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray) -> None:
+def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray, slots: ReplicaSlots) -> None:
     """Write into ``out[id]`` the number of leading ``hashes`` replica ``id`` holds.
 
     ``out`` must be zero where no match is found; it is only written for matching ids.
+    While several replicas are alive the masks are ANDed; once one is left the rest of the
+    walk is :func:`_extent` (an identity test per block, not a full-width AND).
     """
     if not hashes:
         return
@@ -196,15 +226,36 @@ def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray) -> Non
         return
     i = 1
     n = len(hashes)
-    while i < n:
-        cur = alive & get(hashes[i], 0)
-        if cur != alive:
-            _assign(alive & ~cur, i, out)
-            if not cur:
-                return
-            alive = cur
+    if alive & (alive - 1):  # several owners
+        while i < n:
+            cur = alive & get(hashes[i], 0)
+            i += 1
+            if cur != alive:
+                _assign(alive & ~cur, i - 1, out)
+                if not cur:
+                    return
+                alive = cur
+                if not alive & (alive - 1):
+                    break
+        else:
+            _assign(alive, n, out)
+            return
+    rid = alive.bit_length() - 1
+    out[rid] = _extent(get, hashes, i, slots.bit(rid))
+
+
+def _extent(get: Any, hashes: Sequence[int], start: int, bit: int) -> int:
+    """The index of the first of ``hashes[start:]`` whose owner mask (``get``) lacks ``bit``.
+
+    ``bit`` is the shared object of :meth:`ReplicaSlots.bit`, so a block only this replica
+    holds passes on identity; a shared block costs one AND."""
+    i = start
+    for h in hashes[start:] if start else hashes:
+        m = get(h)
+        if m is not bit and (m is None or not m & bit):
+            return i
         i += 1
-    _assign(alive, n, out)
+    return i
 
 
 def _assign(mask: int, value: int, out: np.ndarray) -> None:
@@ -258,6 +309,7 @@ class PreciseIndex:
         self.unchained_blocks = 0
         self.block_sizes: set[int] = set()  # every block size seen in events
         self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
+        self.auth_mask = 0  # the same as a bitmask: lets a match skip the approximate view
         self._bs = np.zeros(64, dtype=np.int64)  # by replica id: block size of its events
 
     @staticmethod
@@ -273,11 +325,25 @@ class PreciseIndex:
         rid = self.slots.ensure(name)
         self._auth = self._grow(self._auth, rid + 1)
         self._auth[rid] = value
+        self.auth_mask = self.auth_mask | (1 << rid) if value else self.auth_mask & ~(1 << rid)
 
     def authoritative(self, ids: np.ndarray) -> np.ndarray:
         """By replica id (as from ``ReplicaSlots.ids_of``): is the precise view exact?"""
         self._auth = self._grow(self._auth, self.slots.capacity + 1)
         return self._auth[ids]
+
+    def authoritative_id(self, rid: int) -> bool:
+        """``authoritative`` for one id."""
+        return rid < len(self._auth) and bool(self._auth[rid])
+
+    def block_size_of_id(self, rid: int) -> int:
+        """``block_size_by_id`` for one id."""
+        return int(self._bs[rid]) if rid < len(self._bs) else 0
+
+    def other_block_sizes(self, block_size: int) -> bool:
+        """Have events used a block size other than ``block_size``? (Rarely: one model.)"""
+        sizes = self.block_sizes
+        return len(sizes) > 1 or (bool(sizes) and block_size not in sizes)
 
     def block_size_by_id(self, ids: np.ndarray) -> np.ndarray:
         """Block size of each replica's events (0 when unknown)."""
@@ -375,6 +441,8 @@ class PreciseIndex:
             rid = self.slots.get(name)
             if rid is not None and rid < len(self._auth):
                 self._auth[rid] = False
+            if rid is not None:
+                self.auth_mask &= ~(1 << rid)
             if rid is not None and rid < len(self._bs):
                 self._bs[rid] = 0
         _BLOCKS_PRECISE.set(len(self.owners))
@@ -382,28 +450,62 @@ class PreciseIndex:
     # -- events
 
     def apply_events(self, name: str, events: Iterable[Any]) -> None:
-        """Apply events without sequence tracking (in-process engines, tests)."""
-        rep = self._rep(name)
-        bit = 1 << self.slots.ensure(name)
-        for raw in events:
-            ev = normalize_event(raw)
-            if isinstance(ev, Stored):
-                _EV_STORED.inc()
-                if ev.indexable:
-                    self._stored(rep, bit, ev)
-            elif isinstance(ev, Removed):
-                _EV_REMOVED.inc()
-                if ev.indexable:
-                    self._removed(rep, bit, ev.block_hashes)
-            else:
-                _EV_CLEARED.inc()
-                self._drop_blocks(name, rep)
-                self._set_sync(name, rep, True)  # the engine is empty now: its state is known
-        _BLOCKS_PRECISE.set(len(self.owners))
+        """Apply events without sequence tracking (in-process engines, tests).
 
-    def _stored(self, rep: _PreciseReplica, bit: int, ev: Stored) -> None:
-        bs = ev.block_size
-        if bs <= 0 or not ev.block_hashes:
+        vLLM's own event structs (:mod:`taskplane.engines.kv_events`, what the subscriber
+        decodes and the simulator emits) are read directly; any other shape goes through
+        :func:`normalize_event`. Both paths apply the same rules. The event counters are
+        incremented once per batch (a Prometheus ``inc`` takes a lock)."""
+        rep = self._rep(name)
+        bit = self.slots.bit(self.slots.ensure(name))
+        n_stored = n_removed = n_cleared = 0
+        try:
+            for raw in events:
+                kind = type(raw)
+                if kind is _VBlockStored:
+                    n_stored += 1
+                    if _stored_indexable(raw):
+                        self._stored(rep, bit, raw.block_hashes or (), raw.parent_block_hash,
+                                     raw.token_ids or (), int(raw.block_size or 0))
+                    continue
+                if kind is _VBlockRemoved:
+                    n_removed += 1
+                    if _gpu_tier(raw.medium):
+                        self._removed(rep, bit, raw.block_hashes or ())
+                    continue
+                ev = normalize_event(raw)
+                if isinstance(ev, Stored):
+                    n_stored += 1
+                    if ev.indexable:
+                        self._stored(rep, bit, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size)
+                elif isinstance(ev, Removed):
+                    n_removed += 1
+                    if ev.indexable:
+                        self._removed(rep, bit, ev.block_hashes)
+                else:
+                    n_cleared += 1
+                    self._drop_blocks(name, rep)
+                    self._set_sync(name, rep, True)  # the engine is empty now: its state is known
+        finally:
+            if n_stored:
+                _EV_STORED.inc(n_stored)
+            if n_removed:
+                _EV_REMOVED.inc(n_removed)
+            if n_cleared:
+                _EV_CLEARED.inc(n_cleared)
+            _BLOCKS_PRECISE.set(len(self.owners))
+
+    def _stored(
+        self,
+        rep: _PreciseReplica,
+        bit: int,
+        block_hashes: Sequence[Any],
+        parent_block_hash: Any,
+        token_ids: Sequence[int],
+        bs: int,
+    ) -> None:
+        """Index a ``BlockStored`` event's blocks under our own chained hashes."""
+        if bs <= 0 or not block_hashes:
             return
         if rep.block_size != bs:
             rep.block_size = bs
@@ -411,22 +513,22 @@ class PreciseIndex:
             rid = self.slots.ensure(rep.name)
             self._bs = self._grow(self._bs, rid + 1)
             self._bs[rid] = bs
-        if ev.parent_block_hash is None:
+        if parent_block_hash is None:
             parent = ROOT
         else:
-            known = rep.eng2ours.get(ev.parent_block_hash)
+            known = rep.eng2ours.get(parent_block_hash)
             if known is None:
                 # The parent's BlockStored was missed (or it was evicted before its child was
                 # stored): without it the chain cannot be rebuilt, and a block whose parent
                 # is unknown can never be part of a matched prefix anyway.
-                self.unchained_blocks += len(ev.block_hashes)
-                KV_UNCHAINED.inc(len(ev.block_hashes))
+                self.unchained_blocks += len(block_hashes)
+                KV_UNCHAINED.inc(len(block_hashes))
                 return
             parent = known
-        ours = chain_hashes(ev.token_ids, bs, parent)
+        ours = chain_hashes(token_ids, bs, parent)
         owners = self.owners
         eng2ours = rep.eng2ours
-        for eng, our in zip(ev.block_hashes, ours, strict=False):
+        for eng, our in zip(block_hashes, ours, strict=False):
             old = eng2ours.get(eng)
             if old == our:
                 continue  # replayed event: idempotent
@@ -437,7 +539,7 @@ class PreciseIndex:
             if mask & bit:
                 rep.extra[our] = rep.extra.get(our, 0) + 1
             else:
-                owners[our] = mask | bit
+                owners[our] = mask | bit if mask else bit  # ``bit`` itself: the shared object
 
     def _removed(self, rep: _PreciseReplica, bit: int, hashes: Iterable[Any]) -> None:
         pop = rep.eng2ours.pop
@@ -454,11 +556,16 @@ class PreciseIndex:
             else:
                 rep.extra[our] = extra - 1
             return
-        mask = self.owners.get(our, 0) & ~bit
+        owners = self.owners
+        mask = owners.get(our, 0)
+        if mask is bit:  # its only owner (the common case): no full-width arithmetic
+            del owners[our]
+            return
+        mask &= ~bit
         if mask:
-            self.owners[our] = mask
+            owners[our] = self.slots.canonical(mask)
         else:
-            self.owners.pop(our, None)
+            owners.pop(our, None)
 
     def _drop_blocks(self, name: str, rep: _PreciseReplica) -> None:
         rid = self.slots.get(name)
@@ -466,10 +573,11 @@ class PreciseIndex:
             return
         keep = ~(1 << rid)
         owners = self.owners
+        canonical = self.slots.canonical
         for our in set(rep.eng2ours.values()):
             mask = owners.get(our, 0) & keep
             if mask:
-                owners[our] = mask
+                owners[our] = canonical(mask)
             else:
                 owners.pop(our, None)
         rep.eng2ours.clear()
@@ -506,7 +614,7 @@ class ApproxIndex:
         """Remember that ``block_hashes`` were just routed to ``name``."""
         if not block_hashes:
             return
-        bit = 1 << self.slots.ensure(name)
+        bit = self.slots.bit(self.slots.ensure(name))
         lru = self._lru.get(name)
         if lru is None:
             lru = self._lru[name] = OrderedDict()
@@ -517,16 +625,18 @@ class ApproxIndex:
                 move(h)
             else:
                 lru[h] = None
-                owners[h] = owners.get(h, 0) | bit
+                mask = owners.get(h, 0)
+                owners[h] = mask | bit if mask else bit
         cap = max(int(capacity_blocks), 1)
         if len(lru) > cap:
             keep = ~bit
             popitem = lru.popitem
+            canonical = self.slots.canonical
             for _ in range(len(lru) - cap):
                 h, _none = popitem(last=False)
                 mask = owners.get(h, 0) & keep
                 if mask:
-                    owners[h] = mask
+                    owners[h] = canonical(mask)
                 else:
                     owners.pop(h, None)
         _BLOCKS_APPROX.set(len(owners))
@@ -538,10 +648,11 @@ class ApproxIndex:
             return
         keep = ~(1 << rid)
         owners = self.owners
+        canonical = self.slots.canonical
         for h in lru:
             mask = owners.get(h, 0) & keep
             if mask:
-                owners[h] = mask
+                owners[h] = canonical(mask)
             else:
                 owners.pop(h, None)
         _BLOCKS_APPROX.set(len(owners))
@@ -554,6 +665,12 @@ class Source(enum.StrEnum):
     AUTO = "auto"  # precise for in-sync event publishers, else max(precise, approximate)
     PRECISE = "precise"
     APPROXIMATE = "approximate"
+
+
+_SOURCES: dict[str, Source] = {s.value: s for s in Source}  # Source(x) costs ~1 us per call
+
+#: Up to this many replica ids, ``match_ids`` walks each id alone rather than the whole pool.
+_FEW_IDS = 4
 
 
 class KVIndex:
@@ -620,23 +737,21 @@ class KVIndex:
         n = len(ids)
         if not block_hashes or n == 0:
             return np.zeros(n, dtype=np.int64)
-        src = Source(source)
-        cap = self.slots.capacity + 1
+        src = _SOURCES.get(source) or Source(source)
+        if n <= _FEW_IDS:
+            one = self._match_one
+            return np.array([one(block_hashes, rid, src, block_size, tokenized) for rid in np.asarray(ids).tolist()],
+                            dtype=np.int64)
         use_precise = tokenized and src != Source.APPROXIMATE
         use_approx = (src != Source.PRECISE or not tokenized) and bool(self.approx.owners)
         precise = approx = None
         if use_precise:
-            precise = np.zeros(cap, dtype=np.int64)
-            if self.precise.owners:
-                _walk(self.precise.owners, block_hashes, precise)
-            precise = precise[ids]
-            if block_size is not None and self.precise.block_sizes - {block_size}:
+            precise = self._counts(self.precise.owners, block_hashes, ids)
+            if block_size is not None and self.precise.other_block_sizes(block_size):
                 sizes = self.precise.block_size_by_id(ids)
                 precise[(sizes != 0) & (sizes != block_size)] = 0
-        if use_approx:
-            approx = np.zeros(cap, dtype=np.int64)
-            _walk(self.approx.owners, block_hashes, approx)
-            approx = approx[ids]
+        if use_approx and self._approx_matters(block_hashes[0], src, precise is not None):
+            approx = self._counts(self.approx.owners, block_hashes, ids)
         if precise is None:
             return approx if approx is not None else np.zeros(n, dtype=np.int64)
         if approx is None:
@@ -646,6 +761,68 @@ class KVIndex:
             authoritative = self.precise.authoritative(ids)
             return np.where(authoritative, precise, np.maximum(precise, approx))
         return np.maximum(precise, approx)
+
+    def _approx_matters(self, first: int, src: Source, with_precise: bool) -> bool:
+        """Can the approximate view change a match of a prompt starting with ``first``?
+
+        Only replicas holding ``first`` in it can have approximate counts, and in ``AUTO``
+        an in-sync publisher's precise count wins: when no such replica is out of sync
+        (usually: it only records routing to replicas that are), the answer is the precise
+        one and the walk, the ``np.where`` and the ``np.maximum`` are skipped."""
+        holders = self.approx.owners.get(first)
+        if not holders:
+            return False
+        return not with_precise or src != Source.AUTO or bool(holders & ~self.precise.auth_mask)
+
+    def match_one(
+        self,
+        block_hashes: Sequence[int],
+        rid: int,
+        *,
+        source: Source | str = Source.AUTO,
+        block_size: int | None = None,
+        tokenized: bool = True,
+    ) -> int:
+        """``match_ids`` for a single replica id, as an int (no arrays at all).
+
+        For a call that can only go to one replica (a pinned session): the walk follows that
+        replica alone and stops where it stops holding the prompt, however many other
+        replicas hold it."""
+        if not block_hashes:
+            return 0
+        src = _SOURCES.get(source) or Source(source)
+        return self._match_one(block_hashes, int(rid), src, block_size, tokenized)
+
+    def _match_one(
+        self, hashes: Sequence[int], rid: int, src: Source, block_size: int | None, tokenized: bool
+    ) -> int:
+        """One id of ``match_ids``, by the same rules (see there), with :func:`_extent`."""
+        if rid >= self.slots.capacity:
+            return 0  # ``ids_of``'s slot for unknown names: holds nothing
+        bit = self.slots.bit(rid)
+        precise = self.precise
+        matched: int | None = None
+        if tokenized and src != Source.APPROXIMATE:
+            matched = _extent(precise.owners.get, hashes, 0, bit) if precise.owners else 0
+            if matched and block_size is not None and precise.other_block_sizes(block_size):
+                size = precise.block_size_of_id(rid)
+                if size and size != block_size:
+                    matched = 0
+        approx_owners = self.approx.owners
+        if not ((src != Source.PRECISE or not tokenized) and approx_owners):
+            return matched or 0
+        if matched is not None and src == Source.AUTO and precise.authoritative_id(rid):
+            return matched
+        approx = _extent(approx_owners.get, hashes, 0, bit)
+        return approx if matched is None else max(matched, approx)
+
+    def _counts(self, owners: dict[int, int], hashes: Sequence[int], ids: np.ndarray) -> np.ndarray:
+        """Leading ``hashes`` each of ``ids`` holds in ``owners``: one walk for the pool."""
+        if hashes[0] not in owners:
+            return np.zeros(len(ids), dtype=np.int64)
+        out = np.zeros(self.slots.capacity + 1, dtype=np.int64)
+        _walk(owners, hashes, out, self.slots)
+        return out[ids]
 
     def match(
         self,
