@@ -94,11 +94,13 @@ def kv_index_size(index: KVIndex) -> dict[str, Any]:
     """Entries of the scheduler's KV index and an estimate of their memory.
 
     The precise index holds a dict block -> owner bitmask (an int of one bit per replica
-    id) and, per replica, a dict engine hash -> our hash. Sizes are CPython's: the dicts'
+    id; a block with one owner shares that replica's one-bit int) and, per replica, a dict engine hash -> our hash. Sizes are CPython's: the dicts'
     tables (``sys.getsizeof``) plus the int objects they reference."""
     precise = index.precise
     owners = precise.owners
-    owner_bytes = sys.getsizeof(owners) + len(owners) * _INT_BYTES + sum(sys.getsizeof(v) for v in owners.values())
+    # one-owner masks are shared int objects (one per replica id): count each object once
+    masks = {id(v): v for v in owners.values()}
+    owner_bytes = sys.getsizeof(owners) + len(owners) * _INT_BYTES + sum(sys.getsizeof(v) for v in masks.values())
     entries = 0
     map_bytes = 0
     for rep in precise._replicas.values():
