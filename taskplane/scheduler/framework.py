@@ -425,7 +425,7 @@ class CycleState:
                 limit = settings.working_set_limits.get(self.request.priority)
                 if limit is not None:
                     pins.sweep(self.now_s)
-                    ws = pins.working_sets(self.names)
+                    ws = pins.working_sets_of_rows(self.table, self.rows)
                     need = self.request.prompt_tokens + self.completion_tokens
                     self._room = ws + need <= limit * self.total * self.block_size
         return self._room  # type: ignore[return-value]

@@ -60,7 +60,7 @@ class ReplicaTable:
         self.version = 0  # bumped when rows are added, removed or change model
         self._pools: dict[str, np.ndarray] = {}
         self._key: tuple[str, ...] | None = None
-        self._kv_ids: tuple[Any, np.ndarray] | None = None
+        self._ids: dict[int, tuple[Any, np.ndarray]] = {}  # id(slots) -> (token, ids by row)
 
     # -- reading
 
@@ -113,11 +113,12 @@ class ReplicaTable:
         return self._key
 
     def kv_ids(self, slots: Any) -> np.ndarray:
-        """KV-index replica ids by row (cached until either side's membership changes)."""
-        token = (id(slots), slots.version, self.version)
-        cached = self._kv_ids
+        """Ids by row from ``slots`` (a ``ReplicaSlots``: the KV index's, the session
+        pins'), cached until either side's membership changes."""
+        token = (slots.version, self.version)
+        cached = self._ids.get(id(slots))
         if cached is None or cached[0] != token:
-            cached = self._kv_ids = (token, slots.ids_of(self.names))
+            cached = self._ids[id(slots)] = (token, slots.ids_of(self.names))
         return cached[1]
 
     # -- writing
@@ -126,7 +127,7 @@ class ReplicaTable:
         self.version += 1
         self._pools.clear()
         self._key = None
-        self._kv_ids = None
+        self._ids = {}
 
     def upsert(self, view: ReplicaView) -> None:
         """Add a replica, or replace the one with the same name."""
@@ -194,7 +195,7 @@ class ReplicaTable:
         t.version = self.version
         t._pools = dict(self._pools)
         t._key = self._key
-        t._kv_ids = self._kv_ids
+        t._ids = dict(self._ids)
         return t
 
 
