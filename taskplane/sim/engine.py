@@ -201,6 +201,11 @@ class SimEngine:
         self._out: list[EngineEvent] = []
         self._pend_prefill = 0  # prompt tokens of waiting + prefilling requests not computed yet
         self._pend_out = 0  # output tokens of waiting + prefilling requests
+        # _admission's last answer: the head of the queue is asked about on every
+        # next_event_time / run loop while it waits, and nothing changes in between
+        self._adm_req: _Req | None = None
+        self._adm_ver = -1
+        self._adm: tuple[int, int, bool] = (0, 0, False)
 
     # ---------------------------------------------------------------- public API
     @property
@@ -383,19 +388,22 @@ class SimEngine:
             return True
         if self.num_running >= self.max_num_seqs:
             return True
-        return not self._admissible(self._waiting[0])
+        return not self._admission(self._waiting[0])[2]
 
-    def _hits_and_need(self, r: _Req) -> tuple[int, int]:
+    def _admission(self, r: _Req) -> tuple[int, int, bool]:
+        """(prefix-cache hit blocks, new blocks needed, whether they fit now) for ``r``;
+        memoised on the KV cache's version."""
+        kv = self.kv
+        if r is self._adm_req and kv.version == self._adm_ver:
+            return self._adm
         s = r.spec
         bs = self.block_size
         limit = min(len(s.block_hashes), (s.prompt_tokens - 1) // bs)
-        hits = self.kv.match(s.block_hashes, limit) if limit > 0 else 0
+        hits = kv.match(s.block_hashes, limit) if limit > 0 else 0
         need = -(-(s.prompt_tokens + s.output_tokens) // bs) - hits
-        return hits, need
-
-    def _admissible(self, r: _Req) -> bool:
-        hits, need = self._hits_and_need(r)
-        return self.kv.can_allocate(r.spec.block_hashes, hits, need)
+        adm = (hits, need, kv.can_allocate(s.block_hashes, hits, need))
+        self._adm_req, self._adm_ver, self._adm = r, kv.version, adm
+        return adm
 
     def _decode_span(self, k: int) -> float:
         """Duration of the next ``k`` pure decode steps (closed form)."""
@@ -530,11 +538,11 @@ class SimEngine:
         self._t = t1
 
     def _admit(self, r: _Req, t: float) -> bool:
-        hits, need = self._hits_and_need(r)
+        hits, need, ok = self._admission(r)
+        if not ok:
+            return False
         s = r.spec
         kv = self.kv
-        if not kv.can_allocate(s.block_hashes, hits, need):
-            return False
         kv.acquire(s.block_hashes, hits)
         kv.allocate(need)
         r.hits = hits
@@ -542,7 +550,8 @@ class SimEngine:
         r.computed = r.cached
         self._pend_prefill -= r.cached
         r.stored_upto = hits
-        r.held = list(s.block_hashes[:hits])
+        held = s.block_hashes[:hits]
+        r.held = held if type(held) is list else list(held)  # a list slice is already a copy
         r.n_alloc = need
         r.admitted = t
         r.state = _PREFILL
@@ -584,12 +593,15 @@ class SimEngine:
 
     def _complete(self, r: _Req, t: float) -> None:
         s = r.spec
-        if s.output_block_hashes:
+        out_hashes = s.output_block_hashes
+        if out_hashes:
             # blocks completed by generated tokens become cacheable (vLLM caches them as
             # they fill; here at the end)
-            full = list(s.block_hashes) + list(s.output_block_hashes)
-            start = max(r.stored_upto, len(s.block_hashes))
-            r.n_stored += self.kv.store(full, start, len(full), s.token_ids, r.held)
+            n_prompt = len(s.block_hashes)
+            start = max(r.stored_upto, n_prompt) - n_prompt
+            parent = s.block_hashes[-1] if n_prompt else None
+            r.n_stored += self.kv.store(out_hashes, start, len(out_hashes), s.token_ids, r.held,
+                                        offset=n_prompt, parent=parent)
             self._flush_kv(t)
         self._release(r)
         r.state = _DONE

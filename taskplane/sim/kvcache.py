@@ -20,6 +20,7 @@ re-acquiring a prefix, the common case, is then one dict read and write per bloc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice, takewhile
 
 from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -28,7 +29,7 @@ class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
     __slots__ = ("_lru", "_lru_head", "block_size", "emit", "events", "free_uncached",
-                 "n_evictable", "num_blocks", "ref", "removed_per_block")
+                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -48,17 +49,12 @@ class KVCache:
         self._lru: list[int] = []  # hashes in the order they became evictable; stale ones too
         self._lru_head = 0  # _lru[:_lru_head] is consumed
         self.events: list[KVEvent] = []  # produced since the caller last took them
+        self.version = 0  # bumped by every change, so callers can memoise queries
 
     # -- queries -------------------------------------------------------------------
     def match(self, hashes: Sequence[int], limit: int) -> int:
         """How many leading blocks of ``hashes`` (at most ``limit``) are cached."""
-        ref = self.ref
-        n = 0
-        for h in hashes:
-            if n >= limit or h not in ref:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self.ref.__contains__, islice(hashes, limit))))
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
@@ -83,6 +79,7 @@ class KVCache:
     # -- changes -------------------------------------------------------------------
     def acquire(self, hashes: Sequence[int], hits: int) -> None:
         """Reference the first ``hits`` cached blocks (a prefix-cache hit)."""
+        self.version += 1
         ref = self.ref
         revived = 0
         for i in range(hits):
@@ -97,6 +94,7 @@ class KVCache:
 
     def allocate(self, n: int) -> None:
         """Take ``n`` physical blocks, evicting least-recently-used cached blocks if needed."""
+        self.version += 1
         take = min(n, self.free_uncached)
         self.free_uncached -= take
         n -= take
@@ -127,13 +125,20 @@ class KVCache:
         end: int,
         token_ids: Sequence[int] | None,
         out: list[int],
+        *,
+        offset: int = 0,
+        parent: int | None = None,
     ) -> int:
         """Cache blocks ``start..end-1`` of a request (now computed); append the hashes it
         now references to ``out``; return how many were newly stored. A hash already
         cached (computed concurrently by another request) stays un-hashed for this
-        request, as in vLLM, and is not announced again."""
+        request, as in vLLM, and is not announced again.
+
+        ``hashes`` may be a tail of the request's blocks (no need to concatenate lists):
+        ``offset`` is the position of ``hashes[0]`` among them (for ``token_ids``) and
+        ``parent`` the hash of the block before it."""
+        self.version += 1
         ref = self.ref
-        bs = self.block_size
         stored = 0
         run: list[int] = []
         run_start = start
@@ -141,7 +146,7 @@ class KVCache:
             h = hashes[j]
             if h in ref:
                 if run:
-                    self._announce(hashes, run_start, run, token_ids)
+                    self._announce(hashes, run_start, run, token_ids, offset, parent)
                     run = []
                 run_start = j + 1
                 continue
@@ -150,21 +155,26 @@ class KVCache:
             run.append(h)
             stored += 1
         if run:
-            self._announce(hashes, run_start, run, token_ids)
-        del bs
+            self._announce(hashes, run_start, run, token_ids, offset, parent)
         return stored
 
     def _announce(
-        self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None
+        self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
+        offset: int, parent: int | None,
     ) -> None:
         if not self.emit:
             return
         bs = self.block_size
-        toks = list(token_ids[first * bs : (first + len(run)) * bs]) if token_ids is not None else []
+        if token_ids is None:
+            toks: list[int] = []
+        else:
+            a = (offset + first) * bs
+            sl = token_ids[a : a + len(run) * bs]
+            toks = sl if type(sl) is list else list(sl)  # a list slice is already a copy
         self.events.append(
             BlockStored(
                 block_hashes=run,
-                parent_block_hash=hashes[first - 1] if first > 0 else None,
+                parent_block_hash=hashes[first - 1] if first > 0 else parent,
                 token_ids=toks,
                 block_size=bs,
             )
@@ -172,6 +182,7 @@ class KVCache:
 
     def release(self, held: Sequence[int], unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
+        self.version += 1
         ref, lru = self.ref, self._lru
         n0 = len(lru)
         mark = -n0 - 1  # the ref value of the next _lru entry
@@ -191,8 +202,10 @@ class KVCache:
     def _compact(self) -> None:
         """Drop the consumed and stale entries of ``_lru`` (amortised: at least half the
         entries are dead), re-stamping the live ones in the same order."""
-        ref, lru = self.ref, self._lru
-        live = [h for k in range(self._lru_head, len(lru)) if ref.get(h := lru[k]) == -k - 1]
+        ref, lru, head = self.ref, self._lru, self._lru_head
+        marks = range(-head - 1, -len(lru) - 1, -1)  # the ref value that makes _lru[k] live
+        get = ref.get
+        live = [h for h, mark in zip(lru[head:], marks, strict=True) if get(h) == mark]
         for k, h in enumerate(live):
             ref[h] = -k - 1
         self._lru, self._lru_head = live, 0
@@ -207,6 +220,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
+        self.version += 1
         self.ref.clear()
         self._lru, self._lru_head, self.n_evictable = [], 0, 0
         self.free_uncached = self.num_blocks
