@@ -5,20 +5,15 @@ physical blocks are free, and the events vLLM publishes when that changes. There
 no block ids: a cached block *is* its hash (vLLM keeps one cached block per hash).
 
 Free blocks are of two kinds, as in vLLM's free queue: never-used (or un-hashed)
-blocks, handed out first, and cached blocks nobody references (evictable), kept in
+blocks, handed out first, and cached blocks nobody references (``evictable``), kept in
 LRU order and evicted oldest first. A request releases its blocks tail first, so the
 end of a prompt is evicted before its shared beginning (vLLM frees in reverse order
 for the same reason).
-
-Speed: the LRU order is a lazy queue, not an ordered dict. A block that becomes
-unreferenced is appended to ``_lru`` and its ``ref`` entry set to ``-(k + 1)`` for its
-position ``k``; re-referencing it only flips ``ref`` back to a count, leaving a stale queue entry
-that eviction skips (an entry is live iff ``ref`` still holds its stamp). Releasing and
-re-acquiring a prefix, the common case, is then one dict read and write per block.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import islice, takewhile
 
@@ -28,8 +23,8 @@ from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockSto
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("_lru", "_lru_head", "block_size", "emit", "events", "free_uncached",
-                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
+    __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref",
+                 "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -42,12 +37,8 @@ class KVCache:
         # one event per eviction burst (fewer objects, same information)
         self.removed_per_block = removed_per_block
         self.free_uncached = num_blocks
-        # cached block hash -> number of requests using it, or, when none does (the block
-        # is evictable), minus the stamp of its entry in _lru
-        self.ref: dict[int, int] = {}
-        self.n_evictable = 0
-        self._lru: list[int] = []  # hashes in the order they became evictable; stale ones too
-        self._lru_head = 0  # _lru[:_lru_head] is consumed
+        self.ref: dict[int, int] = {}  # cached block hash -> number of requests using it
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref == 0, oldest first
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
 
@@ -58,7 +49,7 @@ class KVCache:
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
-        return self.free_uncached + self.n_evictable
+        return self.free_uncached + len(self.evictable)
 
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``: the fraction of blocks in use (0..1)."""
@@ -66,13 +57,13 @@ class KVCache:
 
     def can_allocate(self, hashes: Sequence[int], hits: int, new_blocks: int) -> bool:
         """Whether ``new_blocks`` fit after referencing the first ``hits`` cached blocks."""
-        avail = self.free_uncached + self.n_evictable
+        avail = self.free_uncached + len(self.evictable)
         if avail >= new_blocks + hits:
             return True
         ref = self.ref
         pinned = 0
         for i in range(hits):
-            if ref[hashes[i]] < 0:
+            if ref[hashes[i]] == 0:
                 pinned += 1
         return avail - pinned >= new_blocks
 
@@ -80,17 +71,13 @@ class KVCache:
     def acquire(self, hashes: Sequence[int], hits: int) -> None:
         """Reference the first ``hits`` cached blocks (a prefix-cache hit)."""
         self.version += 1
-        ref = self.ref
-        revived = 0
+        ref, ev = self.ref, self.evictable
         for i in range(hits):
             h = hashes[i]
             c = ref[h]
-            if c < 0:  # evictable: its _lru entry goes stale
-                ref[h] = 1
-                revived += 1
-            else:
-                ref[h] = c + 1
-        self.n_evictable -= revived
+            if c == 0:
+                del ev[h]
+            ref[h] = c + 1
 
     def allocate(self, n: int) -> None:
         """Take ``n`` physical blocks, evicting least-recently-used cached blocks if needed."""
@@ -100,18 +87,12 @@ class KVCache:
         n -= take
         if n <= 0:
             return
-        ref, lru = self.ref, self._lru
-        head = self._lru_head
+        ev, ref = self.evictable, self.ref
         removed: list[int] = []
-        while n:
-            h = lru[head]
-            head += 1
-            if ref.get(h) == -head:  # live: the oldest evictable block
-                del ref[h]
-                removed.append(h)
-                n -= 1
-        self._lru_head = head
-        self.n_evictable -= len(removed)
+        for _ in range(n):
+            h, _none = ev.popitem(last=False)
+            del ref[h]
+            removed.append(h)
         if self.emit:
             if self.removed_per_block:
                 self.events.extend(BlockRemoved(block_hashes=[h]) for h in removed)
@@ -183,32 +164,13 @@ class KVCache:
     def release(self, held: Sequence[int], unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
         self.version += 1
-        ref, lru = self.ref, self._lru
-        n0 = len(lru)
-        mark = -n0 - 1  # the ref value of the next _lru entry
+        ref, ev = self.ref, self.evictable
         for h in reversed(held):
-            c = ref[h]
-            if c == 1:
-                ref[h] = mark
-                mark -= 1
-                lru.append(h)
-            else:
-                ref[h] = c - 1
-        self.n_evictable += len(lru) - n0
+            c = ref[h] - 1
+            ref[h] = c
+            if c == 0:
+                ev[h] = None
         self.free_uncached += unhashed
-        if len(lru) > 2 * self.n_evictable + 4096:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Drop the consumed and stale entries of ``_lru`` (amortised: at least half the
-        entries are dead), re-stamping the live ones in the same order."""
-        ref, lru, head = self.ref, self._lru, self._lru_head
-        marks = range(-head - 1, -len(lru) - 1, -1)  # the ref value that makes _lru[k] live
-        get = ref.get
-        live = [h for h, mark in zip(lru[head:], marks, strict=True) if get(h) == mark]
-        for k, h in enumerate(live):
-            ref[h] = -k - 1
-        self._lru, self._lru_head = live, 0
 
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
@@ -222,7 +184,7 @@ class KVCache:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
         self.version += 1
         self.ref.clear()
-        self._lru, self._lru_head, self.n_evictable = [], 0, 0
+        self.evictable.clear()
         self.free_uncached = self.num_blocks
         if self.emit:
             self.events.append(AllBlocksCleared())
