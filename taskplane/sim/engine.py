@@ -239,6 +239,19 @@ class SimEngine:
         """Output tokens still to generate."""
         return self._dec_target_sum - self._n_dec * self._counter + self._pend_out
 
+    def load(self) -> tuple[int, int, int, int, int]:
+        """(running, waiting, free blocks, pending prefill tokens, pending decode tokens)
+        in one call: the cluster refreshes a replica's view after every change."""
+        kv = self.kv
+        n_dec = self._n_dec
+        return (
+            len(self._prefilling) + n_dec,
+            len(self._waiting),
+            kv.free_uncached + len(kv.evictable),
+            self._pend_prefill,
+            self._dec_target_sum - n_dec * self._counter + self._pend_out,
+        )
+
     def generated(self, req_id: Hashable) -> int:
         """Tokens generated so far by a request still in the engine (0 if unknown)."""
         r = self._reqs.get(req_id)
@@ -342,11 +355,10 @@ class SimEngine:
         """When to call ``advance`` next; ``math.inf`` when there is nothing to do."""
         if self._out:
             return self._out[0].time
-        if not self.busy:
+        if not (self._waiting or self._prefilling or self._n_dec):
             return math.inf
         if self._decode_only():
-            k = self._dec_top_target() - self._counter
-            return self._t + self._decode_span(k)
+            return self._t + self._decode_span(self._dec_heap[0][0] - self._counter)
         return self._t
 
     # ---------------------------------------------------------------- internals
@@ -377,16 +389,13 @@ class SimEngine:
         if self.kv.events:
             self._emit(KVEvents(time=t, events=self.kv.take_events()))
 
-    def _dec_top_target(self) -> int:
-        return self._dec_heap[0][0]
-
     def _decode_only(self) -> bool:
         """True when the next steps are pure decode until the next completion."""
         if self._prefilling or not self._n_dec:
             return False
         if not self._waiting:
             return True
-        if self.num_running >= self.max_num_seqs:
+        if self._n_dec >= self.max_num_seqs:  # num_running, as nothing is prefilling
             return True
         return not self._admission(self._waiting[0])[2]
 
@@ -416,7 +425,7 @@ class SimEngine:
     def _run_until(self, now: float, strict: bool = False) -> None:
         """Commit the steps starting at or before ``now`` (strictly before with ``strict``:
         a request arriving at ``now`` then joins a step starting at ``now``)."""
-        while self.busy and (self._t < now if strict else self._t <= now):
+        while (self._waiting or self._prefilling or self._n_dec) and (self._t < now if strict else self._t <= now):
             if self._decode_only():
                 self._decode_run(now, strict)
             else:
@@ -425,22 +434,28 @@ class SimEngine:
     def _decode_run(self, now: float, strict: bool = False) -> None:
         """Commit the pure decode steps that start by ``now`` (all of them up to the next
         completion if it comes first)."""
-        k_max = self._dec_top_target() - self._counter
+        # _decode_span inlined, with its terms computed once (the same float operations)
+        d = self._n_dec
+        counter = self._counter
+        k_max = self._dec_heap[0][0] - counter
+        a = self._overhead + max(self._t_weights, d * self._t_tok)
+        c0 = self._dec_s0 + d * counter  # context at the first of the steps
+        t_kv, slow = self._t_kv, self.slow_factor
         span = now - self._t
 
+        def dur_of(k: int) -> float:  # == self._decode_span(k)
+            return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
+
         def starts(i: int) -> bool:  # does step i (0-based) start by now?
-            d = self._decode_span(i)
-            return d < span if strict else d <= span
+            di = dur_of(i)
+            return di < span if strict else di <= span
 
         if starts(k_max - 1):
             k = k_max  # the last step starts by now: commit through the completion
         else:
             # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
-            d = self._n_dec
-            a = self._overhead + max(self._t_weights, d * self._t_tok)
-            c0 = self._dec_s0 + d * self._counter
-            qa = self._t_kv * d / 2 * self.slow_factor
-            qb = (a + self._t_kv * (c0 - d / 2)) * self.slow_factor
+            qa = t_kv * d / 2 * slow
+            qb = (a + t_kv * (c0 - d / 2)) * slow
             if qa > 0:
                 x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
             else:
@@ -450,15 +465,15 @@ class SimEngine:
                 k += 1
             while k > 1 and not starts(k - 1):
                 k -= 1
-        dur = self._decode_span(k)
-        d = self._n_dec
+        dur = dur_of(k)
         self._acc += dur / d
-        self._counter += k
+        self._counter = counter + k
         self._t += dur
-        self.stats.steps += k
-        self.stats.busy_s += dur
-        self.stats.generation_tokens += k * d
-        self._pop_finished_decoders()
+        st = self.stats
+        st.steps += k
+        st.busy_s += dur
+        st.generation_tokens += k * d
+        self._pop_finished_decoders_at(self._t)
 
     def _step(self) -> None:
         """Commit one step with prompt work in it."""
@@ -578,9 +593,6 @@ class SimEngine:
         self._dec_s0 -= r.spec.prompt_tokens + 1 - r.join
         self._dec_target_sum -= r.target
         r.gpu_s += self._acc - r.acc0
-
-    def _pop_finished_decoders(self) -> None:
-        self._pop_finished_decoders_at(self._t)
 
     def _pop_finished_decoders_at(self, t: float) -> None:
         heap = self._dec_heap
