@@ -270,9 +270,16 @@ class _Tokens(Sequence[int]):
             start, stop, _ = i.indices(self.n)
             out: list[int] = []
             if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
-                ext = out.extend
-                for c in self.contents[start // bs : stop // bs]:
-                    ext([c] * bs)
+                blocks = self.contents[start // bs : stop // bs]
+                if len(blocks) < 8:
+                    ext = out.extend
+                    for c in blocks:
+                        ext([c] * bs)
+                    return out
+                # many blocks: bs strided slice assignments run in C (twice as fast)
+                out = [0] * (len(blocks) * bs)
+                for j in range(bs):
+                    out[j::bs] = blocks
                 return out
             j = start // bs
             while j * bs < stop:

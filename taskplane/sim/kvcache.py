@@ -120,8 +120,18 @@ class KVCache:
         ``parent`` the hash of the block before it."""
         self.version += 1
         ref = self.ref
+        seg = hashes[start:end]
+        new = dict.fromkeys(seg, 1)
+        if len(new) == len(seg) and ref.keys().isdisjoint(new):
+            # the common case, none cached yet (nor repeated): one run, stored in bulk
+            if new:
+                run = seg if type(seg) is list else list(seg)
+                ref.update(new)
+                out.extend(run)
+                self._announce(hashes, start, run, token_ids, offset, parent)
+            return len(new)
         stored = 0
-        run: list[int] = []
+        run = []
         run_start = start
         for j in range(start, end):
             h = hashes[j]
