@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
@@ -253,8 +255,20 @@ def _mix(a: int, b: int) -> int:
     return (z ^ (z >> 31)) & _MASK63
 
 
+class _TokenArray(np.ndarray):
+    """Token ids of whole blocks as an int64 array, truthy when non-empty like a list.
+
+    BlockStored events carry these: the KV index re-hashes event tokens, and packs an
+    ndarray's bytes in one C call where a list is unpacked int by int (a 500-block prompt:
+    ~13 us instead of ~175 us, building included). Same values, so the same hashes."""
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+
 class _Tokens(Sequence[int]):
-    """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``."""
+    """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``.
+    A slice of whole blocks is a :class:`_TokenArray`, any other slice a list."""
 
     __slots__ = ("bs", "contents", "n")
 
@@ -268,19 +282,10 @@ class _Tokens(Sequence[int]):
         bs = self.bs
         if isinstance(i, slice):
             start, stop, _ = i.indices(self.n)
-            out: list[int] = []
             if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
-                blocks = self.contents[start // bs : stop // bs]
-                if len(blocks) < 8:
-                    ext = out.extend
-                    for c in blocks:
-                        ext([c] * bs)
-                    return out
-                # many blocks: bs strided slice assignments run in C (twice as fast)
-                out = [0] * (len(blocks) * bs)
-                for j in range(bs):
-                    out[j::bs] = blocks
-                return out
+                blocks = np.array(self.contents[start // bs : stop // bs], dtype=np.int64)
+                return np.repeat(blocks, bs).view(_TokenArray)
+            out: list[int] = []
             j = start // bs
             while j * bs < stop:
                 lo, hi = max(start, j * bs), min(stop, (j + 1) * bs)

@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import islice, takewhile
+from typing import Any
+
+import numpy as np
 
 from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -156,12 +159,12 @@ class KVCache:
         if not self.emit:
             return
         bs = self.block_size
-        if token_ids is None:
-            toks: list[int] = []
-        else:
+        toks: Any = []
+        if token_ids is not None:
             a = (offset + first) * bs
-            sl = token_ids[a : a + len(run) * bs]
-            toks = sl if type(sl) is list else list(sl)  # a list slice is already a copy
+            toks = token_ids[a : a + len(run) * bs]
+            if not isinstance(toks, list | np.ndarray):  # a list or array slice is a copy already
+                toks = list(toks)
         self.events.append(
             BlockStored(
                 block_hashes=run,
