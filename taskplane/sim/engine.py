@@ -145,6 +145,12 @@ class EngineStats:
     busy_s: float = 0.0
 
 
+def _span(k: int, a: float, c0: int, d: int, t_kv: float, slow: float) -> float:
+    """Duration of ``k`` pure decode steps of ``d`` requests with context ``c0`` at the first
+    (it grows by ``d`` a step) and per-step cost ``a`` besides reading the KV."""
+    return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
+
+
 class SimEngine:
     """One simulated vLLM replica. See the module docstring for the model."""
 
@@ -419,8 +425,7 @@ class SimEngine:
         d = self._n_dec
         a = self._overhead + max(self._t_weights, d * self._t_tok)
         c0 = self._dec_s0 + d * self._counter  # context at the first of the k steps
-        ctx = k * c0 + d * k * (k - 1) / 2
-        return (k * a + self._t_kv * ctx) * self.slow_factor
+        return _span(k, a, c0, d, self._t_kv, self.slow_factor)
 
     def _run_until(self, now: float, strict: bool = False) -> None:
         """Commit the steps starting at or before ``now`` (strictly before with ``strict``:
@@ -434,7 +439,7 @@ class SimEngine:
     def _decode_run(self, now: float, strict: bool = False) -> None:
         """Commit the pure decode steps that start by ``now`` (all of them up to the next
         completion if it comes first)."""
-        # _decode_span inlined, with its terms computed once (the same float operations)
+        # _decode_span's terms computed once (the same float operations)
         d = self._n_dec
         counter = self._counter
         k_max = self._dec_heap[0][0] - counter
@@ -442,17 +447,15 @@ class SimEngine:
         c0 = self._dec_s0 + d * counter  # context at the first of the steps
         t_kv, slow = self._t_kv, self.slow_factor
         span = now - self._t
-
-        def dur_of(k: int) -> float:  # == self._decode_span(k)
-            return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
-
-        def starts(i: int) -> bool:  # does step i (0-based) start by now?
-            di = dur_of(i)
-            return di < span if strict else di <= span
-
-        if starts(k_max - 1):
+        last = _span(k_max - 1, a, c0, d, t_kv, slow)
+        if last < span if strict else last <= span:
             k = k_max  # the last step starts by now: commit through the completion
         else:
+
+            def starts(i: int) -> bool:  # does step i (0-based) start by now?
+                di = _span(i, a, c0, d, t_kv, slow)
+                return di < span if strict else di <= span
+
             # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
             qa = t_kv * d / 2 * slow
             qb = (a + t_kv * (c0 - d / 2)) * slow
@@ -465,7 +468,7 @@ class SimEngine:
                 k += 1
             while k > 1 and not starts(k - 1):
                 k -= 1
-        dur = dur_of(k)
+        dur = _span(k, a, c0, d, t_kv, slow)
         self._acc += dur / d
         self._counter = counter + k
         self._t += dur
