@@ -268,7 +268,7 @@ class _TokenArray(np.ndarray):
 
 class _Tokens(Sequence[int]):
     """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``.
-    A slice of whole blocks is a :class:`_TokenArray`, any other slice a list."""
+    A slice of 3+ whole blocks is a :class:`_TokenArray`, any other slice a list."""
 
     __slots__ = ("bs", "contents", "n")
 
@@ -282,10 +282,11 @@ class _Tokens(Sequence[int]):
         bs = self.bs
         if isinstance(i, slice):
             start, stop, _ = i.indices(self.n)
-            if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
-                blocks = np.array(self.contents[start // bs : stop // bs], dtype=np.int64)
-                return np.repeat(blocks, bs).view(_TokenArray)
             out: list[int] = []
+            if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
+                blocks = self.contents[start // bs : stop // bs]
+                if len(blocks) > 2:  # below, building the array costs more than it saves
+                    return np.repeat(np.array(blocks, dtype=np.int64), bs).view(_TokenArray)
             j = start // bs
             while j * bs < stop:
                 lo, hi = max(start, j * bs), min(stop, (j + 1) * bs)
