@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
@@ -253,8 +255,20 @@ def _mix(a: int, b: int) -> int:
     return (z ^ (z >> 31)) & _MASK63
 
 
+class _TokenArray(np.ndarray):
+    """Token ids of whole blocks as an int64 array, truthy when non-empty like a list.
+
+    BlockStored events carry these: the KV index re-hashes event tokens, and packs an
+    ndarray's bytes in one C call where a list is unpacked int by int (a 500-block prompt:
+    ~13 us instead of ~175 us, building included). Same values, so the same hashes."""
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+
 class _Tokens(Sequence[int]):
-    """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``."""
+    """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``.
+    A slice of 3+ whole blocks is a :class:`_TokenArray`, any other slice a list."""
 
     __slots__ = ("bs", "contents", "n")
 
@@ -269,6 +283,10 @@ class _Tokens(Sequence[int]):
         if isinstance(i, slice):
             start, stop, _ = i.indices(self.n)
             out: list[int] = []
+            if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
+                blocks = self.contents[start // bs : stop // bs]
+                if len(blocks) > 2:  # below, building the array costs more than it saves
+                    return np.repeat(np.array(blocks, dtype=np.int64), bs).view(_TokenArray)
             j = start // bs
             while j * bs < stop:
                 lo, hi = max(start, j * bs), min(stop, (j + 1) * bs)
@@ -360,6 +378,9 @@ class ClusterSim:
         self._on_kv = getattr(policy, "on_kv_events", None)
         self._failed = getattr(policy, "replica_failed", None)
         self._outcome_fields = {f.name for f in dataclasses.fields(CallOutcome)}
+        self._outcome_takes_all = self._outcome_fields >= {
+            "replica", "ok", "gpu", "prompt_tokens", "cached_tokens", "completion_tokens", "queue_s", "ttft_s",
+            "total_s", "batch_size"}
 
         self.engines: list[SimEngine] = []
         self.views: list[ReplicaView] = []
@@ -525,17 +546,15 @@ class ClusterSim:
         )
 
     def _refresh_views(self) -> None:
+        engines, views, healthy, table = self.engines, self.views, self._healthy, self._table
         for i in self._dirty:
-            e, v = self.engines[i], self.views[i]
-            v.num_running = e.num_running
-            v.num_waiting = e.num_waiting
-            v.kv_blocks_free = e.free_blocks()
-            v.inflight_prefill_tokens = e.pending_prefill_tokens()
-            v.inflight_decode_tokens = e.pending_decode_tokens()
+            e, v = engines[i], views[i]
+            (v.num_running, v.num_waiting, v.kv_blocks_free, v.inflight_prefill_tokens,
+             v.inflight_decode_tokens) = e.load()
             v.model_loaded = e.model_loaded
-            v.healthy = self._healthy[i]
-            if self._table is not None:
-                self._table.upsert(v)
+            v.healthy = healthy[i]
+            if table is not None:
+                table.upsert(v)
         self._dirty.clear()
 
     def _offer(self, call: _Call, t: float) -> None:
@@ -625,13 +644,16 @@ class ClusterSim:
         self._record(call, ev.time, Outcome.SUCCESS if ok else Outcome.ERROR,
                            None if ok else "replica_error", replica=i, ev=ev, cost=cost)
         if self._observe is not None and call.request is not None:
-            kw = dict(replica=self.views[i].name, ok=ok, gpu=self.views[i].gpu, prompt_tokens=ev.prompt_tokens,
+            view = self.views[i]
+            kw = dict(replica=view.name, ok=ok, gpu=view.gpu, prompt_tokens=ev.prompt_tokens,
                       cached_tokens=ev.cached_tokens, completion_tokens=ev.output_tokens,
                       queue_s=(call.dispatched_s or call.offered_s) - call.offered_s,
                       ttft_s=None if ev.first_token is None else ev.first_token - (call.dispatched_s or ev.arrival),
                       total_s=ev.time - (call.dispatched_s or ev.arrival),
                       batch_size=self.engines[i].num_running + 1)
-            outcome = CallOutcome(**{k: v for k, v in kw.items() if k in self._outcome_fields})  # type: ignore[arg-type]
+            if not self._outcome_takes_all:
+                kw = {k: v for k, v in kw.items() if k in self._outcome_fields}
+            outcome = CallOutcome(**kw)  # type: ignore[arg-type]
             self._observe(call.request, outcome, ev.time)
         if not ok:
             self._retry_or_fail(call, ev.time, 0.0, "replica_error", avoid=self.views[i].name)

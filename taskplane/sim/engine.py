@@ -145,6 +145,12 @@ class EngineStats:
     busy_s: float = 0.0
 
 
+def _span(k: int, a: float, c0: int, d: int, t_kv: float, slow: float) -> float:
+    """Duration of ``k`` pure decode steps of ``d`` requests with context ``c0`` at the first
+    (it grows by ``d`` a step) and per-step cost ``a`` besides reading the KV."""
+    return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
+
+
 class SimEngine:
     """One simulated vLLM replica. See the module docstring for the model."""
 
@@ -201,6 +207,11 @@ class SimEngine:
         self._out: list[EngineEvent] = []
         self._pend_prefill = 0  # prompt tokens of waiting + prefilling requests not computed yet
         self._pend_out = 0  # output tokens of waiting + prefilling requests
+        # _admission's last answer: the head of the queue is asked about on every
+        # next_event_time / run loop while it waits, and nothing changes in between
+        self._adm_req: _Req | None = None
+        self._adm_ver = -1
+        self._adm: tuple[int, int, bool] = (0, 0, False)
 
     # ---------------------------------------------------------------- public API
     @property
@@ -233,6 +244,19 @@ class SimEngine:
     def pending_decode_tokens(self) -> int:
         """Output tokens still to generate."""
         return self._dec_target_sum - self._n_dec * self._counter + self._pend_out
+
+    def load(self) -> tuple[int, int, int, int, int]:
+        """(running, waiting, free blocks, pending prefill tokens, pending decode tokens)
+        in one call: the cluster refreshes a replica's view after every change."""
+        kv = self.kv
+        n_dec = self._n_dec
+        return (
+            len(self._prefilling) + n_dec,
+            len(self._waiting),
+            kv.free_uncached + len(kv.evictable),
+            self._pend_prefill,
+            self._dec_target_sum - n_dec * self._counter + self._pend_out,
+        )
 
     def generated(self, req_id: Hashable) -> int:
         """Tokens generated so far by a request still in the engine (0 if unknown)."""
@@ -337,11 +361,10 @@ class SimEngine:
         """When to call ``advance`` next; ``math.inf`` when there is nothing to do."""
         if self._out:
             return self._out[0].time
-        if not self.busy:
+        if not (self._waiting or self._prefilling or self._n_dec):
             return math.inf
         if self._decode_only():
-            k = self._dec_top_target() - self._counter
-            return self._t + self._decode_span(k)
+            return self._t + self._decode_span(self._dec_heap[0][0] - self._counter)
         return self._t
 
     # ---------------------------------------------------------------- internals
@@ -372,43 +395,42 @@ class SimEngine:
         if self.kv.events:
             self._emit(KVEvents(time=t, events=self.kv.take_events()))
 
-    def _dec_top_target(self) -> int:
-        return self._dec_heap[0][0]
-
     def _decode_only(self) -> bool:
         """True when the next steps are pure decode until the next completion."""
         if self._prefilling or not self._n_dec:
             return False
         if not self._waiting:
             return True
-        if self.num_running >= self.max_num_seqs:
+        if self._n_dec >= self.max_num_seqs:  # num_running, as nothing is prefilling
             return True
-        return not self._admissible(self._waiting[0])
+        return not self._admission(self._waiting[0])[2]
 
-    def _hits_and_need(self, r: _Req) -> tuple[int, int]:
+    def _admission(self, r: _Req) -> tuple[int, int, bool]:
+        """(prefix-cache hit blocks, new blocks needed, whether they fit now) for ``r``;
+        memoised on the KV cache's version."""
+        kv = self.kv
+        if r is self._adm_req and kv.version == self._adm_ver:
+            return self._adm
         s = r.spec
         bs = self.block_size
         limit = min(len(s.block_hashes), (s.prompt_tokens - 1) // bs)
-        hits = self.kv.match(s.block_hashes, limit) if limit > 0 else 0
+        hits = kv.match(s.block_hashes, limit) if limit > 0 else 0
         need = -(-(s.prompt_tokens + s.output_tokens) // bs) - hits
-        return hits, need
-
-    def _admissible(self, r: _Req) -> bool:
-        hits, need = self._hits_and_need(r)
-        return self.kv.can_allocate(r.spec.block_hashes, hits, need)
+        adm = (hits, need, kv.can_allocate(s.block_hashes, hits, need))
+        self._adm_req, self._adm_ver, self._adm = r, kv.version, adm
+        return adm
 
     def _decode_span(self, k: int) -> float:
         """Duration of the next ``k`` pure decode steps (closed form)."""
         d = self._n_dec
         a = self._overhead + max(self._t_weights, d * self._t_tok)
         c0 = self._dec_s0 + d * self._counter  # context at the first of the k steps
-        ctx = k * c0 + d * k * (k - 1) / 2
-        return (k * a + self._t_kv * ctx) * self.slow_factor
+        return _span(k, a, c0, d, self._t_kv, self.slow_factor)
 
     def _run_until(self, now: float, strict: bool = False) -> None:
         """Commit the steps starting at or before ``now`` (strictly before with ``strict``:
         a request arriving at ``now`` then joins a step starting at ``now``)."""
-        while self.busy and (self._t < now if strict else self._t <= now):
+        while (self._waiting or self._prefilling or self._n_dec) and (self._t < now if strict else self._t <= now):
             if self._decode_only():
                 self._decode_run(now, strict)
             else:
@@ -417,22 +439,26 @@ class SimEngine:
     def _decode_run(self, now: float, strict: bool = False) -> None:
         """Commit the pure decode steps that start by ``now`` (all of them up to the next
         completion if it comes first)."""
-        k_max = self._dec_top_target() - self._counter
+        # _decode_span's terms computed once (the same float operations)
+        d = self._n_dec
+        counter = self._counter
+        k_max = self._dec_heap[0][0] - counter
+        a = self._overhead + max(self._t_weights, d * self._t_tok)
+        c0 = self._dec_s0 + d * counter  # context at the first of the steps
+        t_kv, slow = self._t_kv, self.slow_factor
         span = now - self._t
-
-        def starts(i: int) -> bool:  # does step i (0-based) start by now?
-            d = self._decode_span(i)
-            return d < span if strict else d <= span
-
-        if starts(k_max - 1):
+        last = _span(k_max - 1, a, c0, d, t_kv, slow)
+        if last < span if strict else last <= span:
             k = k_max  # the last step starts by now: commit through the completion
         else:
+
+            def starts(i: int) -> bool:  # does step i (0-based) start by now?
+                di = _span(i, a, c0, d, t_kv, slow)
+                return di < span if strict else di <= span
+
             # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
-            d = self._n_dec
-            a = self._overhead + max(self._t_weights, d * self._t_tok)
-            c0 = self._dec_s0 + d * self._counter
-            qa = self._t_kv * d / 2 * self.slow_factor
-            qb = (a + self._t_kv * (c0 - d / 2)) * self.slow_factor
+            qa = t_kv * d / 2 * slow
+            qb = (a + t_kv * (c0 - d / 2)) * slow
             if qa > 0:
                 x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
             else:
@@ -442,15 +468,15 @@ class SimEngine:
                 k += 1
             while k > 1 and not starts(k - 1):
                 k -= 1
-        dur = self._decode_span(k)
-        d = self._n_dec
+        dur = _span(k, a, c0, d, t_kv, slow)
         self._acc += dur / d
-        self._counter += k
+        self._counter = counter + k
         self._t += dur
-        self.stats.steps += k
-        self.stats.busy_s += dur
-        self.stats.generation_tokens += k * d
-        self._pop_finished_decoders()
+        st = self.stats
+        st.steps += k
+        st.busy_s += dur
+        st.generation_tokens += k * d
+        self._pop_finished_decoders_at(self._t)
 
     def _step(self) -> None:
         """Commit one step with prompt work in it."""
@@ -530,11 +556,11 @@ class SimEngine:
         self._t = t1
 
     def _admit(self, r: _Req, t: float) -> bool:
-        hits, need = self._hits_and_need(r)
+        hits, need, ok = self._admission(r)
+        if not ok:
+            return False
         s = r.spec
         kv = self.kv
-        if not kv.can_allocate(s.block_hashes, hits, need):
-            return False
         kv.acquire(s.block_hashes, hits)
         kv.allocate(need)
         r.hits = hits
@@ -542,7 +568,8 @@ class SimEngine:
         r.computed = r.cached
         self._pend_prefill -= r.cached
         r.stored_upto = hits
-        r.held = list(s.block_hashes[:hits])
+        held = s.block_hashes[:hits]
+        r.held = held if type(held) is list else list(held)  # a list slice is already a copy
         r.n_alloc = need
         r.admitted = t
         r.state = _PREFILL
@@ -570,9 +597,6 @@ class SimEngine:
         self._dec_target_sum -= r.target
         r.gpu_s += self._acc - r.acc0
 
-    def _pop_finished_decoders(self) -> None:
-        self._pop_finished_decoders_at(self._t)
-
     def _pop_finished_decoders_at(self, t: float) -> None:
         heap = self._dec_heap
         while heap and (heap[0][2].state != _DECODE or heap[0][0] <= self._counter):
@@ -584,12 +608,15 @@ class SimEngine:
 
     def _complete(self, r: _Req, t: float) -> None:
         s = r.spec
-        if s.output_block_hashes:
+        out_hashes = s.output_block_hashes
+        if out_hashes:
             # blocks completed by generated tokens become cacheable (vLLM caches them as
             # they fill; here at the end)
-            full = list(s.block_hashes) + list(s.output_block_hashes)
-            start = max(r.stored_upto, len(s.block_hashes))
-            r.n_stored += self.kv.store(full, start, len(full), s.token_ids, r.held)
+            n_prompt = len(s.block_hashes)
+            start = max(r.stored_upto, n_prompt) - n_prompt
+            parent = s.block_hashes[-1] if n_prompt else None
+            r.n_stored += self.kv.store(out_hashes, start, len(out_hashes), s.token_ids, r.held,
+                                        offset=n_prompt, parent=parent)
             self._flush_kv(t)
         self._release(r)
         r.state = _DONE

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice, takewhile
+from typing import Any
+
+import numpy as np
 
 from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -23,7 +27,7 @@ class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
     __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref",
-                 "removed_per_block")
+                 "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -39,17 +43,12 @@ class KVCache:
         self.ref: dict[int, int] = {}  # cached block hash -> number of requests using it
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref == 0, oldest first
         self.events: list[KVEvent] = []  # produced since the caller last took them
+        self.version = 0  # bumped by every change, so callers can memoise queries
 
     # -- queries -------------------------------------------------------------------
     def match(self, hashes: Sequence[int], limit: int) -> int:
         """How many leading blocks of ``hashes`` (at most ``limit``) are cached."""
-        ref = self.ref
-        n = 0
-        for h in hashes:
-            if n >= limit or h not in ref:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self.ref.__contains__, islice(hashes, limit))))
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
@@ -74,6 +73,7 @@ class KVCache:
     # -- changes -------------------------------------------------------------------
     def acquire(self, hashes: Sequence[int], hits: int) -> None:
         """Reference the first ``hits`` cached blocks (a prefix-cache hit)."""
+        self.version += 1
         ref, ev = self.ref, self.evictable
         for i in range(hits):
             h = hashes[i]
@@ -84,6 +84,7 @@ class KVCache:
 
     def allocate(self, n: int) -> None:
         """Take ``n`` physical blocks, evicting least-recently-used cached blocks if needed."""
+        self.version += 1
         take = min(n, self.free_uncached)
         self.free_uncached -= take
         n -= take
@@ -108,21 +109,38 @@ class KVCache:
         end: int,
         token_ids: Sequence[int] | None,
         out: list[int],
+        *,
+        offset: int = 0,
+        parent: int | None = None,
     ) -> int:
         """Cache blocks ``start..end-1`` of a request (now computed); append the hashes it
         now references to ``out``; return how many were newly stored. A hash already
         cached (computed concurrently by another request) stays un-hashed for this
-        request, as in vLLM, and is not announced again."""
+        request, as in vLLM, and is not announced again.
+
+        ``hashes`` may be a tail of the request's blocks (no need to concatenate lists):
+        ``offset`` is the position of ``hashes[0]`` among them (for ``token_ids``) and
+        ``parent`` the hash of the block before it."""
+        self.version += 1
         ref = self.ref
-        bs = self.block_size
+        seg = hashes[start:end]
+        new = dict.fromkeys(seg, 1)
+        if len(new) == len(seg) and ref.keys().isdisjoint(new):
+            # the common case, none cached yet (nor repeated): one run, stored in bulk
+            if new:
+                run = seg if type(seg) is list else list(seg)
+                ref.update(new)
+                out.extend(run)
+                self._announce(hashes, start, run, token_ids, offset, parent)
+            return len(new)
         stored = 0
-        run: list[int] = []
+        run = []
         run_start = start
         for j in range(start, end):
             h = hashes[j]
             if h in ref:
                 if run:
-                    self._announce(hashes, run_start, run, token_ids)
+                    self._announce(hashes, run_start, run, token_ids, offset, parent)
                     run = []
                 run_start = j + 1
                 continue
@@ -131,21 +149,26 @@ class KVCache:
             run.append(h)
             stored += 1
         if run:
-            self._announce(hashes, run_start, run, token_ids)
-        del bs
+            self._announce(hashes, run_start, run, token_ids, offset, parent)
         return stored
 
     def _announce(
-        self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None
+        self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
+        offset: int, parent: int | None,
     ) -> None:
         if not self.emit:
             return
         bs = self.block_size
-        toks = list(token_ids[first * bs : (first + len(run)) * bs]) if token_ids is not None else []
+        toks: Any = []
+        if token_ids is not None:
+            a = (offset + first) * bs
+            toks = token_ids[a : a + len(run) * bs]
+            if not isinstance(toks, list | np.ndarray):  # a list or array slice is a copy already
+                toks = list(toks)
         self.events.append(
             BlockStored(
                 block_hashes=run,
-                parent_block_hash=hashes[first - 1] if first > 0 else None,
+                parent_block_hash=hashes[first - 1] if first > 0 else parent,
                 token_ids=toks,
                 block_size=bs,
             )
@@ -153,9 +176,9 @@ class KVCache:
 
     def release(self, held: Sequence[int], unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
+        self.version += 1
         ref, ev = self.ref, self.evictable
-        for i in range(len(held) - 1, -1, -1):
-            h = held[i]
+        for h in reversed(held):
             c = ref[h] - 1
             ref[h] = c
             if c == 0:
@@ -172,6 +195,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
+        self.version += 1
         self.ref.clear()
         self.evictable.clear()
         self.free_uncached = self.num_blocks

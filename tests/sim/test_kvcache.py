@@ -1,0 +1,90 @@
+"""KVCache's lazy LRU queue against a plain reference model (an ordered dict of evictable
+blocks), over random admissions and releases that fill the cache and force evictions and
+queue compactions."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+from taskplane.engines.kv_events import BlockRemoved
+from taskplane.sim.kvcache import KVCache
+
+
+class _RefCache:
+    """The textbook model: reference counts and an LRU ordered dict of unreferenced blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.free_uncached = num_blocks
+        self.ref: dict[int, int] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.removed: list[int] = []
+
+    def match(self, hashes: list[int]) -> int:
+        n = 0
+        while n < len(hashes) and hashes[n] in self.ref:
+            n += 1
+        return n
+
+    def acquire(self, hashes: list[int], hits: int) -> None:
+        for h in hashes[:hits]:
+            if self.ref[h] == 0:
+                del self.evictable[h]
+            self.ref[h] += 1
+
+    def allocate(self, n: int) -> None:
+        take = min(n, self.free_uncached)
+        self.free_uncached -= take
+        for _ in range(n - take):
+            h, _none = self.evictable.popitem(last=False)
+            del self.ref[h]
+            self.removed.append(h)
+
+    def store(self, hashes: list[int], out: list[int]) -> int:
+        stored = 0
+        for h in hashes:
+            if h not in self.ref:
+                self.ref[h] = 1
+                out.append(h)
+                stored += 1
+        return stored
+
+    def release(self, held: list[int], unhashed: int) -> None:
+        for h in reversed(held):
+            self.ref[h] -= 1
+            if self.ref[h] == 0:
+                self.evictable[h] = None
+        self.free_uncached += unhashed
+
+
+def test_lazy_lru_matches_reference_model() -> None:
+    rng = random.Random(7)
+    num_blocks = 600
+    kv = KVCache(num_blocks, 16, removed_per_block=False)
+    ref = _RefCache(num_blocks)
+    prefixes = [[rng.getrandbits(60) for _ in range(rng.randrange(5, 60))] for _ in range(40)]
+    running: list[tuple[list[int], int, list[int], list[int], int]] = []
+    for _ in range(20_000):
+        if running and (rng.random() < 0.5 or len(running) > 12):
+            held, n_alloc, held_ref, _, n_stored = running.pop(rng.randrange(len(running)))
+            kv.release(held, n_alloc - n_stored)
+            ref.release(held_ref, n_alloc - n_stored)
+        else:
+            hashes = [*rng.choice(prefixes), *(rng.getrandbits(60) for _ in range(rng.randrange(0, 20)))]
+            hits = kv.match(hashes, len(hashes))
+            assert hits == ref.match(hashes)
+            need = len(hashes) - hits
+            if not kv.can_allocate(hashes, hits, need):
+                continue
+            kv.acquire(hashes, hits)
+            ref.acquire(hashes, hits)
+            kv.allocate(need)
+            ref.allocate(need)
+            held, held_ref = list(hashes[:hits]), list(hashes[:hits])
+            n_stored = kv.store(hashes, hits, len(hashes), None, held)
+            assert n_stored == ref.store(hashes[hits:], held_ref)
+            running.append((held, need, held_ref, hashes, n_stored))
+        assert kv.free_blocks() == ref.free_uncached + len(ref.evictable)
+        assert kv.ref.keys() == ref.ref.keys()
+    removed = [h for ev in kv.take_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    assert removed == ref.removed and len(removed) > 1000
