@@ -4,6 +4,7 @@ record.
 A replica failure before anything was streamed is retried on another replica inside
 the gateway; every attempt — successful or not — becomes one ``AttemptRecord`` written
 through the durable cost writer, keyed so that a retried activity never counts twice.
+The call's intake lives in ``intake``, its attempts' rows in ``attempts``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,22 +24,16 @@ import structlog
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from taskplane.config import GatewayConfig
-from taskplane.context import (
-    R_CACHED_TOKENS,
-    R_COST,
-    R_GPU,
-    R_MODEL,
-    R_QUEUE_MS,
-    R_REPLICA,
-)
+from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import costing, lost
+from taskplane.gateway import lost
+from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink, response_headers
 from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.scheduler.types import Action, Decision
-from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
+from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
 
@@ -50,18 +45,8 @@ class ReplicaDown(Exception):
     """The replica was marked down while an attempt waited for its response headers."""
 
 
-class AttemptSink:
-    """Where attempt records go (the durable cost writer); a no-op when none is set."""
-
-    async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
-        return None
-
-    async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
-        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note."""
-        return None
-
-
-def _error_response(exc: TaskplaneError) -> JSONResponse:
+def error_response(exc: TaskplaneError) -> JSONResponse:
+    """The contract's error body (``{"error": {"type", "message"}}``), with Retry-After when shed."""
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
@@ -102,6 +87,7 @@ class Gateway:
         self.sink = sink
         self.metrics = metrics
         self.response_cache = response_cache
+        self.ledger = AttemptLedger(sink, metrics, placer, config.limits.request_timeout_s)
         self._pools: dict[str, list[httpx.AsyncClient]] = {}
         self._pool_turn = 0
         self._tls: ssl.SSLContext | None = None
@@ -116,7 +102,7 @@ class Gateway:
 
     async def record_lost_attempts(self) -> int:
         """Write the rows of attempts a killed predecessor on this outbox left in flight."""
-        records = await lost.record_orphans(self.sink, self._write)
+        records = await lost.record_orphans(self.sink, self.ledger.write)
         for rec in records:
             self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
         return len(records)
@@ -136,23 +122,23 @@ class Gateway:
         self._pool_turn += 1
         return clients[self._pool_turn % len(clients)]
 
+    # ---- the call -------------------------------------------------------
     def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
         """The call behind one request, or the ``TaskplaneError`` that refuses it (see ``intake``)."""
         return prepare_call(self.config, self.registry, kind, raw, headers, has_response_cache=self.response_cache is not None)
 
-    # ---- the call -------------------------------------------------------
     async def handle(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Any:
         try:
             call = self.prepare(kind, raw, headers)
         except TaskplaneError as exc:
             self.metrics.requests.labels(model="?", outcome=exc.error_type.value).inc()
-            return _error_response(exc)
+            return error_response(exc)
         tenant_cfg = self.config.tenant(call.ctx.tenant)
         limit = tenant_cfg.max_concurrent if tenant_cfg else 1024
         if self._tenant_inflight.get(call.ctx.tenant, 0) >= limit:
             over = TaskplaneError(ErrorType.OVERLOADED, f"tenant {call.ctx.tenant} has {limit} calls in flight (its limit)", retry_after_s=1)
-            await self._record_unplaced(call, over, Outcome.SHED)
-            return _error_response(over)
+            await self.ledger.record_unplaced(call, over, Outcome.SHED)
+            return error_response(over)
         self._tenant_inflight[call.ctx.tenant] = self._tenant_inflight.get(call.ctx.tenant, 0) + 1
         release = True
         try:
@@ -166,7 +152,10 @@ class Gateway:
             return result
         finally:
             if release:
-                self._tenant_inflight[call.ctx.tenant] -= 1
+                self._release_tenant(call)
+
+    def _release_tenant(self, call: Call) -> None:
+        self._tenant_inflight[call.ctx.tenant] -= 1
 
     def _cache_key(self, call: Call) -> str | None:
         assert self.response_cache is not None
@@ -175,10 +164,7 @@ class Gateway:
     async def _serve_cached(self, call: Call, cached: dict[str, Any]) -> JSONResponse:
         self.metrics.cache_hits.inc()
         self.metrics.requests.labels(model=call.pool.model, outcome="cached").inc()
-        rec = self._record(call, try_index=0, replica=None, outcome=Outcome.CACHED, model_served=call.pool.model,
-                           started=datetime.now(UTC))
-        rec.cached_tokens = call.prompt_tokens
-        await self._write(rec)
+        await self.ledger.record_cached(call)
         return JSONResponse(cached, headers={R_REPLICA: "response-cache", R_GPU: "none", R_CACHED_TOKENS: str(call.prompt_tokens),
                                              R_QUEUE_MS: "0", R_COST: "0", R_MODEL: call.pool.model})
 
@@ -218,9 +204,9 @@ class Gateway:
                 if last_error is not None and decision.action is Action.NO_REPLICA:
                     exc = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last_error.message}")
                 outcome = Outcome.SHED if decision.action in (Action.SHED, Action.UNMEETABLE) else Outcome.ERROR
-                await self._record_unplaced(call, exc, outcome, try_index=try_index)
+                await self.ledger.record_unplaced(call, exc, outcome, try_index=try_index)
                 self.metrics.requests.labels(model=call.pool.model, outcome=exc.error_type.value).inc()
-                return _error_response(exc)
+                return error_response(exc)
             replica = self.registry.replicas.get(decision.replica)
             if replica is None:
                 exclude.add(decision.replica)
@@ -235,7 +221,7 @@ class Gateway:
             return outcome
         assert last_error is not None
         self.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
-        return _error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
+        return error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
 
     def _decision_error(self, d: Decision, call: Call) -> TaskplaneError:
         if d.action is Action.SHED:
@@ -269,7 +255,7 @@ class Gateway:
         pending_prefill = max(call.prompt_tokens - decision.cached_blocks * block, 0)
         replica.inflight_prompt_tokens += pending_prefill
         replica.inflight_decode_tokens += call.max_tokens
-        batch_start = replica.inflight
+        attempt = Attempt(call, decision, replica, try_index, queue_ms, model, started_wall, t0, batch_start=replica.inflight)
         self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
         done = False
         prefilling = True
@@ -293,21 +279,20 @@ class Gateway:
             return batch_end
 
         try:
-            await self._note_open(call, decision, replica, try_index, queue_ms, started_wall, batch_start, model)
+            await self.ledger.note_open(attempt)
             client = self._client_for(replica)
             req = client.build_request("POST", url, json=self._upstream_body(call, model))
             resp = await self._send_unless_down(client, req, replica)
             replica.saw_progress()
         except asyncio.CancelledError:
-            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            await self.ledger.record_cancelled(attempt, finish())
             raise
         except (httpx.HTTPError, OSError, ReplicaDown) as exc:
             batch_end = finish()
             # refused/reset/down: the replica is gone; a timeout may only be overload
             self.registry.mark_failure(replica.name, hard=not isinstance(exc, httpx.TimeoutException))
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} failed: {type(exc).__name__}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end,
-                                      timeout=isinstance(exc, httpx.TimeoutException))
+            await self.ledger.record_failed(attempt, err, batch_end, timeout=isinstance(exc, httpx.TimeoutException))
             return err
         if resp.status_code >= 500 or resp.status_code == 429:
             await resp.aread()
@@ -315,20 +300,19 @@ class Gateway:
             batch_end = finish()
             self.registry.mark_failure(replica.name, hard=False)
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} answered {resp.status_code}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            await self.ledger.record_failed(attempt, err, batch_end)
             return err
         if resp.status_code >= 400:
             body = await resp.aread()
             await resp.aclose()
             batch_end = finish()
             err = self._engine_client_error(resp.status_code, body)
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            await self.ledger.record_failed(attempt, err, batch_end)
             self.metrics.requests.labels(model=call.pool.model, outcome=err.error_type.value).inc()
-            return _error_response(err)
+            return error_response(err)
         self.registry.mark_success(replica.name)
         if call.stream:
-            return self._stream(call, decision, replica, try_index, queue_ms, t0, started_wall, resp, finish, batch_start,
-                                prefilled)
+            return self._stream(attempt, resp, finish, prefilled)
         try:
             raw = await resp.aread()
             data = json.loads(raw)
@@ -339,25 +323,25 @@ class Gateway:
                 raise ValueError("usage is not an object")
         except asyncio.CancelledError:
             await resp.aclose()
-            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            await self.ledger.record_cancelled(attempt, finish())
             raise
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             await resp.aclose()
             batch_end = finish()
             self.registry.mark_failure(replica.name, hard=False)
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} sent a broken response: {type(exc).__name__}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            await self.ledger.record_failed(attempt, err, batch_end)
             return err
         await resp.aclose()
         batch_end = finish()
-        total_ms = (time.monotonic() - t0) * 1000.0
-        rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, None, usage, started_wall, batch_start, batch_end, model)
-        await self._write(rec)
-        self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens,
-                        completion=rec.completion_tokens, batch=max(batch_start, batch_end))
+        total_ms = attempt.elapsed_ms()
+        rec = self.ledger.success(attempt, total_ms, None, usage, batch_end)
+        await self.ledger.write(rec)
+        self.ledger.completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens,
+                              completion=rec.completion_tokens, batch=max(attempt.batch_start, batch_end))
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
-        return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
+        return JSONResponse(data, headers=response_headers(replica, rec, queue_ms, model))
 
     async def _send_unless_down(self, client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
         """Send upstream, but give up as soon as the registry sees the replica stop answering
@@ -384,10 +368,9 @@ class Gateway:
         etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
         return TaskplaneError(etype, f"the engine refused the request: {msg}")
 
-    def _stream(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float, t0: float,
-                started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int,
-                prefilled: Any = None) -> StreamingResponse:
-        model = decision.model or call.pool.model
+    def _stream(self, attempt: Attempt, resp: httpx.Response, finish: Callable[[], int],
+                prefilled: Callable[[], None]) -> StreamingResponse:
+        call, replica = attempt.call, attempt.replica
         st: dict[str, Any] = {"ok": False, "ttft_ms": None, "usage": {}, "settled": False}
 
         async def settle() -> None:
@@ -397,25 +380,19 @@ class Gateway:
                 return
             st["settled"] = True
             batch_end = finish()
-            self._tenant_inflight[call.ctx.tenant] -= 1
-            total_ms = (time.monotonic() - t0) * 1000.0
+            self._release_tenant(call)
+            total_ms = attempt.elapsed_ms()
             ttft_ms = st["ttft_ms"]
             if st["ok"]:
-                rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, ttft_ms, st["usage"],
-                                           started_wall, batch_start, batch_end, model)
+                rec = self.ledger.success(attempt, total_ms, ttft_ms, st["usage"], batch_end)
             else:
-                rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
-                                   started=started_wall)
-                rec.error_type = ErrorType.REPLICA_ERROR.value
-                rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
-                self._charge(rec, replica, total_ms, batch_start, batch_end)
-                self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-            self._completed(call, decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
-                            completion=rec.completion_tokens, batch=max(batch_start, batch_end))
+                rec = self.ledger.failure(attempt, Outcome.ERROR, ErrorType.REPLICA_ERROR, total_ms, batch_end, ttft_ms)
+            self.ledger.completed(call, attempt.decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
+                                  completion=rec.completion_tokens, batch=max(attempt.batch_start, batch_end))
             # A disconnecting client cancels this task; the row must still be written.
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
-                await self._write(rec)
+                await self.ledger.write(rec)
 
         async def body() -> AsyncIterator[bytes]:
             buf = b""
@@ -431,9 +408,8 @@ class Gateway:
                     for event in events:
                         out = self._filter_event(event, call, st["usage"])
                         if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
-                            st["ttft_ms"] = (time.monotonic() - t0) * 1000.0
-                            if prefilled is not None:
-                                prefilled()
+                            st["ttft_ms"] = attempt.elapsed_ms()
+                            prefilled()
                         if event.strip() == b"data: [DONE]":
                             st["ok"] = True
                         elif event.lstrip().startswith(b'data: {"error"'):
@@ -458,7 +434,7 @@ class Gateway:
                 yield b"data: " + json.dumps(err).encode() + b"\n\n"
             await settle()
 
-        headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{queue_ms:.1f}", R_MODEL: model,
+        headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{attempt.queue_ms:.1f}", R_MODEL: attempt.model,
                    "Cache-Control": "no-cache"}
         return _ProxyStream(body(), settle, media_type="text/event-stream", headers=headers)
 
@@ -480,116 +456,6 @@ class Gateway:
                 data["usage"] = None
                 return b"data: " + json.dumps(data).encode()
         return event
-
-    # ---- records --------------------------------------------------------
-    async def _note_open(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                         started: datetime, batch_start: int, model: str) -> None:
-        """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
-        leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
-        written costs that insurance, not the call."""
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
-                           started=started)
-        rec.error_type, rec.queue_ms = GATEWAY_LOST, queue_ms
-        note = lost.AttemptNote(record=rec, timeout_s=self.config.limits.request_timeout_s,
-                                price_per_hour_usd=replica.price_per_hour, batch_at_start=batch_start)
-        try:
-            await self.sink.open_attempt(rec.attempt_key, note.model_dump_json())
-        except Exception as exc:
-            log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
-
-    async def _write(self, rec: AttemptRecord) -> None:
-        """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
-        exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
-        self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
-        log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
-                  replica=rec.replica, error_type=rec.error_type)
-        # counted and logged first, then shielded: a client that goes away cannot drop the row
-        await asyncio.shield(self.sink.record_attempt(rec))
-
-    def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
-                started: datetime) -> AttemptRecord:
-        return AttemptRecord(
-            attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
-            task_id=call.ctx.task_id,
-            step=call.ctx.step,
-            attempt=call.ctx.attempt,
-            session_id=call.ctx.session_key,
-            tenant=call.ctx.tenant,
-            agent=call.ctx.agent,
-            model_requested=call.pool.model,
-            model_served=model_served,
-            replica=replica.name if replica else None,
-            gpu=replica.config.gpu if replica else None,
-            prompt_tokens=call.prompt_tokens,
-            outcome=outcome,
-            started_at=started,
-        )
-
-    def _charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
-        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
-        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
-        self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
-
-    def _success_record(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                        total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any], started: datetime,
-                        batch_start: int, batch_end: int, model: str) -> AttemptRecord:
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=model, started=started)
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or call.prompt_tokens)
-        details = usage.get("prompt_tokens_details") or {}
-        rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
-        rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
-        self._charge(rec, replica, total_ms, batch_start, batch_end)
-        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
-        self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
-        self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
-        self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
-        if ttft_ms is not None:
-            self.metrics.ttft.labels(model=call.pool.model).observe(ttft_ms / 1000.0)
-        return rec
-
-    async def _record_failed(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                             t0: float, started: datetime, err: TaskplaneError, batch_start: int, batch_end: int,
-                             timeout: bool = False) -> None:
-        total_ms = (time.monotonic() - t0) * 1000.0
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.TIMEOUT if timeout else Outcome.ERROR,
-                           model_served=decision.model or call.pool.model, started=started)
-        rec.error_type = err.error_type.value
-        rec.queue_ms, rec.total_ms = queue_ms, total_ms
-        self._charge(rec, replica, total_ms, batch_start, batch_end)
-        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await self._write(rec)
-        self._completed(call, decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
-
-    async def _record_cancelled(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                                t0: float, started: datetime, batch_start: int, batch_end: int) -> None:
-        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
-        still spent, so the attempt is recorded — shielded from the cancellation itself."""
-        err = TaskplaneError(ErrorType.REPLICA_ERROR, "the client cancelled the call")
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.CANCELLED,
-                           model_served=decision.model or call.pool.model, started=started)
-        rec.error_type = err.error_type.value
-        rec.queue_ms, rec.total_ms = queue_ms, (time.monotonic() - t0) * 1000.0
-        self._charge(rec, replica, rec.total_ms, batch_start, batch_end)
-        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await self._write(rec)
-
-    async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
-        rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
-        rec.error_type = err.error_type.value
-        await self._write(rec)
-
-    def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int,
-                   completion: int = 0, batch: int | None = None) -> None:
-        try:
-            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached,
-                                  completion_tokens=completion, batch_size=batch)
-        except Exception as exc:  # placement feedback must never fail a call
-            log.warning("placer_feedback_failed", error=str(exc))
-
-    def _headers(self, replica: ReplicaState, rec: AttemptRecord, queue_ms: float, model: str) -> dict[str, str]:
-        return {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_CACHED_TOKENS: str(rec.cached_tokens),
-                R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.10g}", R_MODEL: model}
 
 
 async def wait_cancelled(task: asyncio.Task[Any]) -> None:
