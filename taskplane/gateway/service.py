@@ -4,7 +4,8 @@ record.
 A replica failure before anything was streamed is retried on another replica inside
 the gateway; every attempt — successful or not — becomes one ``AttemptRecord`` written
 through the durable cost writer, keyed so that a retried activity never counts twice.
-The call's intake lives in ``intake``, its attempts' rows in ``attempts``.
+The call's intake lives in ``intake``, its attempts' rows in ``attempts``, the relay of
+a streamed answer in ``streaming``; this module is the path between them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import json
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
 import httpx
 import structlog
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -32,6 +32,7 @@ from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink, resp
 from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
+from taskplane.gateway.streaming import StreamRelay
 from taskplane.scheduler.types import Action, Decision
 from taskplane.store.records import Outcome
 
@@ -51,22 +52,6 @@ def error_response(exc: TaskplaneError) -> JSONResponse:
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
-class _ProxyStream(StreamingResponse):
-    """A streamed upstream response whose bookkeeping runs even if its body never starts
-    (client gone before the first byte) or is abandoned mid-way."""
-
-    def __init__(self, content: AsyncIterator[bytes], settle: Any, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._settle = settle
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._settle()
 
 
 class Gateway:
@@ -312,7 +297,9 @@ class Gateway:
             return error_response(err)
         self.registry.mark_success(replica.name)
         if call.stream:
-            return self._stream(attempt, resp, finish, prefilled)
+            relay = StreamRelay(attempt, resp, ledger=self.ledger, registry=self.registry, finish=finish,
+                                prefilled=prefilled, release=lambda: self._release_tenant(call))
+            return relay.response()
         try:
             raw = await resp.aread()
             data = json.loads(raw)
@@ -367,95 +354,6 @@ class Gateway:
             msg = body[:200].decode("utf-8", "replace")
         etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
         return TaskplaneError(etype, f"the engine refused the request: {msg}")
-
-    def _stream(self, attempt: Attempt, resp: httpx.Response, finish: Callable[[], int],
-                prefilled: Callable[[], None]) -> StreamingResponse:
-        call, replica = attempt.call, attempt.replica
-        st: dict[str, Any] = {"ok": False, "ttft_ms": None, "usage": {}, "settled": False}
-
-        async def settle() -> None:
-            """Release the counters and write the attempt's row exactly once, however the stream
-            ended: finished, upstream broke, client went away, or the body never started."""
-            if st["settled"]:
-                return
-            st["settled"] = True
-            batch_end = finish()
-            self._release_tenant(call)
-            total_ms = attempt.elapsed_ms()
-            ttft_ms = st["ttft_ms"]
-            if st["ok"]:
-                rec = self.ledger.success(attempt, total_ms, ttft_ms, st["usage"], batch_end)
-            else:
-                rec = self.ledger.failure(attempt, Outcome.ERROR, ErrorType.REPLICA_ERROR, total_ms, batch_end, ttft_ms)
-            self.ledger.completed(call, attempt.decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
-                                  completion=rec.completion_tokens, batch=max(attempt.batch_start, batch_end))
-            # A disconnecting client cancels this task; the row must still be written.
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
-                await self.ledger.write(rec)
-
-        async def body() -> AsyncIterator[bytes]:
-            buf = b""
-            failure: str | None = None
-            try:
-                async for chunk in resp.aiter_bytes():
-                    replica.saw_progress()
-                    buf += chunk
-                    # every complete event of this read goes out in one write: under load a
-                    # read holds many events, and each write costs a trip through the server
-                    *events, buf = buf.split(b"\n\n")
-                    outs = []
-                    for event in events:
-                        out = self._filter_event(event, call, st["usage"])
-                        if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
-                            st["ttft_ms"] = attempt.elapsed_ms()
-                            prefilled()
-                        if event.strip() == b"data: [DONE]":
-                            st["ok"] = True
-                        elif event.lstrip().startswith(b'data: {"error"'):
-                            failure = "reported an error"
-                        if out is not None:
-                            outs.append(out + b"\n\n")
-                    if outs:
-                        yield b"".join(outs)
-                if not st["ok"] and failure is None:
-                    failure = "ended the stream before it finished"
-            except (httpx.HTTPError, OSError) as exc:
-                log.warning("stream_broken", replica=replica.name, error=type(exc).__name__)
-                self.registry.mark_failure(replica.name, hard=True)
-                failure = f"broke off the stream ({type(exc).__name__})"
-            finally:
-                if st["ok"] or failure is None:
-                    await settle()
-            if failure is not None and failure != "reported an error":
-                # Tokens may already be out, so no retry; but the client is told plainly
-                # (the way vLLM reports a failure mid-stream) instead of seeing a silent end.
-                err = {"error": {"type": str(ErrorType.REPLICA_ERROR), "message": f"replica {replica.name} {failure}"}}
-                yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            await settle()
-
-        headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{attempt.queue_ms:.1f}", R_MODEL: attempt.model,
-                   "Cache-Control": "no-cache"}
-        return _ProxyStream(body(), settle, media_type="text/event-stream", headers=headers)
-
-    def _filter_event(self, event: bytes, call: Call, usage: dict[str, Any]) -> bytes | None:
-        """Capture usage from the final SSE chunk; hide it if the client did not ask for it."""
-        line = event.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]" or b'"usage"' not in line:
-            return event  # most chunks: pass through without parsing (the proxy's hot path)
-        try:
-            data = json.loads(line[5:])
-        except ValueError:
-            return event
-        u = data.get("usage") if isinstance(data, dict) else None
-        if u:
-            usage.update(u)
-            if not call.client_wants_usage:
-                if not data.get("choices"):
-                    return None
-                data["usage"] = None
-                return b"data: " + json.dumps(data).encode()
-        return event
 
 
 async def wait_cancelled(task: asyncio.Task[Any]) -> None:
