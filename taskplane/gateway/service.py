@@ -5,14 +5,14 @@ A replica failure before anything was streamed is retried on another replica ins
 the gateway; every attempt — successful or not — becomes one ``AttemptRecord`` written
 through the durable cost writer, keyed so that a retried activity never counts twice.
 The call's intake lives in ``intake``, its attempts' rows in ``attempts``, the relay of
-a streamed answer in ``streaming``; this module is the path between them.
+a streamed answer in ``streaming``, the HTTP client side toward replicas in ``upstream``;
+this module is the path between them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,17 +33,19 @@ from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.gateway.streaming import StreamRelay
+from taskplane.gateway.upstream import (
+    ReplicaDown,
+    UpstreamClients,
+    engine_client_error,
+    send_unless_down,
+    upstream_body,
+)
 from taskplane.scheduler.types import Action, Decision
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
 
 MAX_TRIES = 3
-UPSTREAM_POOLS = 8  # upstream connection pools per replica (see Gateway._client_for)
-
-
-class ReplicaDown(Exception):
-    """The replica was marked down while an attempt waited for its response headers."""
 
 
 def error_response(exc: TaskplaneError) -> JSONResponse:
@@ -73,17 +75,12 @@ class Gateway:
         self.metrics = metrics
         self.response_cache = response_cache
         self.ledger = AttemptLedger(sink, metrics, placer, config.limits.request_timeout_s)
-        self._pools: dict[str, list[httpx.AsyncClient]] = {}
-        self._pool_turn = 0
-        self._tls: ssl.SSLContext | None = None
+        self.upstream = UpstreamClients(config.limits.request_timeout_s)
         self._tenant_inflight: dict[str, int] = {}
         self._last_replica: OrderedDict[str, str] = OrderedDict()  # call id -> replica of its latest attempt
 
     async def close(self) -> None:
-        for clients in self._pools.values():
-            for c in clients:
-                await c.aclose()
-        self._pools.clear()
+        await self.upstream.close()
 
     async def record_lost_attempts(self) -> int:
         """Write the rows of attempts a killed predecessor on this outbox left in flight."""
@@ -92,27 +89,14 @@ class Gateway:
             self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
         return len(records)
 
-    def _client_for(self, replica: ReplicaState) -> httpx.AsyncClient:
-        """An upstream client for this replica. httpcore scans every connection of a pool
-        for each request, which is quadratic at a thousand streams; a few small pools per
-        replica, taken in turn, keep each scan short."""
-        clients = self._pools.get(replica.name)
-        if clients is None:
-            timeout = httpx.Timeout(self.config.limits.request_timeout_s, connect=5.0)  # a connect burst is not death
-            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64)
-            if self._tls is None:
-                self._tls = ssl.create_default_context()  # one CA load, not one per pool
-            clients = self._pools[replica.name] = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=self._tls)
-                                                   for _ in range(UPSTREAM_POOLS)]
-        self._pool_turn += 1
-        return clients[self._pool_turn % len(clients)]
-
     # ---- the call -------------------------------------------------------
     def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
         """The call behind one request, or the ``TaskplaneError`` that refuses it (see ``intake``)."""
         return prepare_call(self.config, self.registry, kind, raw, headers, has_response_cache=self.response_cache is not None)
 
     async def handle(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Any:
+        """The response to one OpenAI request: refusals and failures come back as the
+        contract's error responses, never as exceptions."""
         try:
             call = self.prepare(kind, raw, headers)
         except TaskplaneError as exc:
@@ -140,6 +124,7 @@ class Gateway:
                 self._release_tenant(call)
 
     def _release_tenant(self, call: Call) -> None:
+        """Free the tenant's in-flight slot (a stream frees it when it settles)."""
         self._tenant_inflight[call.ctx.tenant] -= 1
 
     def _cache_key(self, call: Call) -> str | None:
@@ -215,15 +200,6 @@ class Gateway:
             return TaskplaneError(ErrorType.DEADLINE_UNMEETABLE, d.reason or f"no replica can answer within the {call.ctx.budget_ms:.0f} ms budget")
         return TaskplaneError(ErrorType.NO_REPLICA, d.reason or f"no healthy replica serves {call.pool.model}", retry_after_s=1.0)
 
-    def _upstream_body(self, call: Call, model: str) -> dict[str, Any]:
-        body = dict(call.body)
-        body["model"] = model
-        if call.stream:
-            opts = dict(body.get("stream_options") or {})
-            opts["include_usage"] = True
-            body["stream_options"] = opts
-        return body
-
     async def _attempt(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float) -> Any:
         """One upstream attempt. Returns a response, or a TaskplaneError when a retry elsewhere may help."""
         model = decision.model or call.pool.model
@@ -265,9 +241,9 @@ class Gateway:
 
         try:
             await self.ledger.note_open(attempt)
-            client = self._client_for(replica)
-            req = client.build_request("POST", url, json=self._upstream_body(call, model))
-            resp = await self._send_unless_down(client, req, replica)
+            client = self.upstream.client_for(replica)
+            req = client.build_request("POST", url, json=upstream_body(call, model))
+            resp = await send_unless_down(client, req, replica)
             replica.saw_progress()
         except asyncio.CancelledError:
             await self.ledger.record_cancelled(attempt, finish())
@@ -291,7 +267,7 @@ class Gateway:
             body = await resp.aread()
             await resp.aclose()
             batch_end = finish()
-            err = self._engine_client_error(resp.status_code, body)
+            err = engine_client_error(resp.status_code, body)
             await self.ledger.record_failed(attempt, err, batch_end)
             self.metrics.requests.labels(model=call.pool.model, outcome=err.error_type.value).inc()
             return error_response(err)
@@ -329,31 +305,6 @@ class Gateway:
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
         return JSONResponse(data, headers=response_headers(replica, rec, queue_ms, model))
-
-    async def _send_unless_down(self, client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
-        """Send upstream, but give up as soon as the registry sees the replica stop answering
-        its health probe: nothing was streamed yet, so the call is retried elsewhere in
-        seconds instead of waiting out ``request_timeout_s`` on a hung engine."""
-        send = asyncio.ensure_future(client.send(req, stream=True))
-        down = asyncio.ensure_future(replica.down_signal.wait())
-        try:
-            await asyncio.wait({send, down}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            down.cancel()
-            if not send.done():
-                send.cancel()
-                await asyncio.gather(send, return_exceptions=True)
-        if send.cancelled():
-            raise ReplicaDown(f"replica {replica.name} stopped answering its health probe")
-        return send.result()
-
-    def _engine_client_error(self, status: int, body: bytes) -> TaskplaneError:
-        try:
-            msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
-        except (ValueError, AttributeError):
-            msg = body[:200].decode("utf-8", "replace")
-        etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
-        return TaskplaneError(etype, f"the engine refused the request: {msg}")
 
 
 async def wait_cancelled(task: asyncio.Task[Any]) -> None:
