@@ -24,9 +24,10 @@ from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
+from taskplane.gateway.attempts import AttemptSink
 from taskplane.gateway.http11 import MAX_HEADER_BYTES
 from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.service import AttemptSink, Gateway, _error_response
+from taskplane.gateway.service import Gateway, error_response
 
 log = structlog.get_logger(__name__)
 
@@ -186,7 +187,7 @@ def build_app(
         try:
             raw = await read_capped(request, config.limits.max_body_bytes, config.limits.body_timeout_s)
         except TaskplaneError as exc:
-            return _error_response(exc)
+            return error_response(exc)
         except BodyTimeout as exc:
             return _plain_error(408, str(exc), headers={"Connection": "close"})
         return await _unless_client_leaves(request, gw.handle(kind, raw, request.headers))
@@ -230,7 +231,7 @@ def build_app(
         try:
             auth.check_admin(config, request.headers)
         except TaskplaneError as exc:
-            return _error_response(exc)
+            return error_response(exc)
         out = []
         for s in registry.replicas.values():
             v = s.view()
@@ -259,6 +260,6 @@ def build_app(
 
             return HTMLResponse(await html_report(database_url, tenant=tenant))
         except TaskplaneError as exc:
-            return _error_response(exc)
+            return error_response(exc)
 
     return app

@@ -4,136 +4,56 @@ record.
 A replica failure before anything was streamed is retried on another replica inside
 the gateway; every attempt — successful or not — becomes one ``AttemptRecord`` written
 through the durable cost writer, keyed so that a retried activity never counts twice.
+The call's intake lives in ``intake``, its attempts' rows in ``attempts``, the relay of
+a streamed answer in ``streaming``, the HTTP client side toward replicas in ``upstream``;
+this module is the path between them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
 import httpx
 import structlog
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from taskplane.config import GatewayConfig, PoolConfig
-from taskplane.context import (
-    H_AGENT,
-    H_ALLOW_FALLBACK,
-    H_ATTEMPT,
-    H_BUDGET_MS,
-    H_CALL_ID,
-    H_PRIORITY,
-    H_SESSION,
-    H_STEP,
-    H_STEPS_REMAINING,
-    H_SUNK_COST,
-    H_TASK,
-    H_TENANT,
-    R_CACHED_TOKENS,
-    R_COST,
-    R_GPU,
-    R_MODEL,
-    R_QUEUE_MS,
-    R_REPLICA,
-    CallContext,
-    parse_headers,
-)
+from taskplane.config import GatewayConfig
+from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
-from taskplane.engines.tokenize import chat_tokens, tokenize
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import auth, costing, lost
+from taskplane.gateway import lost
+from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink, response_headers
+from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
-from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
-from taskplane.scheduler.hashing import chain_hashes
-from taskplane.scheduler.types import Action, CallRequest, Decision
-from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
+from taskplane.gateway.streaming import StreamRelay
+from taskplane.gateway.upstream import (
+    ReplicaDown,
+    UpstreamClients,
+    engine_client_error,
+    send_unless_down,
+    upstream_body,
+)
+from taskplane.scheduler.types import Action, Decision
+from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
 
 MAX_TRIES = 3
-UPSTREAM_POOLS = 8  # upstream connection pools per replica (see Gateway._client_for)
-DEFAULT_MAX_TOKENS = 256
 
 
-class ReplicaDown(Exception):
-    """The replica was marked down while an attempt waited for its response headers."""
-
-
-class AttemptSink:
-    """Where attempt records go (the durable cost writer); a no-op when none is set."""
-
-    async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
-        return None
-
-    async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
-        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note."""
-        return None
-
-
-@dataclass
-class Call:
-    """Everything known about one incoming call."""
-
-    kind: str  # "chat" or "completions"
-    body: dict[str, Any]
-    ctx: CallContext
-    pool: PoolConfig
-    prompt_tokens: int
-    max_tokens: int
-    stream: bool
-    client_wants_usage: bool
-    deterministic: bool
-    request: CallRequest
-    call_id: str
-    received: float = field(default_factory=time.monotonic)
-
-
-_SINGLE_HEADERS = ("authorization", H_TENANT, H_TASK, H_SESSION, H_STEP, H_STEPS_REMAINING, H_PRIORITY, H_BUDGET_MS,
-                   H_SUNK_COST, H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID)
-
-
-def _refuse_conflicting_headers(headers: Mapping[str, str]) -> None:
-    """A taskplane header sent twice with different values is contradictory: 400, not a guess."""
-    getlist = getattr(headers, "getlist", None)
-    if getlist is None:
-        return
-    for name in _SINGLE_HEADERS:
-        values = getlist(name)
-        if len(values) > 1 and len({v.strip() for v in values}) > 1:
-            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {name} is sent {len(values)} times with different values")
-
-
-def _error_response(exc: TaskplaneError) -> JSONResponse:
+def error_response(exc: TaskplaneError) -> JSONResponse:
+    """The contract's error body (``{"error": {"type", "message"}}``), with Retry-After when shed."""
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
-class _ProxyStream(StreamingResponse):
-    """A streamed upstream response whose bookkeeping runs even if its body never starts
-    (client gone before the first byte) or is abandoned mid-way."""
-
-    def __init__(self, content: AsyncIterator[bytes], settle: Any, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._settle = settle
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._settle()
 
 
 class Gateway:
@@ -154,124 +74,40 @@ class Gateway:
         self.sink = sink
         self.metrics = metrics
         self.response_cache = response_cache
-        self._pools: dict[str, list[httpx.AsyncClient]] = {}
-        self._pool_turn = 0
-        self._tls: ssl.SSLContext | None = None
+        self.ledger = AttemptLedger(sink, metrics, placer, config.limits.request_timeout_s)
+        self.upstream = UpstreamClients(config.limits.request_timeout_s)
         self._tenant_inflight: dict[str, int] = {}
         self._last_replica: OrderedDict[str, str] = OrderedDict()  # call id -> replica of its latest attempt
 
     async def close(self) -> None:
-        for clients in self._pools.values():
-            for c in clients:
-                await c.aclose()
-        self._pools.clear()
+        await self.upstream.close()
 
     async def record_lost_attempts(self) -> int:
         """Write the rows of attempts a killed predecessor on this outbox left in flight."""
-        records = await lost.record_orphans(self.sink, self._write)
+        records = await lost.record_orphans(self.sink, self.ledger.write)
         for rec in records:
             self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
         return len(records)
 
-    def _client_for(self, replica: ReplicaState) -> httpx.AsyncClient:
-        """An upstream client for this replica. httpcore scans every connection of a pool
-        for each request, which is quadratic at a thousand streams; a few small pools per
-        replica, taken in turn, keep each scan short."""
-        clients = self._pools.get(replica.name)
-        if clients is None:
-            timeout = httpx.Timeout(self.config.limits.request_timeout_s, connect=5.0)  # a connect burst is not death
-            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64)
-            if self._tls is None:
-                self._tls = ssl.create_default_context()  # one CA load, not one per pool
-            clients = self._pools[replica.name] = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=self._tls)
-                                                   for _ in range(UPSTREAM_POOLS)]
-        self._pool_turn += 1
-        return clients[self._pool_turn % len(clients)]
-
-    # ---- request intake -------------------------------------------------
-    def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
-        _refuse_conflicting_headers(headers)
-        tenant_from_key = auth.authenticate(self.config, headers)
-        claimed = (headers.get(H_TENANT) or "").strip()
-        if tenant_from_key is not None and claimed and claimed != tenant_from_key:
-            # A key of one tenant with another tenant's name: refuse rather than guess which was meant.
-            raise TaskplaneError(ErrorType.FORBIDDEN, f"{H_TENANT} {claimed[:64]!r} does not match the API key's tenant")
-        ctx = parse_headers(headers, tenant=tenant_from_key)
-        tenant_cfg = self.config.tenant(ctx.tenant)
-        if self.config.auth or tenant_cfg is not None:
-            auth.enforce_priority_cap(tenant_cfg, ctx.priority)
-        model_cls = ChatRequest if kind == "chat" else CompletionRequest
-        typed, body = parse_body(raw, model_cls)
-        pool = self.config.pool_for(typed.model)
-        if pool is None:
-            known = ", ".join(p.model for p in self.config.pools)
-            raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
-        if isinstance(typed, ChatRequest):
-            tokens = chat_tokens(message_dicts(typed))
-        else:
-            assert isinstance(typed, CompletionRequest)
-            tokens = tokenize(typed.prompt_text)
-        max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
-        if max_tokens > self.config.limits.max_tokens:
-            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {self.config.limits.max_tokens}")
-        if len(tokens) + max_tokens > pool.max_context_tokens:
-            raise TaskplaneError(
-                ErrorType.INVALID_REQUEST,
-                f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
-            )
-        block_size = self._block_size(pool)
-        request = CallRequest(
-            model=pool.model,
-            prompt_tokens=len(tokens),
-            max_tokens=max_tokens,
-            block_hashes=chain_hashes(tokens[:-1], block_size),  # vLLM never serves the last prompt token from cache
-            tenant=ctx.tenant,
-            priority=ctx.priority.value,
-            session_id=ctx.session_key,
-            task_id=ctx.task_id,
-            step=ctx.step,
-            steps_remaining=ctx.steps_remaining,
-            budget_ms=ctx.budget_ms,
-            sunk_cost_usd=ctx.sunk_cost_usd,
-            allow_fallback=ctx.allow_fallback,
-            now_s=time.monotonic(),
-            agent=ctx.agent,
-            call_id=ctx.call_id,
-            block_size=block_size,
-        )
-        stream_opts = body.get("stream_options") or {}
-        return Call(
-            kind=kind,
-            body=body,
-            ctx=ctx,
-            pool=pool,
-            prompt_tokens=len(tokens),
-            max_tokens=max_tokens,
-            stream=bool(typed.stream),
-            client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
-            deterministic=typed.temperature == 0 and not typed.stream and self.response_cache is not None,
-            request=request,
-            call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
-        )
-
-    def _block_size(self, pool: PoolConfig) -> int:
-        for s in self.registry.for_model(pool.model):
-            return s.config.block_size or s.block_size
-        return 16
-
     # ---- the call -------------------------------------------------------
+    def prepare(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Call:
+        """The call behind one request, or the ``TaskplaneError`` that refuses it (see ``intake``)."""
+        return prepare_call(self.config, self.registry, kind, raw, headers, has_response_cache=self.response_cache is not None)
+
     async def handle(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Any:
+        """The response to one OpenAI request: refusals and failures come back as the
+        contract's error responses, never as exceptions."""
         try:
             call = self.prepare(kind, raw, headers)
         except TaskplaneError as exc:
             self.metrics.requests.labels(model="?", outcome=exc.error_type.value).inc()
-            return _error_response(exc)
+            return error_response(exc)
         tenant_cfg = self.config.tenant(call.ctx.tenant)
         limit = tenant_cfg.max_concurrent if tenant_cfg else 1024
         if self._tenant_inflight.get(call.ctx.tenant, 0) >= limit:
             over = TaskplaneError(ErrorType.OVERLOADED, f"tenant {call.ctx.tenant} has {limit} calls in flight (its limit)", retry_after_s=1)
-            await self._record_unplaced(call, over, Outcome.SHED)
-            return _error_response(over)
+            await self.ledger.record_unplaced(call, over, Outcome.SHED)
+            return error_response(over)
         self._tenant_inflight[call.ctx.tenant] = self._tenant_inflight.get(call.ctx.tenant, 0) + 1
         release = True
         try:
@@ -285,7 +121,11 @@ class Gateway:
             return result
         finally:
             if release:
-                self._tenant_inflight[call.ctx.tenant] -= 1
+                self._release_tenant(call)
+
+    def _release_tenant(self, call: Call) -> None:
+        """Free the tenant's in-flight slot (a stream frees it when it settles)."""
+        self._tenant_inflight[call.ctx.tenant] -= 1
 
     def _cache_key(self, call: Call) -> str | None:
         assert self.response_cache is not None
@@ -294,10 +134,7 @@ class Gateway:
     async def _serve_cached(self, call: Call, cached: dict[str, Any]) -> JSONResponse:
         self.metrics.cache_hits.inc()
         self.metrics.requests.labels(model=call.pool.model, outcome="cached").inc()
-        rec = self._record(call, try_index=0, replica=None, outcome=Outcome.CACHED, model_served=call.pool.model,
-                           started=datetime.now(UTC))
-        rec.cached_tokens = call.prompt_tokens
-        await self._write(rec)
+        await self.ledger.record_cached(call)
         return JSONResponse(cached, headers={R_REPLICA: "response-cache", R_GPU: "none", R_CACHED_TOKENS: str(call.prompt_tokens),
                                              R_QUEUE_MS: "0", R_COST: "0", R_MODEL: call.pool.model})
 
@@ -337,9 +174,9 @@ class Gateway:
                 if last_error is not None and decision.action is Action.NO_REPLICA:
                     exc = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last_error.message}")
                 outcome = Outcome.SHED if decision.action in (Action.SHED, Action.UNMEETABLE) else Outcome.ERROR
-                await self._record_unplaced(call, exc, outcome, try_index=try_index)
+                await self.ledger.record_unplaced(call, exc, outcome, try_index=try_index)
                 self.metrics.requests.labels(model=call.pool.model, outcome=exc.error_type.value).inc()
-                return _error_response(exc)
+                return error_response(exc)
             replica = self.registry.replicas.get(decision.replica)
             if replica is None:
                 exclude.add(decision.replica)
@@ -354,7 +191,7 @@ class Gateway:
             return outcome
         assert last_error is not None
         self.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
-        return _error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
+        return error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
 
     def _decision_error(self, d: Decision, call: Call) -> TaskplaneError:
         if d.action is Action.SHED:
@@ -362,15 +199,6 @@ class Gateway:
         if d.action is Action.UNMEETABLE:
             return TaskplaneError(ErrorType.DEADLINE_UNMEETABLE, d.reason or f"no replica can answer within the {call.ctx.budget_ms:.0f} ms budget")
         return TaskplaneError(ErrorType.NO_REPLICA, d.reason or f"no healthy replica serves {call.pool.model}", retry_after_s=1.0)
-
-    def _upstream_body(self, call: Call, model: str) -> dict[str, Any]:
-        body = dict(call.body)
-        body["model"] = model
-        if call.stream:
-            opts = dict(body.get("stream_options") or {})
-            opts["include_usage"] = True
-            body["stream_options"] = opts
-        return body
 
     async def _attempt(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float) -> Any:
         """One upstream attempt. Returns a response, or a TaskplaneError when a retry elsewhere may help."""
@@ -388,7 +216,7 @@ class Gateway:
         pending_prefill = max(call.prompt_tokens - decision.cached_blocks * block, 0)
         replica.inflight_prompt_tokens += pending_prefill
         replica.inflight_decode_tokens += call.max_tokens
-        batch_start = replica.inflight
+        attempt = Attempt(call, decision, replica, try_index, queue_ms, model, started_wall, t0, batch_start=replica.inflight)
         self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
         done = False
         prefilling = True
@@ -412,21 +240,20 @@ class Gateway:
             return batch_end
 
         try:
-            await self._note_open(call, decision, replica, try_index, queue_ms, started_wall, batch_start, model)
-            client = self._client_for(replica)
-            req = client.build_request("POST", url, json=self._upstream_body(call, model))
-            resp = await self._send_unless_down(client, req, replica)
+            await self.ledger.note_open(attempt)
+            client = self.upstream.client_for(replica)
+            req = client.build_request("POST", url, json=upstream_body(call, model))
+            resp = await send_unless_down(client, req, replica)
             replica.saw_progress()
         except asyncio.CancelledError:
-            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            await self.ledger.record_cancelled(attempt, finish())
             raise
         except (httpx.HTTPError, OSError, ReplicaDown) as exc:
             batch_end = finish()
             # refused/reset/down: the replica is gone; a timeout may only be overload
             self.registry.mark_failure(replica.name, hard=not isinstance(exc, httpx.TimeoutException))
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} failed: {type(exc).__name__}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end,
-                                      timeout=isinstance(exc, httpx.TimeoutException))
+            await self.ledger.record_failed(attempt, err, batch_end, timeout=isinstance(exc, httpx.TimeoutException))
             return err
         if resp.status_code >= 500 or resp.status_code == 429:
             await resp.aread()
@@ -434,20 +261,21 @@ class Gateway:
             batch_end = finish()
             self.registry.mark_failure(replica.name, hard=False)
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} answered {resp.status_code}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            await self.ledger.record_failed(attempt, err, batch_end)
             return err
         if resp.status_code >= 400:
             body = await resp.aread()
             await resp.aclose()
             batch_end = finish()
-            err = self._engine_client_error(resp.status_code, body)
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            err = engine_client_error(resp.status_code, body)
+            await self.ledger.record_failed(attempt, err, batch_end)
             self.metrics.requests.labels(model=call.pool.model, outcome=err.error_type.value).inc()
-            return _error_response(err)
+            return error_response(err)
         self.registry.mark_success(replica.name)
         if call.stream:
-            return self._stream(call, decision, replica, try_index, queue_ms, t0, started_wall, resp, finish, batch_start,
-                                prefilled)
+            relay = StreamRelay(attempt, resp, ledger=self.ledger, registry=self.registry, finish=finish,
+                                prefilled=prefilled, release=lambda: self._release_tenant(call))
+            return relay.response()
         try:
             raw = await resp.aread()
             data = json.loads(raw)
@@ -458,257 +286,25 @@ class Gateway:
                 raise ValueError("usage is not an object")
         except asyncio.CancelledError:
             await resp.aclose()
-            await self._record_cancelled(call, decision, replica, try_index, queue_ms, t0, started_wall, batch_start, finish())
+            await self.ledger.record_cancelled(attempt, finish())
             raise
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             await resp.aclose()
             batch_end = finish()
             self.registry.mark_failure(replica.name, hard=False)
             err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica.name} sent a broken response: {type(exc).__name__}")
-            await self._record_failed(call, decision, replica, try_index, queue_ms, t0, started_wall, err, batch_start, batch_end)
+            await self.ledger.record_failed(attempt, err, batch_end)
             return err
         await resp.aclose()
         batch_end = finish()
-        total_ms = (time.monotonic() - t0) * 1000.0
-        rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, None, usage, started_wall, batch_start, batch_end, model)
-        await self._write(rec)
-        self._completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens,
-                        completion=rec.completion_tokens, batch=max(batch_start, batch_end))
+        total_ms = attempt.elapsed_ms()
+        rec = self.ledger.success(attempt, total_ms, None, usage, batch_end)
+        await self.ledger.write(rec)
+        self.ledger.completed(call, decision, ok=True, ttft_ms=None, total_ms=total_ms, cached=rec.cached_tokens,
+                              completion=rec.completion_tokens, batch=max(attempt.batch_start, batch_end))
         if self.response_cache is not None and call.deterministic:
             self.response_cache.put(self._cache_key(call), data)
-        return JSONResponse(data, headers=self._headers(replica, rec, queue_ms, model))
-
-    async def _send_unless_down(self, client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
-        """Send upstream, but give up as soon as the registry sees the replica stop answering
-        its health probe: nothing was streamed yet, so the call is retried elsewhere in
-        seconds instead of waiting out ``request_timeout_s`` on a hung engine."""
-        send = asyncio.ensure_future(client.send(req, stream=True))
-        down = asyncio.ensure_future(replica.down_signal.wait())
-        try:
-            await asyncio.wait({send, down}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            down.cancel()
-            if not send.done():
-                send.cancel()
-                await asyncio.gather(send, return_exceptions=True)
-        if send.cancelled():
-            raise ReplicaDown(f"replica {replica.name} stopped answering its health probe")
-        return send.result()
-
-    def _engine_client_error(self, status: int, body: bytes) -> TaskplaneError:
-        try:
-            msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
-        except (ValueError, AttributeError):
-            msg = body[:200].decode("utf-8", "replace")
-        etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
-        return TaskplaneError(etype, f"the engine refused the request: {msg}")
-
-    def _stream(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float, t0: float,
-                started_wall: datetime, resp: httpx.Response, finish: Any, batch_start: int,
-                prefilled: Any = None) -> StreamingResponse:
-        model = decision.model or call.pool.model
-        st: dict[str, Any] = {"ok": False, "ttft_ms": None, "usage": {}, "settled": False}
-
-        async def settle() -> None:
-            """Release the counters and write the attempt's row exactly once, however the stream
-            ended: finished, upstream broke, client went away, or the body never started."""
-            if st["settled"]:
-                return
-            st["settled"] = True
-            batch_end = finish()
-            self._tenant_inflight[call.ctx.tenant] -= 1
-            total_ms = (time.monotonic() - t0) * 1000.0
-            ttft_ms = st["ttft_ms"]
-            if st["ok"]:
-                rec = self._success_record(call, decision, replica, try_index, queue_ms, total_ms, ttft_ms, st["usage"],
-                                           started_wall, batch_start, batch_end, model)
-            else:
-                rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
-                                   started=started_wall)
-                rec.error_type = ErrorType.REPLICA_ERROR.value
-                rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
-                self._charge(rec, replica, total_ms, batch_start, batch_end)
-                self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-            self._completed(call, decision, ok=st["ok"], ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
-                            completion=rec.completion_tokens, batch=max(batch_start, batch_end))
-            # A disconnecting client cancels this task; the row must still be written.
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
-                await self._write(rec)
-
-        async def body() -> AsyncIterator[bytes]:
-            buf = b""
-            failure: str | None = None
-            try:
-                async for chunk in resp.aiter_bytes():
-                    replica.saw_progress()
-                    buf += chunk
-                    # every complete event of this read goes out in one write: under load a
-                    # read holds many events, and each write costs a trip through the server
-                    *events, buf = buf.split(b"\n\n")
-                    outs = []
-                    for event in events:
-                        out = self._filter_event(event, call, st["usage"])
-                        if st["ttft_ms"] is None and (b'"content"' in event or b'"text"' in event):
-                            st["ttft_ms"] = (time.monotonic() - t0) * 1000.0
-                            if prefilled is not None:
-                                prefilled()
-                        if event.strip() == b"data: [DONE]":
-                            st["ok"] = True
-                        elif event.lstrip().startswith(b'data: {"error"'):
-                            failure = "reported an error"
-                        if out is not None:
-                            outs.append(out + b"\n\n")
-                    if outs:
-                        yield b"".join(outs)
-                if not st["ok"] and failure is None:
-                    failure = "ended the stream before it finished"
-            except (httpx.HTTPError, OSError) as exc:
-                log.warning("stream_broken", replica=replica.name, error=type(exc).__name__)
-                self.registry.mark_failure(replica.name, hard=True)
-                failure = f"broke off the stream ({type(exc).__name__})"
-            finally:
-                if st["ok"] or failure is None:
-                    await settle()
-            if failure is not None and failure != "reported an error":
-                # Tokens may already be out, so no retry; but the client is told plainly
-                # (the way vLLM reports a failure mid-stream) instead of seeing a silent end.
-                err = {"error": {"type": str(ErrorType.REPLICA_ERROR), "message": f"replica {replica.name} {failure}"}}
-                yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            await settle()
-
-        headers = {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_QUEUE_MS: f"{queue_ms:.1f}", R_MODEL: model,
-                   "Cache-Control": "no-cache"}
-        return _ProxyStream(body(), settle, media_type="text/event-stream", headers=headers)
-
-    def _filter_event(self, event: bytes, call: Call, usage: dict[str, Any]) -> bytes | None:
-        """Capture usage from the final SSE chunk; hide it if the client did not ask for it."""
-        line = event.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]" or b'"usage"' not in line:
-            return event  # most chunks: pass through without parsing (the proxy's hot path)
-        try:
-            data = json.loads(line[5:])
-        except ValueError:
-            return event
-        u = data.get("usage") if isinstance(data, dict) else None
-        if u:
-            usage.update(u)
-            if not call.client_wants_usage:
-                if not data.get("choices"):
-                    return None
-                data["usage"] = None
-                return b"data: " + json.dumps(data).encode()
-        return event
-
-    # ---- records --------------------------------------------------------
-    async def _note_open(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                         started: datetime, batch_start: int, model: str) -> None:
-        """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
-        leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
-        written costs that insurance, not the call."""
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.ERROR, model_served=model,
-                           started=started)
-        rec.error_type, rec.queue_ms = GATEWAY_LOST, queue_ms
-        note = lost.AttemptNote(record=rec, timeout_s=self.config.limits.request_timeout_s,
-                                price_per_hour_usd=replica.price_per_hour, batch_at_start=batch_start)
-        try:
-            await self.sink.open_attempt(rec.attempt_key, note.model_dump_json())
-        except Exception as exc:
-            log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
-
-    async def _write(self, rec: AttemptRecord) -> None:
-        """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
-        exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
-        self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
-        log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
-                  replica=rec.replica, error_type=rec.error_type)
-        # counted and logged first, then shielded: a client that goes away cannot drop the row
-        await asyncio.shield(self.sink.record_attempt(rec))
-
-    def _record(self, call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
-                started: datetime) -> AttemptRecord:
-        return AttemptRecord(
-            attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
-            task_id=call.ctx.task_id,
-            step=call.ctx.step,
-            attempt=call.ctx.attempt,
-            session_id=call.ctx.session_key,
-            tenant=call.ctx.tenant,
-            agent=call.ctx.agent,
-            model_requested=call.pool.model,
-            model_served=model_served,
-            replica=replica.name if replica else None,
-            gpu=replica.config.gpu if replica else None,
-            prompt_tokens=call.prompt_tokens,
-            outcome=outcome,
-            started_at=started,
-        )
-
-    def _charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
-        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
-        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
-        self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
-
-    def _success_record(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                        total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any], started: datetime,
-                        batch_start: int, batch_end: int, model: str) -> AttemptRecord:
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=model, started=started)
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or call.prompt_tokens)
-        details = usage.get("prompt_tokens_details") or {}
-        rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
-        rec.queue_ms, rec.total_ms, rec.ttft_ms = queue_ms, total_ms, ttft_ms
-        self._charge(rec, replica, total_ms, batch_start, batch_end)
-        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
-        self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
-        self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
-        self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
-        if ttft_ms is not None:
-            self.metrics.ttft.labels(model=call.pool.model).observe(ttft_ms / 1000.0)
-        return rec
-
-    async def _record_failed(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                             t0: float, started: datetime, err: TaskplaneError, batch_start: int, batch_end: int,
-                             timeout: bool = False) -> None:
-        total_ms = (time.monotonic() - t0) * 1000.0
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.TIMEOUT if timeout else Outcome.ERROR,
-                           model_served=decision.model or call.pool.model, started=started)
-        rec.error_type = err.error_type.value
-        rec.queue_ms, rec.total_ms = queue_ms, total_ms
-        self._charge(rec, replica, total_ms, batch_start, batch_end)
-        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await self._write(rec)
-        self._completed(call, decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
-
-    async def _record_cancelled(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float,
-                                t0: float, started: datetime, batch_start: int, batch_end: int) -> None:
-        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
-        still spent, so the attempt is recorded — shielded from the cancellation itself."""
-        err = TaskplaneError(ErrorType.REPLICA_ERROR, "the client cancelled the call")
-        rec = self._record(call, try_index=try_index, replica=replica, outcome=Outcome.CANCELLED,
-                           model_served=decision.model or call.pool.model, started=started)
-        rec.error_type = err.error_type.value
-        rec.queue_ms, rec.total_ms = queue_ms, (time.monotonic() - t0) * 1000.0
-        self._charge(rec, replica, rec.total_ms, batch_start, batch_end)
-        self.metrics.attempts.labels(replica=replica.name, outcome=rec.outcome.value).inc()
-        await self._write(rec)
-
-    async def _record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
-        rec = self._record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
-        rec.error_type = err.error_type.value
-        await self._write(rec)
-
-    def _completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int,
-                   completion: int = 0, batch: int | None = None) -> None:
-        try:
-            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached,
-                                  completion_tokens=completion, batch_size=batch)
-        except Exception as exc:  # placement feedback must never fail a call
-            log.warning("placer_feedback_failed", error=str(exc))
-
-    def _headers(self, replica: ReplicaState, rec: AttemptRecord, queue_ms: float, model: str) -> dict[str, str]:
-        return {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_CACHED_TOKENS: str(rec.cached_tokens),
-                R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.10g}", R_MODEL: model}
+        return JSONResponse(data, headers=response_headers(replica, rec, queue_ms, model))
 
 
 async def wait_cancelled(task: asyncio.Task[Any]) -> None:

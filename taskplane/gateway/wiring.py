@@ -11,8 +11,8 @@ import structlog
 
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.gateway.attempts import AttemptSink
 from taskplane.gateway.placement import Placer, ScheduledPlacer
-from taskplane.gateway.service import AttemptSink
 
 log = structlog.get_logger(__name__)
 

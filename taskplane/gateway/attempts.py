@@ -1,0 +1,192 @@
+"""Attempt bookkeeping: every attempt of a call becomes exactly one ``AttemptRecord``.
+
+Served, failed, cancelled, shed or answered from the response cache, each attempt is
+charged its share of the replica's GPU time (``costing``), counted in the gateway's
+metrics and handed to the durable cost writer under a key that makes a retried
+activity count once. Before an attempt is sent it is journalled, so a gateway killed
+mid-attempt still leaves its row to the next one (``lost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
+from taskplane.engines.registry import ReplicaState
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import costing, lost
+from taskplane.gateway.intake import Call
+from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.gateway.placement import Placer
+from taskplane.scheduler.types import Decision
+from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
+
+log = structlog.get_logger(__name__)
+
+
+class AttemptSink:
+    """Where attempt records go (the durable cost writer); a no-op when none is set."""
+
+    async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
+        return None
+
+    async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
+        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note."""
+        return None
+
+
+@dataclass
+class Attempt:
+    """One try of a call on one replica: what its row and the placer's feedback need."""
+
+    call: Call
+    decision: Decision
+    replica: ReplicaState
+    try_index: int
+    queue_ms: float
+    model: str  # the model asked of the replica (a fallback, or the pool's)
+    started: datetime  # wall clock, for the row
+    t0: float  # monotonic, for its durations
+    batch_start: int  # calls in flight on the replica once this one was added
+
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.t0) * 1000.0
+
+
+def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
+               started: datetime) -> AttemptRecord:
+    """The row of one attempt, with what is known before it ran; its key is the idempotency key."""
+    return AttemptRecord(
+        attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
+        task_id=call.ctx.task_id,
+        step=call.ctx.step,
+        attempt=call.ctx.attempt,
+        session_id=call.ctx.session_key,
+        tenant=call.ctx.tenant,
+        agent=call.ctx.agent,
+        model_requested=call.pool.model,
+        model_served=model_served,
+        replica=replica.name if replica else None,
+        gpu=replica.config.gpu if replica else None,
+        prompt_tokens=call.prompt_tokens,
+        outcome=outcome,
+        started_at=started,
+    )
+
+
+def response_headers(replica: ReplicaState, rec: AttemptRecord, queue_ms: float, model: str) -> dict[str, str]:
+    """The taskplane response headers of a served attempt (DESIGN.md, Gateway HTTP)."""
+    return {R_REPLICA: replica.name, R_GPU: replica.config.gpu, R_CACHED_TOKENS: str(rec.cached_tokens),
+            R_QUEUE_MS: f"{queue_ms:.1f}", R_COST: f"{rec.cost_usd:.10g}", R_MODEL: model}
+
+
+class AttemptLedger:
+    """Builds, charges, counts and writes attempt rows, and tells the placer how attempts went."""
+
+    def __init__(self, sink: AttemptSink, metrics: GatewayMetrics, placer: Placer, request_timeout_s: float) -> None:
+        self.sink = sink
+        self.metrics = metrics
+        self.placer = placer
+        self.request_timeout_s = request_timeout_s
+
+    async def note_open(self, a: Attempt) -> None:
+        """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
+        leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
+        written costs that insurance, not the call."""
+        rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
+                         started=a.started)
+        rec.error_type, rec.queue_ms = GATEWAY_LOST, a.queue_ms
+        note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
+                                price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
+        try:
+            await self.sink.open_attempt(rec.attempt_key, note.model_dump_json())
+        except Exception as exc:
+            log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
+
+    async def write(self, rec: AttemptRecord) -> None:
+        """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
+        exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
+        self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
+        log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
+                  replica=rec.replica, error_type=rec.error_type)
+        # counted and logged first, then shielded: a client that goes away cannot drop the row
+        await asyncio.shield(self.sink.record_attempt(rec))
+
+    def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
+        """Price the attempt's share of the replica's batch (see ``costing``)."""
+        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
+        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
+        self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
+
+    def success(self, a: Attempt, total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any],
+                batch_end: int) -> AttemptRecord:
+        """The row of a served attempt, its tokens as the engine reported them."""
+        call, replica = a.call, a.replica
+        rec = new_record(call, try_index=a.try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=a.model,
+                         started=a.started)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or call.prompt_tokens)
+        details = usage.get("prompt_tokens_details") or {}
+        rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+        rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
+        self.charge(rec, replica, total_ms, a.batch_start, batch_end)
+        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
+        self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
+        self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
+        self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
+        if ttft_ms is not None:
+            self.metrics.ttft.labels(model=call.pool.model).observe(ttft_ms / 1000.0)
+        return rec
+
+    def failure(self, a: Attempt, outcome: Outcome, error_type: ErrorType, total_ms: float, batch_end: int,
+                ttft_ms: float | None = None) -> AttemptRecord:
+        """The row of an attempt that did not serve the call: the GPU time was spent all the same."""
+        rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=outcome, model_served=a.model,
+                         started=a.started)
+        rec.error_type = error_type.value
+        rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
+        self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
+        self.metrics.attempts.labels(replica=a.replica.name, outcome=rec.outcome.value).inc()
+        return rec
+
+    async def record_failed(self, a: Attempt, err: TaskplaneError, batch_end: int, timeout: bool = False) -> None:
+        """Write a failed attempt's row and tell the placer (a retry elsewhere may follow)."""
+        total_ms = a.elapsed_ms()
+        rec = self.failure(a, Outcome.TIMEOUT if timeout else Outcome.ERROR, err.error_type, total_ms, batch_end)
+        await self.write(rec)
+        self.completed(a.call, a.decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
+
+    async def record_cancelled(self, a: Attempt, batch_end: int) -> None:
+        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
+        still spent, so the attempt is recorded — shielded from the cancellation itself."""
+        rec = self.failure(a, Outcome.CANCELLED, ErrorType.REPLICA_ERROR, a.elapsed_ms(), batch_end)
+        await self.write(rec)
+
+    async def record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
+        """A call no replica took (shed, unmeetable, none left): a row without cost."""
+        rec = new_record(call, try_index=try_index, replica=None, outcome=outcome, model_served=None, started=datetime.now(UTC))
+        rec.error_type = err.error_type.value
+        await self.write(rec)
+
+    async def record_cached(self, call: Call) -> None:
+        """A call answered from the response cache: its whole prompt counts as cached, at no cost."""
+        rec = new_record(call, try_index=0, replica=None, outcome=Outcome.CACHED, model_served=call.pool.model,
+                         started=datetime.now(UTC))
+        rec.cached_tokens = call.prompt_tokens
+        await self.write(rec)
+
+    def completed(self, call: Call, decision: Decision, *, ok: bool, ttft_ms: float | None, total_ms: float, cached: int,
+                  completion: int = 0, batch: int | None = None) -> None:
+        """Feed the attempt's outcome back to the placer (sessions, KV index, latency model)."""
+        try:
+            self.placer.completed(call.request, decision, ok=ok, ttft_ms=ttft_ms, total_ms=total_ms, cached_tokens=cached,
+                                  completion_tokens=completion, batch_size=batch)
+        except Exception as exc:  # placement feedback must never fail a call
+            log.warning("placer_feedback_failed", error=str(exc))

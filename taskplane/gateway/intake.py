@@ -1,0 +1,151 @@
+"""An incoming call as the gateway understands it, before any replica is chosen.
+
+Headers are checked, the tenant authenticated and held to its priority cap, the body
+validated against the OpenAI schema, the prompt counted against the model's context and
+hashed into KV blocks for the scheduler. Every refusal here is a clean 4xx that has cost
+nothing upstream.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskplane.config import GatewayConfig, PoolConfig
+from taskplane.context import (
+    H_AGENT,
+    H_ALLOW_FALLBACK,
+    H_ATTEMPT,
+    H_BUDGET_MS,
+    H_CALL_ID,
+    H_PRIORITY,
+    H_SESSION,
+    H_STEP,
+    H_STEPS_REMAINING,
+    H_SUNK_COST,
+    H_TASK,
+    H_TENANT,
+    CallContext,
+    parse_headers,
+)
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.tokenize import chat_tokens, tokenize
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import auth
+from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
+from taskplane.scheduler.hashing import chain_hashes
+from taskplane.scheduler.types import CallRequest
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass
+class Call:
+    """Everything known about one incoming call."""
+
+    kind: str  # "chat" or "completions"
+    body: dict[str, Any]
+    ctx: CallContext
+    pool: PoolConfig
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    client_wants_usage: bool
+    deterministic: bool
+    request: CallRequest
+    call_id: str
+    received: float = field(default_factory=time.monotonic)
+
+
+_SINGLE_HEADERS = ("authorization", H_TENANT, H_TASK, H_SESSION, H_STEP, H_STEPS_REMAINING, H_PRIORITY, H_BUDGET_MS,
+                   H_SUNK_COST, H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID)
+
+
+def refuse_conflicting_headers(headers: Mapping[str, str]) -> None:
+    """A taskplane header sent twice with different values is contradictory: 400, not a guess."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is None:
+        return
+    for name in _SINGLE_HEADERS:
+        values = getlist(name)
+        if len(values) > 1 and len({v.strip() for v in values}) > 1:
+            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {name} is sent {len(values)} times with different values")
+
+
+def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, raw: bytes, headers: Mapping[str, str], *,
+                 has_response_cache: bool) -> Call:
+    """The call behind one request, or the ``TaskplaneError`` that refuses it.
+    ``has_response_cache``: a deterministic call may then be answered from the cache."""
+    refuse_conflicting_headers(headers)
+    tenant_from_key = auth.authenticate(config, headers)
+    claimed = (headers.get(H_TENANT) or "").strip()
+    if tenant_from_key is not None and claimed and claimed != tenant_from_key:
+        # A key of one tenant with another tenant's name: refuse rather than guess which was meant.
+        raise TaskplaneError(ErrorType.FORBIDDEN, f"{H_TENANT} {claimed[:64]!r} does not match the API key's tenant")
+    ctx = parse_headers(headers, tenant=tenant_from_key)
+    tenant_cfg = config.tenant(ctx.tenant)
+    if config.auth or tenant_cfg is not None:
+        auth.enforce_priority_cap(tenant_cfg, ctx.priority)
+    model_cls = ChatRequest if kind == "chat" else CompletionRequest
+    typed, body = parse_body(raw, model_cls)
+    pool = config.pool_for(typed.model)
+    if pool is None:
+        known = ", ".join(p.model for p in config.pools)
+        raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
+    if isinstance(typed, ChatRequest):
+        tokens = chat_tokens(message_dicts(typed))
+    else:
+        assert isinstance(typed, CompletionRequest)
+        tokens = tokenize(typed.prompt_text)
+    max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
+    if max_tokens > config.limits.max_tokens:
+        raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {config.limits.max_tokens}")
+    if len(tokens) + max_tokens > pool.max_context_tokens:
+        raise TaskplaneError(
+            ErrorType.INVALID_REQUEST,
+            f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
+        )
+    block_size = pool_block_size(registry, pool)
+    request = CallRequest(
+        model=pool.model,
+        prompt_tokens=len(tokens),
+        max_tokens=max_tokens,
+        block_hashes=chain_hashes(tokens[:-1], block_size),  # vLLM never serves the last prompt token from cache
+        tenant=ctx.tenant,
+        priority=ctx.priority.value,
+        session_id=ctx.session_key,
+        task_id=ctx.task_id,
+        step=ctx.step,
+        steps_remaining=ctx.steps_remaining,
+        budget_ms=ctx.budget_ms,
+        sunk_cost_usd=ctx.sunk_cost_usd,
+        allow_fallback=ctx.allow_fallback,
+        now_s=time.monotonic(),
+        agent=ctx.agent,
+        call_id=ctx.call_id,
+        block_size=block_size,
+    )
+    stream_opts = body.get("stream_options") or {}
+    return Call(
+        kind=kind,
+        body=body,
+        ctx=ctx,
+        pool=pool,
+        prompt_tokens=len(tokens),
+        max_tokens=max_tokens,
+        stream=bool(typed.stream),
+        client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
+        deterministic=typed.temperature == 0 and not typed.stream and has_response_cache,
+        request=request,
+        call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
+    )
+
+
+def pool_block_size(registry: ReplicaRegistry, pool: PoolConfig) -> int:
+    """The KV block size the pool's replicas hash prompts with (16, vLLM's default, if none is known)."""
+    for s in registry.for_model(pool.model):
+        return s.config.block_size or s.block_size
+    return 16

@@ -1,0 +1,95 @@
+"""The gateway's HTTP side toward replicas: pooled clients, the body a replica is sent, a
+send that gives up once the replica is marked down, and an engine's refusal (4xx)
+translated into the contract's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from typing import Any
+
+import httpx
+
+from taskplane.engines.registry import ReplicaState
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway.intake import Call
+
+UPSTREAM_POOLS = 8  # upstream connection pools per replica (see UpstreamClients.client_for)
+
+
+class ReplicaDown(Exception):
+    """The replica was marked down while an attempt waited for its response headers."""
+
+
+class UpstreamClients:
+    """The HTTP clients the gateway sends replicas their calls with, a few per replica."""
+
+    def __init__(self, request_timeout_s: float) -> None:
+        self.request_timeout_s = request_timeout_s
+        self._pools: dict[str, list[httpx.AsyncClient]] = {}
+        self._pool_turn = 0
+        self._tls: ssl.SSLContext | None = None
+
+    def client_for(self, replica: ReplicaState) -> httpx.AsyncClient:
+        """An upstream client for this replica. httpcore scans every connection of a pool
+        for each request, which is quadratic at a thousand streams; a few small pools per
+        replica, taken in turn, keep each scan short."""
+        clients = self._pools.get(replica.name)
+        if clients is None:
+            timeout = httpx.Timeout(self.request_timeout_s, connect=5.0)  # a connect burst is not death
+            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64)
+            if self._tls is None:
+                self._tls = ssl.create_default_context()  # one CA load, not one per pool
+            clients = self._pools[replica.name] = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=self._tls)
+                                                   for _ in range(UPSTREAM_POOLS)]
+        self._pool_turn += 1
+        return clients[self._pool_turn % len(clients)]
+
+    async def close(self) -> None:
+        for clients in self._pools.values():
+            for c in clients:
+                await c.aclose()
+        self._pools.clear()
+
+
+def upstream_body(call: Call, model: str) -> dict[str, Any]:
+    """The client's body for the replica: the model that serves it, and (when streaming)
+    usage in the last event, which the attempt's row needs whether the client asked or not."""
+    body = dict(call.body)
+    body["model"] = model
+    if call.stream:
+        opts = dict(body.get("stream_options") or {})
+        opts["include_usage"] = True
+        body["stream_options"] = opts
+    return body
+
+
+async def send_unless_down(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+    """Send upstream, but give up as soon as the registry sees the replica stop answering
+    its health probe: nothing was streamed yet, so the call is retried elsewhere in
+    seconds instead of waiting out ``request_timeout_s`` on a hung engine."""
+    send = asyncio.ensure_future(client.send(req, stream=True))
+    down = asyncio.ensure_future(replica.down_signal.wait())
+    try:
+        await asyncio.wait({send, down}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        down.cancel()
+        if not send.done():
+            send.cancel()
+            await asyncio.gather(send, return_exceptions=True)
+    if send.cancelled():
+        raise ReplicaDown(f"replica {replica.name} stopped answering its health probe")
+    return send.result()
+
+
+def engine_client_error(status: int, body: bytes) -> TaskplaneError:
+    """An engine's 4xx as the contract's error: the request itself was refused, so a retry
+    elsewhere would be refused too."""
+    try:
+        msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
+    except (ValueError, AttributeError):
+        msg = body[:200].decode("utf-8", "replace")
+    etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
+    return TaskplaneError(etype, f"the engine refused the request: {msg}")
