@@ -240,11 +240,14 @@ class ClusterResult:
 # ------------------------------------------------------------------ block hashes
 
 
+_Q = struct.Struct("<q")
+
+
 def block_hash(parent: int, content: int, block_size: int) -> int:
     """``chain_hashes([content] * block_size, block_size, parent)[0]``, without the list."""
-    raw = struct.pack("<q", content) * block_size
-    d = hashlib.blake2b((parent & _MASK64).to_bytes(8, "little") + raw, digest_size=8).digest()
-    return int.from_bytes(d, "little")
+    h = hashlib.blake2b((parent & _MASK64).to_bytes(8, "little"), digest_size=8)
+    h.update(_Q.pack(content) * block_size)  # fed in two parts: no 2 KB concatenation
+    return int.from_bytes(h.digest(), "little")
 
 
 def _mix(a: int, b: int) -> int:
