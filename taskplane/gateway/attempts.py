@@ -31,6 +31,16 @@ from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
 log = structlog.get_logger(__name__)
 
 
+def token_count(value: Any) -> int:
+    """A usage count as the engine reported it, or 0 when it is not a count (a string, a
+    negative or fractional number): a replica's bad bookkeeping must not cost the row."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < 0:
+        return 0
+    if isinstance(value, float) and not value.is_integer():
+        return 0
+    return int(value)
+
+
 class AttemptSink:
     """Where attempt records go (the durable cost writer); a no-op when none is set."""
 
@@ -131,10 +141,10 @@ class AttemptLedger:
         call, replica = a.call, a.replica
         rec = new_record(call, try_index=a.try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=a.model,
                          started=a.started)
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or call.prompt_tokens)
+        rec.prompt_tokens = token_count(usage.get("prompt_tokens")) or call.prompt_tokens
         details = usage.get("prompt_tokens_details") or {}
-        rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+        rec.cached_tokens = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+        rec.completion_tokens = token_count(usage.get("completion_tokens"))
         rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
         self.charge(rec, replica, total_ms, a.batch_start, batch_end)
         replica.served_tokens += rec.prompt_tokens + rec.completion_tokens

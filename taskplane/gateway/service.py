@@ -189,9 +189,14 @@ class Gateway:
                 self.metrics.retries.inc()
                 continue
             return outcome
-        assert last_error is not None
+        # every try failed, or named replicas that had just left the registry
+        message = (f"{MAX_TRIES} replicas failed; last: {last_error.message}" if last_error is not None
+                   else f"{MAX_TRIES} tries chose replicas that had left the pool")
+        exc = TaskplaneError(ErrorType.NO_REPLICA, message, retry_after_s=1)
+        if last_error is None:
+            await self.ledger.record_unplaced(call, exc, Outcome.ERROR, try_index=MAX_TRIES - 1)
         self.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
-        return error_response(TaskplaneError(ErrorType.NO_REPLICA, f"{MAX_TRIES} replicas failed; last: {last_error.message}", retry_after_s=1))
+        return error_response(exc)
 
     def _decision_error(self, d: Decision, call: Call) -> TaskplaneError:
         if d.action is Action.SHED:
@@ -306,10 +311,3 @@ class Gateway:
             self.response_cache.put(self._cache_key(call), data)
         return JSONResponse(data, headers=response_headers(replica, rec, queue_ms, model))
 
-
-async def wait_cancelled(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):
-        pass

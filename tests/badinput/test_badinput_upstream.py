@@ -76,6 +76,24 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path]) -> None:
+    """A replica that answers but reports token counts that are not counts: the client
+    gets the answer, the attempt still gets its row (with the gateway's own prompt count)."""
+    url, upstream, log = bad_gateway
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await _healthy_again(client)
+        before_hits = upstream.hits.get("usage-bad-counts", 0)
+        before_rows = _rows((await client.get("/metrics")).text)
+        r = await client.post("/v1/chat/completions",
+                              json={"model": MODEL, "messages": [{"role": "user", "content": "mode:usage-bad-counts"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "ok"
+        assert float(r.headers["X-Taskplane-Cost-Usd"]) > 0
+        assert _rows((await client.get("/metrics")).text) - before_rows == 1
+        assert upstream.hits["usage-bad-counts"] == before_hits + 1  # served once, not retried
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
 @pytest.mark.parametrize("mode", STREAM)
 async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path], mode: str) -> None:
     url, _upstream, log = bad_gateway

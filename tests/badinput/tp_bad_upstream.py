@@ -31,7 +31,7 @@ def _delta(text: str) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-MODES = ("garbage", "not-openai", "json-list", "usage-not-object", "html-500", "truncated-body", "close-at-once",
+MODES = ("garbage", "not-openai", "json-list", "usage-not-object", "usage-bad-counts", "html-500", "truncated-body", "close-at-once",
          "stream-truncated", "stream-garbage-then-close", "stream-hang", "hang", "stream-error-event")
 
 
@@ -103,6 +103,12 @@ class BadUpstream:
             w.write(_response(200, b"[1, 2, 3]"))
         elif mode == "usage-not-object":
             w.write(_response(200, b'{"choices": [], "usage": "lots"}'))
+        elif mode == "usage-bad-counts":  # a served answer whose token counts are nonsense
+            body = {"id": "x", "object": "chat.completion", "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": "lots", "completion_tokens": -3,
+                              "prompt_tokens_details": {"cached_tokens": 1.5}}}
+            w.write(_response(200, json.dumps(body).encode()))
         elif mode == "html-500":
             w.write(_response(500, b"<html><body>Internal Server Error</body></html>", "text/html"))
         elif mode == "truncated-body":
