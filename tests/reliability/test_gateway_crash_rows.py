@@ -12,7 +12,6 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,31 +19,17 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-import pytest_asyncio
 
 from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 from taskplane.gateway import lost
-from taskplane.store import db
 from taskplane.store.inflight import Orphan
-from taskplane.store.migrate import upgrade
 from taskplane.store.outbox import FILE_NAME
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
 from taskplane.store.writer import CostWriter
 
 MODEL = "llama-3.1-8b"
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest_asyncio.fixture
-async def fresh_db(pg_server_url: str) -> AsyncIterator[str]:
-    """An empty database at head, so only this test's rows are counted."""
-    url = await db.create_database(pg_server_url)
-    upgrade(url)
-    try:
-        yield url
-    finally:
-        await db.drop_database(url)
 
 
 async def _rows(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
@@ -98,8 +83,8 @@ async def _faults(urls: list[str], **body: Any) -> None:
             (await http.post(f"{u}/admin/faults", json=body)).raise_for_status()
 
 
-async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db: str, tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path, replicas=2, database_url=fresh_db)
+async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db_url: str, tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, replicas=2, database_url=fresh_db_url)
     outbox = tmp_path / "outbox"  # LocalCluster's outbox_dir: the restarted gateway uses it too
     replica_urls = [r.url for r in cluster.replicas]
     with cluster:
@@ -123,7 +108,7 @@ async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db:
         assert _open_notes(outbox) == ["lost-call:1:0"], "the dead gateway left its in-flight attempt journalled"
 
         await asyncio.to_thread(cluster.start_gateway)  # same config, same outbox directory
-        await _wait_row(fresh_db, "lost-call:1:0")
+        await _wait_row(fresh_db_url, "lost-call:1:0")
         assert await asyncio.to_thread(_open_notes, outbox) == []
         # a graceful restart and another call: the lost attempt is not recorded again
         await asyncio.to_thread(cluster.stop_gateway)
@@ -132,9 +117,9 @@ async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db:
             after = await http.post("/v1/chat/completions", json=_body("a call after the restarts"),
                                     headers=_call_headers("after-call"))
             assert after.status_code == 200, after.text
-        await _wait_row(fresh_db, "after-call:1:0")
+        await _wait_row(fresh_db_url, "after-call:1:0")
 
-    rows = await _rows(fresh_db, "SELECT * FROM llm_calls WHERE task_id = 'crash-task' ORDER BY id")
+    rows = await _rows(fresh_db_url, "SELECT * FROM llm_calls WHERE task_id = 'crash-task' ORDER BY id")
     by_key: dict[str, list[asyncpg.Record]] = {}
     for r in rows:
         by_key.setdefault(r["attempt_key"], []).append(r)
@@ -197,36 +182,36 @@ def _success(key: str) -> AttemptRecord:
 
 
 @pytest.mark.parametrize("delivered", [True, False], ids=["row-in-postgres", "row-still-in-outbox"])
-async def test_a_crash_after_the_row_before_the_note_removal_doubles_nothing(fresh_db: str, tmp_path: Path,
+async def test_a_crash_after_the_row_before_the_note_removal_doubles_nothing(fresh_db_url: str, tmp_path: Path,
                                                                              delivered: bool) -> None:
     key, note = "call-1:1:0", _note().model_dump_json()
-    first_url = fresh_db if delivered else _dead_url()  # not delivered: Postgres unreachable for the first writer
+    first_url = fresh_db_url if delivered else _dead_url()  # not delivered: Postgres unreachable for the first writer
     async with CostWriter(first_url, tmp_path, close_timeout_s=0.5) as writer:
         await writer.open_attempt(key, note)
         await writer.record_attempt(_success(key))
         assert await writer.flush(timeout=30 if delivered else 0.5) is delivered
     _crash_before_the_note_removal(tmp_path, key, note)
 
-    async with CostWriter(fresh_db, tmp_path) as writer:
+    async with CostWriter(fresh_db_url, tmp_path) as writer:
         recorded = await lost.record_orphans(writer, writer.record_attempt)
         # a row still in the outbox closes its note at start; one already in Postgres wins there
         assert len(recorded) == (1 if delivered else 0)
         assert await writer.flush(timeout=30)
     assert _open_notes(tmp_path) == []
-    rows = await _rows(fresh_db, "SELECT outcome, cost_usd FROM llm_calls WHERE attempt_key = $1", key)
+    rows = await _rows(fresh_db_url, "SELECT outcome, cost_usd FROM llm_calls WHERE attempt_key = $1", key)
     assert [(r["outcome"], r["cost_usd"]) for r in rows] == [("success", pytest.approx(0.00045))]
 
 
-async def test_an_orphan_is_recorded_once_across_restarts(fresh_db: str, tmp_path: Path) -> None:
+async def test_an_orphan_is_recorded_once_across_restarts(fresh_db_url: str, tmp_path: Path) -> None:
     key, note = "call-2:1:0", _note("call-2:1:0").model_dump_json()
-    async with CostWriter(fresh_db, tmp_path) as writer:
+    async with CostWriter(fresh_db_url, tmp_path) as writer:
         await writer.open_attempt(key, note)
     # (closed without a row: as a SIGKILL would leave it)
-    async with CostWriter(fresh_db, tmp_path) as writer:
+    async with CostWriter(fresh_db_url, tmp_path) as writer:
         assert [o.key for o in writer.orphaned_attempts()] == [key]
         assert len(await lost.record_orphans(writer, writer.record_attempt)) == 1
         assert await writer.flush(timeout=30)
-    async with CostWriter(fresh_db, tmp_path) as writer:
+    async with CostWriter(fresh_db_url, tmp_path) as writer:
         assert writer.orphaned_attempts() == []
-    rows = await _rows(fresh_db, "SELECT outcome, error_type FROM llm_calls WHERE attempt_key = $1", key)
+    rows = await _rows(fresh_db_url, "SELECT outcome, error_type FROM llm_calls WHERE attempt_key = $1", key)
     assert [(r["outcome"], r["error_type"]) for r in rows] == [("error", GATEWAY_LOST)]
