@@ -96,7 +96,7 @@ async def _drained(stack: RelStack, prefix: str, bound_s: float = 60) -> tuple[l
         await asyncio.sleep(0.5)
 
 
-async def _kv_recovered(stack: RelStack, bound_s: float = 20) -> float | None:
+async def _kv_recovered(stack: RelStack, bound_s: float = 60) -> float | None:
     """Seconds until, for every replica, the gateway's KV event position equals the
     replica's last published sequence. Traffic goes on meanwhile (a direct call to each
     lagging replica every second makes it publish), as it does in production: a subscriber
