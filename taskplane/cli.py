@@ -82,11 +82,12 @@ def demo(
     state_dir: StateDir = Path(".taskplane"),
     tasks: Annotated[int, typer.Option(min=1, help="agent tasks in the fleet")] = 24,
     engine: Annotated[str, typer.Option(help="sim or vllm")] = "sim",
+    base_port: Annotated[int, typer.Option(help="first port of the stack's port range (when it starts one)")] = 18200,
 ) -> None:
     """Start the stack if needed, run a fleet of example agent tasks, print the cost report."""
     from taskplane.demo import run_demo
 
-    run_demo(state_dir, tasks=tasks, engine=engine)
+    run_demo(state_dir, tasks=tasks, engine=engine, base_port=base_port)
 
 
 @app.command()

@@ -99,9 +99,9 @@ async def _fleet(info: dict[str, Any], n_tasks: int, seed: int = 7) -> tuple[int
     return ok, failed, crashed
 
 
-def run_demo(state_dir: Path, *, tasks: int = 24, engine: str = "sim") -> None:
+def run_demo(state_dir: Path, *, tasks: int = 24, engine: str = "sim", base_port: int = 18200) -> None:
     """The README's first command ends here, with the cost report."""
-    info = stack.up(state_dir, engine=engine)
+    info = stack.up(state_dir, engine=engine, base_port=base_port)
     stack.print_status(info)
     started = datetime.now(UTC) - timedelta(seconds=1)
     console.rule("[bold]running the agent fleet")

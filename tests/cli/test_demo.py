@@ -1,0 +1,43 @@
+"""`taskplane demo`, the README's first command: it brings the embedded stack up, runs a
+fleet of agent tasks through Temporal, the gateway and the replicas, and ends with the cost
+report read back from Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from taskplane.dev import processes as proc
+
+
+def _cli(*args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "taskplane.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def _base_port() -> int:
+    for _ in range(50):
+        base = random.randrange(20000, 31000, 10)  # below the ephemeral range (taskplane/ports.py)
+        if not any(proc.port_in_use(base + i) for i in (0, 1, 2, 3, 10, 11, 12, 110, 111, 112, 1110, 1111, 1112)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def test_demo_runs_a_fleet_and_prints_the_cost_report(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    try:
+        res = _cli("demo", "--state-dir", str(state), "--tasks", "8", "--base-port", str(_base_port()))
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-4000:]
+        assert "running the agent fleet" in out and "cost report for this run" in out
+        assert "tasks succeeded" in out
+        assert "cost per successful task" in out.lower()
+        status = json.loads(_cli("dev", "status", "--state-dir", str(state), "--json").stdout)
+        assert status["running"], status
+    finally:
+        _cli("dev", "down", "--state-dir", str(state), timeout=120)
+    assert not json.loads(_cli("dev", "status", "--state-dir", str(state), "--json").stdout)["running"]
