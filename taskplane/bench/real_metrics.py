@@ -22,6 +22,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from taskplane.bench.real_client import TaskResult
+from taskplane.dev.processes import group_members
 from taskplane.engines.vllm_launcher import VllmReplica
 
 #: counter samples read from each replica (sample name -> key)
@@ -69,17 +70,7 @@ def parse_counters(text: str, model: str | None = None) -> dict[str, float]:
 
 def group_cpu_seconds(pgid: int) -> float:
     """User + system CPU seconds of every live process in process group ``pgid``."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / _CLK_TCK
+    return sum(int(f[11]) + int(f[12]) for f in group_members(pgid)) / _CLK_TCK  # utime + stime
 
 
 def machine_busy_seconds() -> float:

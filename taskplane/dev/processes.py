@@ -59,6 +59,22 @@ def alive(pid: int | None) -> bool:
         return True
 
 
+def group_members(pgid: int) -> list[list[str]]:
+    """The ``/proc/<pid>/stat`` fields (after the command name) of every process in
+    process group ``pgid``: field 0 is the state, 2 the group, 11/12 user/system ticks."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            members.append(fields)
+    return members
+
+
 def stop_pid(pid: int | None, timeout_s: float = 8.0) -> None:
     """SIGTERM the process group, then SIGKILL what is left."""
     if not alive(pid):

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import structlog
 
+from taskplane.dev.processes import group_members
 from taskplane.engines.vllm_model import write_model_dir
 from taskplane.ports import free_ports
 
@@ -372,16 +373,7 @@ def _is_our_replica(replica: VllmReplica) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return any(fields[0] != "Z" for fields in group_members(pgid))
 
 
 def _reap(pid: int, timeout_s: float) -> bool:
