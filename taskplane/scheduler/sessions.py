@@ -75,11 +75,10 @@ class SessionPins:
         self._pins: dict[str, Pin] = {}
         self._gaps: dict[str, _GapStats] = {}
         self.broken: dict[str, int] = {}
-        self._ws: dict[str, int] = {}  # replica -> tokens of the sessions pinned there
-        # the same by a small id per replica, so a decision reads a whole pool's working
-        # sets with one gather (see working_sets_of_rows) instead of a dict lookup each
+        # tokens of the sessions pinned to each replica, by a small id per replica, so a
+        # decision reads a whole pool's working sets with one gather (working_sets_of_rows)
         self._ws_ids = ReplicaSlots()
-        self._ws_arr = np.zeros(64)
+        self._ws_arr = np.zeros(64)  # the slot past the last id (unknown names) stays 0
         # agent -> its idle sessions (no call in flight) in the order they went idle, so a
         # sweep expires a prefix per agent instead of scanning every pin
         self._idle: dict[str, dict[str, None]] = {}
@@ -167,19 +166,10 @@ class SessionPins:
 
     def _ws_add(self, replica: str, tokens: int) -> None:
         if tokens:
-            left = self._ws.get(replica, 0) + tokens
-            if left > 0:
-                self._ws[replica] = left
-            else:
-                self._ws.pop(replica, None)
-                left = 0
-            self._ws_set(replica, left)
-
-    def _ws_set(self, replica: str, tokens: int) -> None:
-        rid = self._ws_ids.ensure(replica)
-        if rid + 1 >= len(self._ws_arr):  # keep the slot past the last id (unknown names) at 0
-            self._ws_arr = np.concatenate([self._ws_arr, np.zeros(len(self._ws_arr))])
-        self._ws_arr[rid] = tokens
+            rid = self._ws_ids.ensure(replica)
+            if rid + 1 >= len(self._ws_arr):
+                self._ws_arr = np.concatenate([self._ws_arr, np.zeros(len(self._ws_arr))])
+            self._ws_arr[rid] = max(self._ws_arr[rid] + tokens, 0.0)
 
     def _drop(self, session: str, pin: Pin) -> None:
         del self._pins[session]
@@ -210,12 +200,12 @@ class SessionPins:
 
     def working_set(self, replica: str) -> int:
         """Context tokens of the sessions pinned to ``replica`` (call ``sweep`` first)."""
-        return self._ws.get(replica, 0)
+        rid = self._ws_ids.get(replica)
+        return 0 if rid is None else int(self._ws_arr[rid])
 
     def working_sets(self, replicas: Sequence[str]) -> np.ndarray:
-        """``working_set`` of each of ``replicas``, as floats (one pass for a whole pool)."""
-        get = self._ws.get
-        return np.fromiter((get(r, 0) for r in replicas), dtype=np.float64, count=len(replicas))
+        """``working_set`` of each of ``replicas``, as floats."""
+        return self._ws_arr[self._ws_ids.ids_of(replicas)]
 
     def working_sets_of_rows(self, table: ReplicaTable, rows: np.ndarray) -> np.ndarray:
         """``working_sets`` of the replicas at ``rows`` of ``table``: one gather through an
@@ -249,8 +239,9 @@ class SessionPins:
         victims = [s for s, p in self._pins.items() if p.replica == replica]
         for s in victims:
             self._not_idle(s, self._pins.pop(s))
-        if self._ws.pop(replica, None) is not None:
-            self._ws_set(replica, 0)
+        rid = self._ws_ids.get(replica)
+        if rid is not None:
+            self._ws_arr[rid] = 0.0
         if victims:
             self._count(reason, len(victims))
         return len(victims)

@@ -109,8 +109,7 @@ class WorkingSetScorer(Scorer):
         if pins is None or not state.starts_task or out.size < 2:
             return out
         pins.sweep(state.now_s)
-        names = state.names
-        ws = np.fromiter((pins.working_set(names[i]) for i in state.sel), dtype=np.float64, count=out.size)
+        ws = state.c(pins.working_sets_of_rows(state.table, state.rows))
         need = state.request.prompt_tokens + state.completion_tokens
         capacity = state.c(state.total) * state.c(state.block_size)
         pressure = (ws + need) / np.maximum(capacity, 1.0)
