@@ -339,7 +339,7 @@ class CycleState:
             req = self.request
             if req.block_hashes:
                 index = self.scheduler.kv_index
-                ids = self.table.kv_ids(index.slots)[self.rows]
+                ids = self.table.ids_for(index.slots)[self.rows]
                 arr = index.match_ids(
                     req.block_hashes, ids, source=source, block_size=req.block_size, tokenized=req.tokenized
                 ).astype(np.float64)

@@ -210,7 +210,7 @@ class SessionPins:
     def working_sets_of_rows(self, table: ReplicaTable, rows: np.ndarray) -> np.ndarray:
         """``working_sets`` of the replicas at ``rows`` of ``table``: one gather through an
         id map the table caches until either side's membership changes."""
-        return self._ws_arr[table.kv_ids(self._ws_ids)[rows]]
+        return self._ws_arr[table.ids_for(self._ws_ids)[rows]]
 
     def finished(self, session: str | None, now_s: float) -> None:
         """A call of ``session`` finished: the tool-call gap starts now."""

@@ -112,7 +112,7 @@ class ReplicaTable:
             self._key = tuple(self.names)
         return self._key
 
-    def kv_ids(self, slots: Any) -> np.ndarray:
+    def ids_for(self, slots: Any) -> np.ndarray:
         """Ids by row from ``slots`` (a ``ReplicaSlots``: the KV index's, the session
         pins'), cached until either side's membership changes."""
         token = (slots.version, self.version)
