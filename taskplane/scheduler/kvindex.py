@@ -774,25 +774,6 @@ class KVIndex:
             return False
         return not with_precise or src != Source.AUTO or bool(holders & ~self.precise.auth_mask)
 
-    def match_one(
-        self,
-        block_hashes: Sequence[int],
-        rid: int,
-        *,
-        source: Source | str = Source.AUTO,
-        block_size: int | None = None,
-        tokenized: bool = True,
-    ) -> int:
-        """``match_ids`` for a single replica id, as an int (no arrays at all).
-
-        For a call that can only go to one replica (a pinned session): the walk follows that
-        replica alone and stops where it stops holding the prompt, however many other
-        replicas hold it."""
-        if not block_hashes:
-            return 0
-        src = _SOURCES.get(source) or Source(source)
-        return self._match_one(block_hashes, int(rid), src, block_size, tokenized)
-
     def _match_one(
         self, hashes: Sequence[int], rid: int, src: Source, block_size: int | None, tokenized: bool
     ) -> int:

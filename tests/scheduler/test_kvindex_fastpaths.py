@@ -2,7 +2,7 @@
 
 * ``apply_events`` reads ``kv_events`` structs directly: same index as the same events as
   msgpack-shaped dicts (through ``normalize_event``);
-* ``match_ids`` walks a few ids one by one (and ``match_one`` one id): same counts as the
+* ``match_ids`` walks a few ids one by one (one id alone too): same counts as the
   walk over the whole pool;
 * single-owner blocks share one mask object per replica (``ReplicaSlots.bit``).
 """
@@ -148,7 +148,7 @@ def build_index(seed: int) -> tuple[KVIndex, list[str], list[list[int]]]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_few_ids_and_match_one_equal_the_pool_walk(seed: int) -> None:
+def test_few_ids_and_one_id_equal_the_pool_walk(seed: int) -> None:
     idx, names, prompts = build_index(seed)
     rng = random.Random(seed)
     pool = idx.slots.ids_of([*names, "unknown"])
@@ -162,8 +162,8 @@ def test_few_ids_and_match_one_equal_the_pool_walk(seed: int) -> None:
                     few = idx.match_ids(hashes, pool[pick], **kw)
                     assert few.dtype == np.int64
                     assert few.tolist() == full[pick].tolist()
-                for i in rng.sample(range(len(pool)), 3):
-                    assert idx.match_one(hashes, int(pool[i]), **kw) == full[i]
+                for i in rng.sample(range(len(pool)), 3):  # one id: the single-replica walk
+                    assert idx.match_ids(hashes, pool[[i]], **kw).tolist() == [full[i]]
 
 
 @given(st.data())
