@@ -143,7 +143,6 @@ class CellRun:
     decision_cpu_ns: np.ndarray
     simulate_wall_s: float
     simulate_cpu_s: float
-    generate_cpu_s: float
     peak_rss_mb: float
     block_size: int
 
@@ -167,14 +166,12 @@ def simulate_cell(
     """Simulate one cell: its share of the fleet and of the tasks, with its own scheduler.
 
     ``workload``: the whole run's tasks when already generated (default: generate them)."""
-    c0 = time.process_time()
     workload = workload if workload is not None else agent_workload(tasks, rate, seed)
     if cells > 1:
         workload = Workload(workload.name, [t for t in workload.tasks if cell_of(t.task_id, cells) == cell],
                             workload.block_size, dict(workload.meta))
     cluster = _cell_fleet(gpu, replicas, cell, cells)
     sched = build_policy(policy, seed=seed, tenants=agent_tenants(), metrics=False)
-    c_gen = time.process_time() - c0
     timed = CountingScheduler(sched, tick)
     gc.collect()
     gc.disable()
@@ -200,7 +197,7 @@ def simulate_cell(
         kv_index=kv_index_size(sched.kv_index),
         decision_ns=np.asarray(timed.decision_ns, dtype=np.int64),
         decision_cpu_ns=np.asarray(timed.decision_cpu_ns, dtype=np.int64),
-        simulate_wall_s=t_sim, simulate_cpu_s=c_sim, generate_cpu_s=c_gen,
+        simulate_wall_s=t_sim, simulate_cpu_s=c_sim,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         block_size=workload.block_size,
     )
