@@ -31,7 +31,15 @@ from typing import Any
 import numpy as np
 
 from taskplane.scheduler.admission import AdmissionQueue, AdmissionSettings, band_rank
-from taskplane.scheduler.framework import REGISTRY, CycleState, Filter, Kind, Picker, Scorer
+from taskplane.scheduler.framework import (
+    REGISTRY,
+    CycleState,
+    Filter,
+    Kind,
+    OneCandidate,
+    Picker,
+    Scorer,
+)
 from taskplane.scheduler.kvindex import BatchResult, KVIndex
 from taskplane.scheduler.latency import LatencyModel
 from taskplane.scheduler.metrics import (
@@ -92,7 +100,9 @@ class Scheduler:
         self.kv_index = kv_index or KVIndex()
         self.latency = latency or LatencyModel()
         uses_sessions = any(s.type_name == "session-affinity" for s in self.scorers)
-        self.sessions = sessions if sessions is not None else (SessionPins(policy=name) if uses_sessions else None)
+        self.sessions = sessions if sessions is not None else (
+            SessionPins(policy=name, metrics=metrics) if uses_sessions else None
+        )
         self.metrics = metrics
         self._queues: dict[str, AdmissionQueue] = {}
         self._displaced: list[tuple[CallRequest, Decision]] = []
@@ -230,19 +240,21 @@ class Scheduler:
         # in the pool: serves the model and is not to be avoided (what _pool selects)
         if row is None or replicas.views[row].model != req.model or name in req.avoid_replicas:
             return None
-        state = CycleState(self, req, replicas, np.array([row], dtype=np.intp), now, req.model)
-        state._pinned, state.pinned_name = 0, name  # looked up above: the one candidate
-        if self._filter(state) is not None:
-            return None
+        one = OneCandidate(self, req, replicas, row, now)
+        for f in self.filters:
+            if not f.keeps(one):
+                if self.metrics:
+                    f._filtered.inc(1)
+                return None
         if req.budget_ms is not None and self.admission is not None:
-            if float(state.prediction.total_ms[0]) > req.budget_ms:
+            if one.prediction.total_ms > req.budget_ms:
                 return None
         if self.admission is not None:
-            if bool(state.saturated[0]):
+            if one.saturated:
                 return None
             if not settings_ws(self.admission) and self.queue_for(req.model).has_at_or_above(band_rank(req.priority)):
                 return None
-        return self._place(state)
+        return self._place_one(one)
 
     # ------------------------------------------------------------------ move
 
@@ -483,7 +495,7 @@ class Scheduler:
                 scorer._hist.observe(float(s[pos]))
             PLACEMENTS.labels(self.name, view.name).inc()
         moved = self._pin(state, i, view)
-        self._remember(state, view)
+        self._remember(state.request, view)
         matched = state._matched.get("auto")
         pred = state._prediction
         return Decision(
@@ -497,6 +509,28 @@ class Scheduler:
             predicted_queue_ms=float(pred.queue_ms[i]) if pred is not None else None,
             scores=scores,
             session_moved=moved,
+        )
+
+    def _place_one(self, one: OneCandidate) -> Decision:
+        """``_place`` for a session kept on its pinned replica: a forced choice, not scored."""
+        view, req = one.view, one.request
+        if self.metrics:
+            PLACEMENTS.labels(self.name, view.name).inc()
+        session = req.session_id or req.task_id
+        assert self.sessions is not None
+        self.sessions.placed(session, view.name, one.now_s, req.agent, tokens=int(req.prompt_tokens + one.completion_tokens))
+        self._remember(req, view)
+        pred = one._prediction
+        return Decision(
+            Action.PLACE,
+            replica=view.name,
+            model=one.model,
+            gpu=view.gpu,
+            cached_blocks=int(one._matched) if one._matched is not None else 0,
+            predicted_ttft_ms=pred.ttft_ms if pred is not None else None,
+            predicted_total_ms=pred.total_ms if pred is not None else None,
+            predicted_queue_ms=pred.queue_ms if pred is not None else None,
+            scores={},
         )
 
     def _pin(self, state: CycleState, i: int, view: ReplicaView) -> bool:
@@ -525,8 +559,7 @@ class Scheduler:
         pins.placed(session, view.name, state.now_s, req.agent, tokens=int(req.prompt_tokens + state.completion_tokens))
         return moved
 
-    def _remember(self, state: CycleState, view: ReplicaView) -> None:
-        req = state.request
+    def _remember(self, req: CallRequest, view: ReplicaView) -> None:
         if req.block_hashes and (
             self._record_always
             or not req.tokenized

@@ -34,7 +34,7 @@ from taskplane.scheduler.types import CallRequest, ReplicaView
 
 if TYPE_CHECKING:
     from taskplane.scheduler.core import Scheduler
-    from taskplane.scheduler.latency import Prediction
+    from taskplane.scheduler.latency import OnePrediction, Prediction
     from taskplane.scheduler.table import ReplicaTable
 
 
@@ -84,6 +84,12 @@ class Filter(Plugin):
 
     def filter(self, state: CycleState) -> np.ndarray | None:
         """Boolean mask over ``state.sel`` (True = keep); None keeps every candidate."""
+        raise NotImplementedError
+
+    def keeps(self, one: OneCandidate) -> bool:
+        """``filter`` for a forced choice (a pinned session's replica): does the filter keep
+        it? Must compute what ``filter`` would (the same lazily shared quantities) and
+        agree with it on a one-candidate pool."""
         raise NotImplementedError
 
 
@@ -413,21 +419,13 @@ class CycleState:
         budget too short to wait out a refusal)."""
         if self._room is False:
             self._room = None
-            sched = self.scheduler
-            settings = sched.admission
-            pins = sched.sessions
-            budget = self.request.budget_ms
-            can_wait = budget is None or budget >= (
-                settings.working_set_min_budget_retries * settings.working_set_retry_after_s * 1000.0
-                if settings is not None else 0.0
-            )
-            if settings is not None and pins is not None and settings.working_set_limits and self.starts_task and can_wait:
-                limit = settings.working_set_limits.get(self.request.priority)
-                if limit is not None:
-                    pins.sweep(self.now_s)
-                    ws = pins.working_sets_of_rows(self.table, self.rows)
-                    need = self.request.prompt_tokens + self.completion_tokens
-                    self._room = ws + need <= limit * self.total * self.block_size
+            limit = working_set_limit(self)
+            pins = self.scheduler.sessions
+            if limit is not None and pins is not None:
+                pins.sweep(self.now_s)
+                ws = pins.working_sets_of_rows(self.table, self.rows)
+                need = self.request.prompt_tokens + self.completion_tokens
+                self._room = ws + need <= limit * self.total * self.block_size
         return self._room  # type: ignore[return-value]
 
     @property
@@ -444,6 +442,135 @@ class CycleState:
                 if name is not None:
                     self._pinned = self.position_of(name)
         return self._pinned
+
+
+def working_set_limit(state: CycleState | OneCandidate) -> float | None:
+    """The share of a replica's KV cache a task's first call may fill with pinned contexts,
+    or None when working-set admission does not apply to this call (``starts_task`` is
+    read last: it may look the session's pin up, which can expire it)."""
+    settings = state.scheduler.admission
+    if settings is None or state.scheduler.sessions is None or not settings.working_set_limits:
+        return None
+    if not state.starts_task:
+        return None
+    budget = state.request.budget_ms
+    if budget is not None and budget < (
+        settings.working_set_min_budget_retries * settings.working_set_retry_after_s * 1000.0
+    ):
+        return None  # too short a budget to wait out a refusal
+    return settings.working_set_limits.get(state.request.priority)
+
+
+class OneCandidate:
+    """A decision with one candidate replica: the session's pinned one, which its call
+    keeps unless a filter, the budget or admission rules it out.
+
+    Most calls of an agent fleet continue a session, so this is the common decision. It
+    offers the quantities of :class:`CycleState` (lazily, shared by the filters and the
+    scheduler) as Python floats: on one-element arrays numpy's per-operation overhead is
+    all of the cost. The arithmetic is the same IEEE operations in the same order, so
+    every value is bit-identical to the array path's.
+    """
+
+    __slots__ = (
+        "_matched", "_needed", "_prediction", "_room", "_room_known", "_saturated", "block_size", "completion_tokens",
+        "free", "healthy", "inflight_prefill", "loaded", "max_seqs", "model", "now_s", "request",
+        "row", "running", "scheduler", "table", "total", "view", "waiting",
+    )
+
+    def __init__(self, scheduler: Scheduler, request: CallRequest, table: ReplicaTable, row: int, now_s: float) -> None:
+        self.scheduler = scheduler
+        self.request = request
+        self.table = table
+        self.row = row
+        self.now_s = now_s
+        self.model = request.model
+        self.view = table.views[row]
+        free, total, running, waiting, prefill, _, _, max_seqs, block_size, healthy, loaded, _ = table.cols[row].tolist()
+        self.free = free
+        self.total = max(total, 1.0)
+        self.running = running
+        self.waiting = waiting
+        self.inflight_prefill = prefill
+        self.max_seqs = max(max_seqs, 1.0)
+        self.block_size = max(block_size, 1.0)
+        self.healthy = healthy > 0
+        self.loaded = loaded > 0
+        self.completion_tokens = scheduler.latency.expected_completion_tokens(self.model, request.max_tokens)
+        self._matched: float | None = None
+        self._needed: float | None = None
+        self._prediction: OnePrediction | None = None
+        self._room: bool | None = None
+        self._room_known = False
+        self._saturated: bool | None = None
+
+    def matched(self) -> float:
+        """Leading prompt blocks the replica holds (``CycleState.matched("auto")``)."""
+        if self._matched is None:
+            req = self.request
+            self._matched = 0.0
+            if req.block_hashes:
+                index = self.scheduler.kv_index
+                ids = self.table.ids_for(index.slots)[self.row : self.row + 1]
+                found = index.match_ids(req.block_hashes, ids, block_size=req.block_size, tokenized=req.tokenized)
+                self._matched = float(found[0])
+        return self._matched
+
+    def uncached_tokens(self) -> float:
+        req = self.request
+        return max(req.prompt_tokens - self.matched() * req.block_size, 0.0)
+
+    def new_blocks_needed(self) -> float:
+        """KV blocks this call will allocate (prompt suffix + completion)."""
+        if self._needed is None:
+            need_tokens = self.request.prompt_tokens + self.completion_tokens
+            self._needed = max(float(math.ceil(need_tokens / self.block_size)) - self.matched(), 0.0)
+        return self._needed
+
+    @property
+    def prediction(self) -> OnePrediction:
+        """``CycleState.prediction`` for the one replica."""
+        if self._prediction is None:
+            lat = self.scheduler.latency
+            queued = max(self.inflight_prefill, self.waiting * lat.expected_prompt_tokens(self.model))
+            self._prediction = lat.predict_scalar(
+                lat.gpu_row(self.view.gpu),
+                uncached_tokens=self.uncached_tokens(),
+                queued_tokens=queued,
+                running=self.running,
+                loaded=self.loaded,
+                completion_tokens=self.completion_tokens,
+            )
+        return self._prediction
+
+    @property
+    def starts_task(self) -> bool:
+        """The candidate is the session's live pin, so only an explicit step 0 does."""
+        return self.request.step == 0
+
+    @property
+    def room(self) -> bool | None:
+        """``CycleState.room`` for the one replica."""
+        if not self._room_known:
+            self._room_known = True
+            limit = working_set_limit(self)
+            pins = self.scheduler.sessions
+            if limit is not None and pins is not None:
+                pins.sweep(self.now_s)
+                ws = pins.working_set_of_row(self.table, self.row)
+                need = self.request.prompt_tokens + self.completion_tokens
+                self._room = ws + need <= limit * self.total * self.block_size
+        return self._room
+
+    @property
+    def saturated(self) -> bool:
+        """``CycleState.saturated`` for the one replica."""
+        if self._saturated is None:
+            needed = self.new_blocks_needed()
+            room = self.room
+            sat = self.waiting >= self.scheduler.saturation_waiting or self.running >= self.max_seqs or self.free < needed
+            self._saturated = sat or room is False
+        return self._saturated
 
 
 def minmax_low_is_better(values: np.ndarray) -> np.ndarray:

@@ -49,6 +49,18 @@ class Prediction:
     empty_total_ms: np.ndarray  # the same call on the replica if it were idle (but as warm)
 
 
+@dataclass(slots=True)
+class OnePrediction:
+    """:class:`Prediction` for one replica, as floats."""
+
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    ttft_ms: float
+    total_ms: float
+    empty_total_ms: float
+
+
 class LatencyModel:
     """Per-GPU timing with online calibration."""
 
@@ -74,6 +86,7 @@ class LatencyModel:
         self._codes: dict[str, int] = {}
         self._params = np.zeros((0, 4))
         self._dirty = True
+        self._rows: dict[str, tuple[float, float, float, float]] = {}  # gpu_row's, until recalibrated
 
     # -- parameters
 
@@ -124,6 +137,13 @@ class LatencyModel:
             codes = [self._code(g) for g in gpus]
         return self._param_table()[np.asarray(codes, dtype=np.intp)]
 
+    def gpu_row(self, gpu: str) -> tuple[float, float, float, float]:
+        """One GPU's ``gpu_params`` row, as floats (the same numbers)."""
+        row = self._rows.get(gpu)
+        if row is None:
+            row = self._rows[gpu] = self._row(gpu)
+        return row
+
     # -- expectations
 
     def expected_completion_tokens(self, model: str, max_tokens: int) -> float:
@@ -161,6 +181,29 @@ class LatencyModel:
         total = ttft + decode
         empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
         return Prediction(queue, prefill, decode, ttft, total, empty_total)
+
+    @staticmethod
+    def predict_scalar(
+        params: tuple[float, float, float, float],
+        *,
+        uncached_tokens: float,
+        queued_tokens: float,
+        running: float,
+        loaded: bool,
+        completion_tokens: float,
+    ) -> OnePrediction:
+        """:meth:`predict` for one replica (``params`` from :meth:`gpu_row`): the same
+        operations in the same order, so the same floats, without numpy's per-call cost."""
+        rate, base, per_seq, cold_s = params
+        cold_ms = 0.0 if loaded else cold_s * 1000.0
+        prefill = uncached_tokens / rate * 1000.0
+        queue = queued_tokens / rate * 1000.0 + cold_ms
+        step = base + per_seq * (running + 1.0)
+        decode = completion_tokens * step
+        ttft = queue + prefill + base
+        total = ttft + decode
+        empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
+        return OnePrediction(queue, prefill, decode, ttft, total, empty_total)
 
     def predict_one(
         self,
@@ -230,3 +273,4 @@ class LatencyModel:
             if prompt_tokens:
                 self._ewma(self._prompt, model, float(prompt_tokens))
         self._dirty = True
+        self._rows.clear()

@@ -63,6 +63,7 @@ class SessionPins:
         min_samples: int = 3,
         max_sessions: int = 1_000_000,
         policy: str = "taskplane",
+        metrics: bool = True,
     ) -> None:
         self.default_ttl_s = default_ttl_s
         self.min_ttl_s = min_ttl_s
@@ -72,6 +73,7 @@ class SessionPins:
         self.min_samples = min_samples
         self.max_sessions = max_sessions
         self.policy = policy
+        self.metrics = metrics  # False: count broken pins in ``broken`` only, not in Prometheus
         self._pins: dict[str, Pin] = {}
         self._gaps: dict[str, _GapStats] = {}
         self.broken: dict[str, int] = {}
@@ -212,6 +214,10 @@ class SessionPins:
         id map the table caches until either side's membership changes."""
         return self._ws_arr[table.ids_for(self._ws_ids)[rows]]
 
+    def working_set_of_row(self, table: ReplicaTable, row: int) -> float:
+        """``working_sets_of_rows`` for one row, as a float."""
+        return float(self._ws_arr[table.ids_for(self._ws_ids)[row]])
+
     def finished(self, session: str | None, now_s: float) -> None:
         """A call of ``session`` finished: the tool-call gap starts now."""
         if session is None:
@@ -258,4 +264,5 @@ class SessionPins:
 
     def _count(self, reason: str, n: int = 1) -> None:
         self.broken[reason] = self.broken.get(reason, 0) + n
-        PINS_BROKEN.labels(self.policy, reason).inc(n)
+        if self.metrics:
+            PINS_BROKEN.labels(self.policy, reason).inc(n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, register
+from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, register
 
 
 @register("healthy")
@@ -13,6 +13,9 @@ class HealthyFilter(Filter):
 
     def filter(self, state: CycleState) -> np.ndarray | None:
         return state.c(state.healthy)
+
+    def keeps(self, one: OneCandidate) -> bool:
+        return one.healthy
 
 
 @register("tenant-gpu")
@@ -27,3 +30,7 @@ class TenantGpuFilter(Filter):
         if not codes:
             return None
         return ~np.isin(state.c(state.gpu_codes), codes)
+
+    def keeps(self, one: OneCandidate) -> bool:
+        tenant = one.scheduler.tenants.get(one.request.tenant)
+        return tenant is None or one.view.gpu not in tenant.excluded_gpus

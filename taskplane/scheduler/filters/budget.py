@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, param, register
+from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, param, register
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -38,3 +38,12 @@ class LatencyBudgetFilter(Filter):
         if p.soft and not ok.any():
             return None
         return ok
+
+    def keeps(self, one: OneCandidate) -> bool:
+        budget = call_budget_ms(one.request)
+        if budget is None:
+            return True
+        p: LatencyBudgetParams = self.params
+        pred = one.prediction
+        times = pred.total_ms if p.metric == "total" else pred.ttft_ms
+        return times <= budget * p.slack or p.soft  # soft never empties the pool

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, param, register
+from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, param, register
 
 
 @dataclass(slots=True)
@@ -35,3 +35,7 @@ class MemoryHeadroomFilter(Filter):
         if p.soft and not ok.any():
             return None
         return ok
+
+    def keeps(self, one: OneCandidate) -> bool:
+        p: MemoryHeadroomParams = self.params
+        return one.free >= one.new_blocks_needed() * p.min_free_ratio or p.soft  # soft never empties the pool
