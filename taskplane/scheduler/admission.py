@@ -232,7 +232,11 @@ class AdmissionQueue:
         return sum(self._bands[i].size for i in range(band + 1))
 
     def has_at_or_above(self, band: int) -> bool:
-        return any(self._bands[i].size for i in range(band + 1))
+        bands = self._bands
+        for i in range(band + 1):  # a plain loop: this runs on every decision
+            if bands[i].size:
+                return True
+        return False
 
     def victim(self) -> QueuedCall | None:
         """The call to shed first: least urgent band, least money at risk, latest deadline."""

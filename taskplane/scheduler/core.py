@@ -39,6 +39,7 @@ from taskplane.scheduler.framework import (
     OneCandidate,
     Picker,
     Scorer,
+    any_true,
 )
 from taskplane.scheduler.kvindex import BatchResult, KVIndex
 from taskplane.scheduler.latency import LatencyModel
@@ -272,7 +273,7 @@ class Scheduler:
             return None
         if self.admission is not None:
             free = ~state.c(state.saturated)
-            if not free.any():
+            if not any_true(free):
                 return None
             state.narrow(free)
         decision = self._place(state)
@@ -303,7 +304,7 @@ class Scheduler:
         band = band_rank(req.priority)
         free = ~state.c(state.saturated)
         room = state.room
-        if room is not None and not state.c(room).any():
+        if room is not None and not any_true(state.c(room)):
             # no replica can hold this new task's context next to the sessions in flight:
             # refuse it now (it has spent nothing) rather than let it evict theirs
             settings = self.admission or AdmissionSettings()
@@ -319,7 +320,7 @@ class Scheduler:
             # a session in flight already holds its KV room: it never waits behind new tasks
             state.narrow(free)
             return None
-        if free.any() and not queue.has_at_or_above(band):
+        if any_true(free) and not queue.has_at_or_above(band):
             state.narrow(free)
             return None
         return self._enqueue(state, queue, band, now)
@@ -417,9 +418,9 @@ class Scheduler:
                     out.append((req, Decision(Action.NO_REPLICA, reason="every replica was filtered out")))
                     continue
                 free = ~state.c(state.saturated)
-                if not free.any():
+                if not any_true(free):
                     room = state.room
-                    if room is not None and not state.c(room).any():
+                    if room is not None and not any_true(state.c(room)):
                         # a new task waiting for working-set room would block the line
                         queue.pop()
                         settings = self.admission or AdmissionSettings()
@@ -481,7 +482,9 @@ class Scheduler:
         if n > 1:
             for scorer in self.scorers:
                 s = scorer.score(state)
-                if scorer.weight:
+                if scorer.weight == 1.0:
+                    totals += s  # 1.0 * s is s: skip the product
+                elif scorer.weight:
                     totals += scorer.weight * s
                 scored.append((scorer, s))
         pos = self.picker.pick(state, totals) if n > 1 else 0

@@ -286,6 +286,7 @@ class CycleState:
         self.healthy = cols[:, 9] > 0
         self.loaded = cols[:, 10] > 0
         self.sel = np.arange(self.n)
+        self._all = True  # sel is the whole pool
         self.rng = scheduler.rng
         self._matched: dict[str, np.ndarray] = {}
         self._prediction: Prediction | None = None
@@ -300,11 +301,15 @@ class CycleState:
     # -- candidates
 
     def c(self, arr: np.ndarray) -> np.ndarray:
-        """``arr`` restricted to the current candidates."""
-        return arr[self.sel]
+        """``arr`` restricted to the current candidates (read-only: while every replica of
+        the pool is a candidate, as in about half of all decisions, it is ``arr`` itself)."""
+        return arr if self._all else arr[self.sel]
 
     def narrow(self, keep: np.ndarray) -> None:
-        self.sel = self.sel[keep]
+        """Keep the candidates where ``keep`` (a mask over them) is True."""
+        if np.count_nonzero(keep) < len(keep):
+            self.sel = self.sel[keep]
+            self._all = False
 
     def view(self, i: int) -> ReplicaView:
         """The replica at pool position ``i``."""
@@ -377,8 +382,11 @@ class CycleState:
         """Predicted queue, prefill, decode, TTFT and total milliseconds per pool replica."""
         if self._prediction is None:
             lat = self.scheduler.latency
+            gpus = self.table.gpus
+            # a fleet (or cell) of one GPU generation: its parameters as scalars
+            params = lat.gpu_row(gpus[0]) if len(gpus) == 1 else lat.gpu_params(gpus)[self.gpu_codes]
             self._prediction = lat.predict(
-                params=lat.gpu_params(self.table.gpus)[self.gpu_codes],
+                params=params,
                 uncached_tokens=self.uncached_tokens(),
                 queued_tokens=self.queued_tokens,
                 running=self.running,
@@ -571,6 +579,12 @@ class OneCandidate:
             sat = self.waiting >= self.scheduler.saturation_waiting or self.running >= self.max_seqs or self.free < needed
             self._saturated = sat or room is False
         return self._saturated
+
+
+def any_true(mask: np.ndarray) -> bool:
+    """``mask.any()``: the same answer at a fraction of the cost on a decision's arrays
+    (``ndarray.any`` goes through a generic reduction; counting is a tight loop)."""
+    return bool(np.count_nonzero(mask))
 
 
 def minmax_low_is_better(values: np.ndarray) -> np.ndarray:

@@ -158,7 +158,7 @@ class LatencyModel:
     def predict(
         self,
         *,
-        params: np.ndarray,
+        params: np.ndarray | tuple[float, float, float, float],
         uncached_tokens: np.ndarray,
         queued_tokens: np.ndarray,
         running: np.ndarray,
@@ -167,12 +167,15 @@ class LatencyModel:
     ) -> Prediction:
         """Vectorised prediction for one call over candidate replicas.
 
-        ``params`` from :meth:`gpu_params`; ``queued_tokens``: prefill work ahead of the call.
+        ``params`` from :meth:`gpu_params`, or one :meth:`gpu_row` when every replica has the
+        same GPU (scalars broadcast: fewer array operations, the same results);
+        ``queued_tokens``: prefill work ahead of the call.
         """
-        rate = params[:, 0]
-        base = params[:, 1]
-        per_seq = params[:, 2]
-        cold_ms = np.where(loaded, 0.0, params[:, 3] * 1000.0)
+        cols: tuple[np.ndarray | float, ...] = (
+            params if isinstance(params, tuple) else (params[:, 0], params[:, 1], params[:, 2], params[:, 3])
+        )
+        rate, base, per_seq, cold_s = cols
+        cold_ms = np.where(loaded, 0.0, cold_s * 1000.0)
         prefill = uncached_tokens / rate * 1000.0
         queue = queued_tokens / rate * 1000.0 + cold_ms
         step = base + per_seq * (running + 1.0)

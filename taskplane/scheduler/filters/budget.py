@@ -7,7 +7,14 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, param, register
+from taskplane.scheduler.framework import (
+    CycleState,
+    Filter,
+    OneCandidate,
+    any_true,
+    param,
+    register,
+)
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -35,7 +42,7 @@ class LatencyBudgetFilter(Filter):
         pred = state.prediction
         times = pred.total_ms if p.metric == "total" else pred.ttft_ms
         ok = state.c(times) <= budget * p.slack
-        if p.soft and not ok.any():
+        if p.soft and not any_true(ok):
             return None
         return ok
 

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, param, register
+from taskplane.scheduler.framework import (
+    CycleState,
+    Filter,
+    OneCandidate,
+    any_true,
+    param,
+    register,
+)
 
 
 @dataclass(slots=True)
@@ -32,7 +39,7 @@ class MemoryHeadroomFilter(Filter):
     def filter(self, state: CycleState) -> np.ndarray | None:
         p: MemoryHeadroomParams = self.params
         ok = state.c(state.free) >= state.c(state.new_blocks_needed()) * p.min_free_ratio
-        if p.soft and not ok.any():
+        if p.soft and not any_true(ok):
             return None
         return ok
 

@@ -43,7 +43,7 @@ class PrefixCacheScorer(Scorer):
         if blocks <= 0:
             return np.zeros(len(state.sel))
         ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
-        if ratio.size:
+        if ratio.size and state.scheduler.metrics:
             self._ratio.observe(float(ratio.max()))
         return ratio
 

@@ -50,7 +50,7 @@ class GpuPriceScorer(Scorer):
         budget = call_budget_ms(state.request)
         if budget is not None:
             meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack
-            if meets.any() and not meets.all():
+            if 0 < np.count_nonzero(meets) < len(meets):  # some meet it, not all
                 cheapest = max(float(cost[meets].min()), 1e-12)
                 return np.where(meets, cheapest / np.maximum(cost, 1e-12), 0.0)
         return ratio_low_is_better(cost, floor=1e-12)
