@@ -260,7 +260,7 @@ class LatencyModel:
         self.samples[gpu] = self.samples.get(gpu, 0) + 1
         if ttft_s is not None and ttft_s > 1e-4 and prefill_tokens >= 64:
             # the fixed first-step overhead is not prefill work
-            prefill_s = max(ttft_s - self._row(gpu)[1] / 1000.0, 1e-4)
+            prefill_s = max(ttft_s - self.gpu_row(gpu)[1] / 1000.0, 1e-4)
             ratio = (prefill_tokens / prefill_s) / prior.prefill_tokens_per_s
             self._ewma(self._log_prefill, gpu, math.log(min(max(ratio, 1e-3), 1e3)))
         if decode_s is not None and decode_s > 0 and completion_tokens > 1:

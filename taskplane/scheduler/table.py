@@ -132,8 +132,8 @@ class ReplicaTable:
     def upsert(self, view: ReplicaView) -> None:
         """Add a replica, or replace the one with the same name."""
         i = self._pos.get(view.name)
-        row = np.array(_ROW(view), dtype=np.float64)
         if i is None:
+            row = np.array(_ROW(view), dtype=np.float64)
             self._pos[view.name] = len(self.views)
             self.views.append(view)
             self.names.append(view.name)
@@ -143,7 +143,7 @@ class ReplicaTable:
             return
         old = self.views[i]
         self.views[i] = view
-        self.cols[i] = row
+        self.cols[i] = _ROW(view)  # numpy converts the tuple as np.array would, without the temporary
         self.gpu_codes[i] = self._code(view.gpu)
         if old.model != view.model:
             self._changed()
