@@ -75,6 +75,8 @@ class TimedScheduler(TimedPolicy):
     """:class:`TimedPolicy` for objects with ``release``: times each released call too."""
 
     def release(self, replicas: list[ReplicaView], now_s: float) -> list[tuple[CallRequest, Decision]]:
+        if not getattr(self.inner, "pending", True):  # nothing to hand out: no decision to time
+            return self.inner.release(replicas, now_s)  # type: ignore[no-any-return]
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         c0 = cpu()
         t0 = clock()

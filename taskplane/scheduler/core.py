@@ -466,6 +466,11 @@ class Scheduler:
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    @property
+    def pending(self) -> bool:
+        """Can ``release`` hand anything out (calls queued, or displaced from a full queue)?"""
+        return bool(self._displaced) or any(len(q) for q in self._queues.values())
+
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Queued calls per pool and priority band."""
         return {model: q.depths() for model, q in self._queues.items()}

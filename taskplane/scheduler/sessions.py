@@ -101,7 +101,10 @@ class SessionPins:
     def observe_gap(self, agent: str | None, gap_s: float) -> None:
         if gap_s < 0:
             return
-        stats = self._gaps.setdefault(agent or "default", _GapStats())
+        key = agent or "default"
+        stats = self._gaps.get(key)
+        if stats is None:  # (not setdefault: that builds a _GapStats on every call)
+            stats = self._gaps[key] = _GapStats()
         stats.n += 1
         if stats.n == 1:
             stats.mean, stats.var = gap_s, 0.0
