@@ -115,4 +115,4 @@ class WorkingSetScorer(Scorer):
         pressure = (ws + need) / np.maximum(capacity, 1.0)
         if float(pressure.max()) <= self.params.fits:
             return out
-        return np.clip(1.0 - (pressure - float(pressure.min())), 0.0, 1.0)
+        return (1.0 - (pressure - float(pressure.min()))).clip(0.0, 1.0)

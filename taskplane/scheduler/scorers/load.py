@@ -33,7 +33,7 @@ class KvUsageScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         total = state.c(state.total)
-        return np.clip(state.c(state.free) / total, 0.0, 1.0)
+        return (state.c(state.free) / total).clip(0.0, 1.0)
 
 
 @register("least-loaded")

@@ -21,7 +21,7 @@ class MemoryHeadroomScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         left = state.c(state.free) - state.c(state.new_blocks_needed())
-        return np.clip(left / state.c(state.total), 0.0, 1.0)
+        return (left / state.c(state.total)).clip(0.0, 1.0)  # the method: np.clip only wraps it
 
 
 @register("weight-warmth")
@@ -75,4 +75,4 @@ class LatencyScorer(Scorer):
         comfort = budget * p.budget_comfort
         if p.budget_comfort >= 1.0:
             return (times <= budget).astype(np.float64)
-        return np.clip((budget - times) / (budget - comfort), 0.0, 1.0)
+        return ((budget - times) / (budget - comfort)).clip(0.0, 1.0)
