@@ -88,9 +88,11 @@ class Filter(Plugin):
 
     def keeps(self, one: OneCandidate) -> bool:
         """``filter`` for a forced choice (a pinned session's replica): does the filter keep
-        it? Must compute what ``filter`` would (the same lazily shared quantities) and
-        agree with it on a one-candidate pool."""
-        raise NotImplementedError
+        it? This default asks ``filter`` over a pool of that one replica; the built-in
+        filters override it with the same test in plain floats (on one candidate numpy's
+        per-operation overhead is all of the cost)."""
+        keep = self.filter(one.cycle_state())
+        return keep is None or bool(keep[0])
 
 
 class Scorer(Plugin):
@@ -481,8 +483,8 @@ class OneCandidate:
     """
 
     __slots__ = (
-        "_matched", "_needed", "_prediction", "_room", "_room_known", "_saturated", "block_size", "completion_tokens",
-        "free", "healthy", "inflight_prefill", "loaded", "max_seqs", "model", "now_s", "request",
+        "_matched", "_needed", "_prediction", "_room", "_room_known", "_saturated", "_state", "block_size",
+        "completion_tokens", "free", "healthy", "inflight_prefill", "loaded", "max_seqs", "model", "now_s", "request",
         "row", "running", "scheduler", "table", "total", "view", "waiting",
     )
 
@@ -511,6 +513,15 @@ class OneCandidate:
         self._room: bool | None = None
         self._room_known = False
         self._saturated: bool | None = None
+        self._state: CycleState | None = None
+
+    def cycle_state(self) -> CycleState:
+        """The same decision as a one-row :class:`CycleState` (for filters without ``keeps``)."""
+        if self._state is None:
+            rows = np.array([self.row], dtype=np.intp)
+            self._state = CycleState(self.scheduler, self.request, self.table, rows, self.now_s, self.model)
+            self._state._pinned, self._state.pinned_name = 0, self.view.name  # the session's pin
+        return self._state
 
     def matched(self) -> float:
         """Leading prompt blocks the replica holds (``CycleState.matched("auto")``)."""

@@ -8,7 +8,7 @@ import random
 import numpy as np
 from _sched_util import engine_store_events, replica, request, tokens
 
-from taskplane.scheduler.framework import CycleState, OneCandidate
+from taskplane.scheduler.framework import CycleState, Filter, OneCandidate
 from taskplane.scheduler.policies import build_scheduler
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
@@ -86,3 +86,4 @@ def test_one_candidate_matches_the_array_path() -> None:
         for f in sched.filters:  # type: ignore[attr-defined]
             keep = f.filter(state)
             assert f.keeps(one) == (keep is None or bool(keep[0])), f.name
+            assert Filter.keeps(f, one) == f.keeps(one), f.name  # the generic fallback agrees
