@@ -253,7 +253,7 @@ class SimEngine:
         return (
             len(self._prefilling) + n_dec,
             len(self._waiting),
-            kv.free_uncached + len(kv.evictable),
+            kv.free_uncached + kv.n_evictable,
             self._pend_prefill,
             self._dec_target_sum - n_dec * self._counter + self._pend_out,
         )
@@ -561,15 +561,16 @@ class SimEngine:
             return False
         s = r.spec
         kv = self.kv
-        kv.acquire(s.block_hashes, hits)
+        held = s.block_hashes[:hits]
+        held = held if type(held) is list else list(held)  # a list slice is already a copy
+        kv.acquire(held)
         kv.allocate(need)
         r.hits = hits
         r.cached = hits * self.block_size
         r.computed = r.cached
         self._pend_prefill -= r.cached
         r.stored_upto = hits
-        held = s.block_hashes[:hits]
-        r.held = held if type(held) is list else list(held)  # a list slice is already a copy
+        r.held = held
         r.n_alloc = need
         r.admitted = t
         r.state = _PREFILL

@@ -5,15 +5,25 @@ physical blocks are free, and the events vLLM publishes when that changes. There
 no block ids: a cached block *is* its hash (vLLM keeps one cached block per hash).
 
 Free blocks are of two kinds, as in vLLM's free queue: never-used (or un-hashed)
-blocks, handed out first, and cached blocks nobody references (``evictable``), kept in
+blocks, handed out first, and cached blocks nobody references (evictable), kept in
 LRU order and evicted oldest first. A request releases its blocks tail first, so the
 end of a prompt is evicted before its shared beginning (vLLM frees in reverse order
 for the same reason).
+
+Speed: a request's blocks are typically a prefix shared with other requests followed
+by blocks only it holds, and these move in and out of the evictable set together (a
+conversation's next turn re-acquires what its previous turn released), while few are
+ever evicted. So the LRU order is kept lazily, as *runs*: a release appends the blocks
+it made evictable as one run with a fresh stamp and sets their ``ref`` entry to minus
+that stamp; acquiring a block sets ``ref`` back to a count, leaving a stale entry in its
+run (an entry is live iff ``ref`` still holds its run's stamp), and a run none of whose
+entries is live any more is dropped whole. Acquire and release update ``ref`` in bulk
+(C-level dict operations, no per-block bytecode) in these common shapes.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, _count_elements  # type: ignore[attr-defined]
 from collections.abc import Sequence
 from itertools import islice, takewhile
 from typing import Any
@@ -26,8 +36,8 @@ from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockSto
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref",
-                 "removed_per_block", "version")
+    __slots__ = ("_head", "_live", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
+                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -40,8 +50,14 @@ class KVCache:
         # one event per eviction burst (fewer objects, same information)
         self.removed_per_block = removed_per_block
         self.free_uncached = num_blocks
-        self.ref: dict[int, int] = {}  # cached block hash -> number of requests using it
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref == 0, oldest first
+        # cached block hash -> number of requests using it (> 0), or, when none does (the
+        # block is evictable), minus the stamp of the run it was queued in (< 0)
+        self.ref: dict[int, int] = {}
+        self.n_evictable = 0
+        self._runs: dict[int, list[int]] = {}  # stamp -> hashes, oldest first, in LRU order
+        self._live: dict[int, int] = {}  # stamp -> how many of its run's entries are live
+        self._head = (0, 0)  # (stamp, entries of that run eviction has walked past)
+        self._stamp = 0
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
 
@@ -52,7 +68,7 @@ class KVCache:
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
-        return self.free_uncached + len(self.evictable)
+        return self.free_uncached + self.n_evictable
 
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``: the fraction of blocks in use (0..1)."""
@@ -60,27 +76,57 @@ class KVCache:
 
     def can_allocate(self, hashes: Sequence[int], hits: int, new_blocks: int) -> bool:
         """Whether ``new_blocks`` fit after referencing the first ``hits`` cached blocks."""
-        avail = self.free_uncached + len(self.evictable)
+        avail = self.free_uncached + self.n_evictable
         if avail >= new_blocks + hits:
             return True
-        ref = self.ref
-        pinned = 0
-        for i in range(hits):
-            if ref[hashes[i]] == 0:
-                pinned += 1
+        pinned = sum(map((0).__gt__, map(self.ref.__getitem__, islice(hashes, hits))))
         return avail - pinned >= new_blocks
 
     # -- changes -------------------------------------------------------------------
-    def acquire(self, hashes: Sequence[int], hits: int) -> None:
-        """Reference the first ``hits`` cached blocks (a prefix-cache hit)."""
+    def acquire(self, blocks: list[int]) -> None:
+        """Reference cached ``blocks`` (a prefix-cache hit)."""
         self.version += 1
-        ref, ev = self.ref, self.evictable
-        for i in range(hits):
-            h = hashes[i]
+        ref = self.ref
+        counts = list(map(ref.__getitem__, blocks))
+        k = sum(map((0).__lt__, counts))  # referenced already
+        if k == len(blocks):
+            _count_elements(ref, blocks)
+            return
+        if k == 0 or min(counts[:k]) > 0:  # referenced ones first, then evictable ones
+            revive = dict.fromkeys(blocks[k:], 1)
+            if len(revive) == len(blocks) - k:  # (a repeated hash would count twice)
+                if k:
+                    _count_elements(ref, blocks[:k])
+                ref.update(revive)
+                self._unqueue(counts[k:])
+                return
+        marks = []
+        for h in blocks:
             c = ref[h]
-            if c == 0:
-                del ev[h]
-            ref[h] = c + 1
+            if c < 0:
+                ref[h] = 1
+                marks.append(c)
+            else:
+                ref[h] = c + 1
+        self._unqueue(marks)
+
+    def _unqueue(self, marks: list[int]) -> None:
+        """Blocks leave the evictable set: ``marks`` are their former ``ref`` values (minus
+        the stamps of their runs); a run left with no live entry is dropped."""
+        self.n_evictable -= len(marks)
+        if not marks:
+            return
+        live = self._live
+        if min(marks) == max(marks):  # all from one run, the usual case
+            per_run: Any = ((marks[0], len(marks)),)
+        else:
+            per_run = Counter(marks).items()
+        for mark, n in per_run:
+            left = live[-mark] - n
+            if left:
+                live[-mark] = left
+            else:
+                del live[-mark], self._runs[-mark]
 
     def allocate(self, n: int) -> None:
         """Take ``n`` physical blocks, evicting least-recently-used cached blocks if needed."""
@@ -90,12 +136,29 @@ class KVCache:
         n -= take
         if n <= 0:
             return
-        ev, ref = self.evictable, self.ref
+        ref, runs, live = self.ref, self._runs, self._live
         removed: list[int] = []
-        for _ in range(n):
-            h, _none = ev.popitem(last=False)
-            del ref[h]
-            removed.append(h)
+        head, pos = self._head
+        while n:
+            stamp = next(iter(runs))  # the oldest run
+            if stamp != head:  # (the run eviction stopped in was revived whole since)
+                head, pos = stamp, 0
+            mark, left = -stamp, live[stamp]
+            for h in islice(runs[stamp], pos, None):
+                pos += 1
+                if ref.get(h) == mark:  # live: the oldest evictable block
+                    del ref[h]
+                    removed.append(h)
+                    left -= 1
+                    n -= 1
+                    if not n or not left:
+                        break
+            if left:
+                live[stamp] = left
+            else:
+                del live[stamp], runs[stamp]
+        self._head = (head, pos)
+        self.n_evictable -= len(removed)
         if self.emit:
             if self.removed_per_block:
                 self.events.extend(BlockRemoved(block_hashes=[h]) for h in removed)
@@ -174,16 +237,34 @@ class KVCache:
             )
         )
 
-    def release(self, held: Sequence[int], unhashed: int) -> None:
+    def release(self, held: list[int], unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
         self.version += 1
-        ref, ev = self.ref, self.evictable
-        for h in reversed(held):
-            c = ref[h] - 1
-            ref[h] = c
-            if c == 0:
-                ev[h] = None
         self.free_uncached += unhashed
+        ref = self.ref
+        self._stamp += 1
+        mark = -self._stamp
+        counts = list(map(ref.__getitem__, held))
+        k = len(held) - counts.count(1)
+        if k == len(held) or counts.index(1) == k:
+            # blocks others hold too first, then blocks only this request held: those go
+            # to the queue in bulk, tail first
+            run = held[: k - 1 : -1] if k else held[::-1]
+            ref.update(dict.fromkeys(run, mark))
+            shared = held[k - 1 :: -1] if k else ()
+        else:
+            run, shared = [], held[::-1]
+        for h in shared:
+            c = ref[h] - 1
+            if c:
+                ref[h] = c
+            else:  # its last reference (a repeated hash, or the general order)
+                ref[h] = mark
+                run.append(h)
+        if run:
+            self._runs[self._stamp] = run
+            self._live[self._stamp] = len(run)
+            self.n_evictable += len(run)
 
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
@@ -197,7 +278,9 @@ class KVCache:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
         self.version += 1
         self.ref.clear()
-        self.evictable.clear()
+        self._runs.clear()
+        self._live.clear()
+        self._head, self.n_evictable = (0, 0), 0
         self.free_uncached = self.num_blocks
         if self.emit:
             self.events.append(AllBlocksCleared())
