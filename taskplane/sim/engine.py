@@ -41,7 +41,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from taskplane.engines.kv_events import KVEvent
@@ -51,7 +51,7 @@ from taskplane.sim.gpus import (
     gpu_profile,
     model_profile,
 )
-from taskplane.sim.kvcache import KVCache
+from taskplane.sim.kvcache import Holding, KVCache
 
 # Request states
 _WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
@@ -124,7 +124,7 @@ class _Req:
     cached: int = 0
     computed: int = 0  # prompt tokens computed (or cached)
     stored_upto: int = 0  # prompt blocks cached so far
-    held: list[int] = field(default_factory=list)  # cached hashes this request references
+    held: Holding | None = None  # the cached blocks it references, once admitted
     n_alloc: int = 0  # blocks allocated to it
     n_stored: int = 0  # of those, blocks it turned into cached blocks
     join: int = 0  # decode step counter when it started decoding
@@ -562,15 +562,13 @@ class SimEngine:
         s = r.spec
         kv = self.kv
         held = s.block_hashes[:hits]
-        held = held if type(held) is list else list(held)  # a list slice is already a copy
-        kv.acquire(held)
+        r.held = kv.acquire(held if type(held) is list else list(held))  # (a list slice is a copy)
         kv.allocate(need)
         r.hits = hits
         r.cached = hits * self.block_size
         r.computed = r.cached
         self._pend_prefill -= r.cached
         r.stored_upto = hits
-        r.held = held
         r.n_alloc = need
         r.admitted = t
         r.state = _PREFILL
@@ -626,6 +624,7 @@ class SimEngine:
         self._out.append(self._finished(r, t, None))
 
     def _release(self, r: _Req) -> None:
-        self.kv.release(r.held, r.n_alloc - r.n_stored)
-        r.held = []
+        if r.held is not None:
+            self.kv.release(r.held, r.n_alloc - r.n_stored)
+        r.held = None
         r.n_alloc = r.n_stored = 0

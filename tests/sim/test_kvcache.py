@@ -8,7 +8,7 @@ import random
 from collections import OrderedDict
 
 from taskplane.engines.kv_events import BlockRemoved
-from taskplane.sim.kvcache import KVCache
+from taskplane.sim.kvcache import Holding, KVCache
 
 
 class _RefCache:
@@ -63,7 +63,7 @@ def test_lazy_lru_matches_reference_model() -> None:
     kv = KVCache(num_blocks, 16, removed_per_block=False)
     ref = _RefCache(num_blocks)
     prefixes = [[rng.getrandbits(60) for _ in range(rng.randrange(5, 60))] for _ in range(40)]
-    running: list[tuple[list[int], int, list[int], list[int], int]] = []
+    running: list[tuple[Holding, int, list[int], list[int], int]] = []
     for _ in range(20_000):
         if running and (rng.random() < 0.5 or len(running) > 12):
             held, n_alloc, held_ref, _, n_stored = running.pop(rng.randrange(len(running)))
@@ -76,11 +76,11 @@ def test_lazy_lru_matches_reference_model() -> None:
             need = len(hashes) - hits
             if not kv.can_allocate(hashes, hits, need):
                 continue
-            kv.acquire(hashes[:hits])
+            held = kv.acquire(hashes[:hits])
             ref.acquire(hashes, hits)
             kv.allocate(need)
             ref.allocate(need)
-            held, held_ref = list(hashes[:hits]), list(hashes[:hits])
+            held_ref = list(hashes[:hits])
             n_stored = kv.store(hashes, hits, len(hashes), None, held)
             assert n_stored == ref.store(hashes[hits:], held_ref)
             running.append((held, need, held_ref, hashes, n_stored))
