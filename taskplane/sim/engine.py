@@ -533,6 +533,7 @@ class SimEngine:
             r.gpu_s += n * share
             end = min(r.computed // bs, len(s.block_hashes))
             if end > r.stored_upto:
+                assert r.held is not None  # admitted
                 r.n_stored += kv.store(s.block_hashes, r.stored_upto, end, s.token_ids, r.held)
                 r.stored_upto = end
             if r.computed >= s.prompt_tokens:
@@ -606,6 +607,7 @@ class SimEngine:
             self._complete(r, t)
 
     def _complete(self, r: _Req, t: float) -> None:
+        assert r.held is not None  # admitted
         s = r.spec
         out_hashes = s.output_block_hashes
         if out_hashes:
@@ -624,7 +626,7 @@ class SimEngine:
         self._out.append(self._finished(r, t, None))
 
     def _release(self, r: _Req) -> None:
-        if r.held is not None:
-            self.kv.release(r.held, r.n_alloc - r.n_stored)
+        assert r.held is not None  # admitted
+        self.kv.release(r.held, r.n_alloc - r.n_stored)
         r.held = None
         r.n_alloc = r.n_stored = 0

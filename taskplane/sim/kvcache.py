@@ -136,6 +136,8 @@ class KVCache:
                 hold.repeated |= owner is hold
         if n_run:
             self._unqueue(-run, n_run, hold)
+        if len(set(counted)) < len(counted):  # a repeated hash, counted twice (they are few)
+            hold.repeated = True
         return hold
 
     def _unqueue(self, stamp: int, n: int, hold: Holding) -> None:
