@@ -41,7 +41,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from taskplane.engines.kv_events import KVEvent
@@ -51,7 +51,7 @@ from taskplane.sim.gpus import (
     gpu_profile,
     model_profile,
 )
-from taskplane.sim.kvcache import KVCache
+from taskplane.sim.kvcache import Holding, KVCache
 
 # Request states
 _WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
@@ -124,7 +124,7 @@ class _Req:
     cached: int = 0
     computed: int = 0  # prompt tokens computed (or cached)
     stored_upto: int = 0  # prompt blocks cached so far
-    held: list[int] = field(default_factory=list)  # cached hashes this request references
+    held: Holding | None = None  # the cached blocks it references, once admitted
     n_alloc: int = 0  # blocks allocated to it
     n_stored: int = 0  # of those, blocks it turned into cached blocks
     join: int = 0  # decode step counter when it started decoding
@@ -253,7 +253,7 @@ class SimEngine:
         return (
             len(self._prefilling) + n_dec,
             len(self._waiting),
-            kv.free_uncached + len(kv.evictable),
+            kv.free_uncached + kv.n_evictable,
             self._pend_prefill,
             self._dec_target_sum - n_dec * self._counter + self._pend_out,
         )
@@ -533,6 +533,7 @@ class SimEngine:
             r.gpu_s += n * share
             end = min(r.computed // bs, len(s.block_hashes))
             if end > r.stored_upto:
+                assert r.held is not None  # admitted
                 r.n_stored += kv.store(s.block_hashes, r.stored_upto, end, s.token_ids, r.held)
                 r.stored_upto = end
             if r.computed >= s.prompt_tokens:
@@ -561,15 +562,14 @@ class SimEngine:
             return False
         s = r.spec
         kv = self.kv
-        kv.acquire(s.block_hashes, hits)
+        held = s.block_hashes[:hits]
+        r.held = kv.acquire(held if type(held) is list else list(held))  # (a list slice is a copy)
         kv.allocate(need)
         r.hits = hits
         r.cached = hits * self.block_size
         r.computed = r.cached
         self._pend_prefill -= r.cached
         r.stored_upto = hits
-        held = s.block_hashes[:hits]
-        r.held = held if type(held) is list else list(held)  # a list slice is already a copy
         r.n_alloc = need
         r.admitted = t
         r.state = _PREFILL
@@ -607,6 +607,7 @@ class SimEngine:
             self._complete(r, t)
 
     def _complete(self, r: _Req, t: float) -> None:
+        assert r.held is not None  # admitted
         s = r.spec
         out_hashes = s.output_block_hashes
         if out_hashes:
@@ -625,6 +626,7 @@ class SimEngine:
         self._out.append(self._finished(r, t, None))
 
     def _release(self, r: _Req) -> None:
+        assert r.held is not None  # admitted
         self.kv.release(r.held, r.n_alloc - r.n_stored)
-        r.held = []
+        r.held = None
         r.n_alloc = r.n_stored = 0

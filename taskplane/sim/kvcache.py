@@ -5,16 +5,28 @@ physical blocks are free, and the events vLLM publishes when that changes. There
 no block ids: a cached block *is* its hash (vLLM keeps one cached block per hash).
 
 Free blocks are of two kinds, as in vLLM's free queue: never-used (or un-hashed)
-blocks, handed out first, and cached blocks nobody references (``evictable``), kept in
+blocks, handed out first, and cached blocks nobody references (evictable), kept in
 LRU order and evicted oldest first. A request releases its blocks tail first, so the
 end of a prompt is evicted before its shared beginning (vLLM frees in reverse order
 for the same reason).
+
+Speed: a request's blocks are typically a short prefix shared with other requests
+followed by many blocks only it holds, which become evictable together when it ends and
+are re-acquired together by the conversation's next turn; few are ever evicted. So
+a block held by one request alone is not reference-counted but *owned*: its ``ref``
+entry is minus the request's stamp (its :class:`Holding`), and it is evictable iff that
+request has ended. Releasing a request then touches only its counted blocks; its
+block list becomes a *run* of the lazy LRU queue, walked tail first, in which an entry
+is live iff ``ref`` still holds the run's stamp (acquiring a block elsewhere leaves a
+stale entry). A run with no live entry left is dropped whole. Acquire updates ``ref``
+in bulk (C-level dict operations) in the common shape: counted blocks, then blocks of
+one ended request.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from itertools import islice, takewhile
 from typing import Any
 
@@ -23,11 +35,22 @@ import numpy as np
 from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
+@dataclass(slots=True, eq=False)
+class Holding:
+    """The cached blocks one request references, from admission to release."""
+
+    stamp: int
+    blocks: list[int]  # in request order (acquired prefix, then stored ones)
+    counted: list[int] = field(default_factory=list)  # those whose reference is counted
+    owned: int = 0  # those it holds alone: ``ref`` is ``-stamp``
+    repeated: bool = False  # a hash occurs twice: release takes the general path
+
+
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("block_size", "emit", "events", "evictable", "free_uncached", "num_blocks", "ref",
-                 "removed_per_block", "version")
+    __slots__ = ("_active", "_head", "_live", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
+                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -40,8 +63,16 @@ class KVCache:
         # one event per eviction burst (fewer objects, same information)
         self.removed_per_block = removed_per_block
         self.free_uncached = num_blocks
-        self.ref: dict[int, int] = {}  # cached block hash -> number of requests using it
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref == 0, oldest first
+        # cached block hash -> number of requests using it (> 0), or minus the stamp of the
+        # request that owns it (< 0): held by that request alone, evictable once it ended
+        self.ref: dict[int, int] = {}
+        self.n_evictable = 0
+        self._active: dict[int, Holding] = {}  # stamp -> holding of a request not released
+        # stamp -> blocks of an ended request, oldest first, evicted from the end
+        self._runs: dict[int, list[int]] = {}
+        self._live: dict[int, int] = {}  # stamp -> how many of its run's entries are live
+        self._head = (0, 0)  # (stamp, entries at the end of that run eviction walked past)
+        self._stamp = 0
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
 
@@ -52,7 +83,7 @@ class KVCache:
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
-        return self.free_uncached + len(self.evictable)
+        return self.free_uncached + self.n_evictable
 
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``: the fraction of blocks in use (0..1)."""
@@ -60,27 +91,65 @@ class KVCache:
 
     def can_allocate(self, hashes: Sequence[int], hits: int, new_blocks: int) -> bool:
         """Whether ``new_blocks`` fit after referencing the first ``hits`` cached blocks."""
-        avail = self.free_uncached + len(self.evictable)
+        avail = self.free_uncached + self.n_evictable
         if avail >= new_blocks + hits:
             return True
-        ref = self.ref
-        pinned = 0
-        for i in range(hits):
-            if ref[hashes[i]] == 0:
+        ref, active = self.ref, self._active
+        pinned = 0  # evictable blocks the hit would take off the free list
+        for h in islice(hashes, hits):
+            c = ref[h]
+            if c < 0 and -c not in active:
                 pinned += 1
         return avail - pinned >= new_blocks
 
     # -- changes -------------------------------------------------------------------
-    def acquire(self, hashes: Sequence[int], hits: int) -> None:
-        """Reference the first ``hits`` cached blocks (a prefix-cache hit)."""
+    def acquire(self, blocks: list[int]) -> Holding:
+        """Reference cached ``blocks`` (a prefix-cache hit) for a new request; the returned
+        holding grows as it stores blocks and is given back to :meth:`release`."""
         self.version += 1
-        ref, ev = self.ref, self.evictable
-        for i in range(hits):
-            h = hashes[i]
+        self._stamp += 1
+        me = self._stamp
+        hold = self._active[me] = Holding(me, blocks)
+        ref, active, counted = self.ref, self._active, hold.counted
+        mine = -me
+        run = 0  # ``ref`` value of the evictable blocks met last (minus their run's stamp)
+        n_run = 0
+        for h in blocks:  # one plain loop: cheaper than several C-level passes over them
             c = ref[h]
-            if c == 0:
-                del ev[h]
-            ref[h] = c + 1
+            if c > 0:
+                ref[h] = c + 1
+                counted.append(h)
+            elif c == run:  # evictable, in the same run as the block before (the usual)
+                ref[h] = mine
+                n_run += 1
+            elif -c not in active:  # evictable, from another run
+                if n_run:
+                    self._unqueue(-run, n_run, hold)
+                ref[h] = mine
+                run, n_run = c, 1
+            else:  # held by one request alone (this one, for a repeated hash): now counted
+                owner = active[-c]
+                ref[h] = 2
+                owner.owned -= 1
+                owner.counted.append(h)
+                counted.append(h)
+                hold.repeated |= owner is hold
+        if n_run:
+            self._unqueue(-run, n_run, hold)
+        if len(set(counted)) < len(counted):  # a repeated hash, counted twice (they are few)
+            hold.repeated = True
+        return hold
+
+    def _unqueue(self, stamp: int, n: int, hold: Holding) -> None:
+        """``n`` blocks of the run ``stamp`` leave the evictable set (to the request that
+        acquires them); drop the run when none is left."""
+        hold.owned += n
+        self.n_evictable -= n
+        left = self._live[stamp] - n
+        if left:
+            self._live[stamp] = left
+        else:
+            del self._live[stamp], self._runs[stamp]
 
     def allocate(self, n: int) -> None:
         """Take ``n`` physical blocks, evicting least-recently-used cached blocks if needed."""
@@ -90,12 +159,29 @@ class KVCache:
         n -= take
         if n <= 0:
             return
-        ev, ref = self.evictable, self.ref
+        ref, runs, live = self.ref, self._runs, self._live
         removed: list[int] = []
-        for _ in range(n):
-            h, _none = ev.popitem(last=False)
-            del ref[h]
-            removed.append(h)
+        head, pos = self._head
+        while n:
+            stamp = next(iter(runs))  # the oldest run
+            if stamp != head:  # (the run eviction stopped in was revived whole since)
+                head, pos = stamp, 0
+            mark, left = -stamp, live[stamp]
+            for h in islice(reversed(runs[stamp]), pos, None):
+                pos += 1
+                if ref.get(h) == mark:  # live: the oldest evictable block
+                    del ref[h]
+                    removed.append(h)
+                    left -= 1
+                    n -= 1
+                    if not n or not left:
+                        break
+            if left:
+                live[stamp] = left
+            else:
+                del live[stamp], runs[stamp]
+        self._head = (head, pos)
+        self.n_evictable -= len(removed)
         if self.emit:
             if self.removed_per_block:
                 self.events.extend(BlockRemoved(block_hashes=[h]) for h in removed)
@@ -108,13 +194,13 @@ class KVCache:
         start: int,
         end: int,
         token_ids: Sequence[int] | None,
-        out: list[int],
+        hold: Holding,
         *,
         offset: int = 0,
         parent: int | None = None,
     ) -> int:
-        """Cache blocks ``start..end-1`` of a request (now computed); append the hashes it
-        now references to ``out``; return how many were newly stored. A hash already
+        """Cache blocks ``start..end-1`` of a request (now computed), held by ``hold``;
+        return how many were newly stored. A hash already
         cached (computed concurrently by another request) stays un-hashed for this
         request, as in vLLM, and is not announced again.
 
@@ -123,14 +209,17 @@ class KVCache:
         ``parent`` the hash of the block before it."""
         self.version += 1
         ref = self.ref
+        mine = -hold.stamp
+        out = hold.blocks
         seg = hashes[start:end]
-        new = dict.fromkeys(seg, 1)
+        new = dict.fromkeys(seg, mine)
         if len(new) == len(seg) and ref.keys().isdisjoint(new):
             # the common case, none cached yet (nor repeated): one run, stored in bulk
             if new:
                 run = seg if type(seg) is list else list(seg)
                 ref.update(new)
                 out.extend(run)
+                hold.owned += len(run)
                 self._announce(hashes, start, run, token_ids, offset, parent)
             return len(new)
         stored = 0
@@ -144,10 +233,11 @@ class KVCache:
                     run = []
                 run_start = j + 1
                 continue
-            ref[h] = 1
+            ref[h] = mine
             out.append(h)
             run.append(h)
             stored += 1
+        hold.owned += stored
         if run:
             self._announce(hashes, run_start, run, token_ids, offset, parent)
         return stored
@@ -174,16 +264,46 @@ class KVCache:
             )
         )
 
-    def release(self, held: Sequence[int], unhashed: int) -> None:
+    def release(self, hold: Holding, unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
         self.version += 1
-        ref, ev = self.ref, self.evictable
-        for h in reversed(held):
-            c = ref[h] - 1
-            ref[h] = c
-            if c == 0:
-                ev[h] = None
         self.free_uncached += unhashed
+        me = hold.stamp
+        self._active.pop(me, None)
+        ref, mine = self.ref, -me
+        if hold.repeated:
+            n = self._release_general(hold)
+        else:
+            n = hold.owned  # they are evictable now, as this request ended
+            for h in hold.counted:
+                c = ref[h] - 1
+                if c:
+                    ref[h] = c
+                else:  # the last reference: evictable at its place in the run
+                    ref[h] = mine
+                    n += 1
+        if n:
+            self._runs[me] = hold.blocks
+            self._live[me] = n
+            self.n_evictable += n
+
+    def _release_general(self, hold: Holding) -> int:
+        """Release by walking the blocks tail first, as vLLM does (a hash may repeat): the
+        run is rebuilt from the blocks this release makes evictable, in that order."""
+        ref, mine = self.ref, -hold.stamp
+        run = []
+        for h in reversed(hold.blocks):
+            c = ref[h]
+            if c == mine:
+                run.append(h)
+            elif c == 1:
+                ref[h] = mine
+                run.append(h)
+            elif c > 1:
+                ref[h] = c - 1
+        run.reverse()
+        hold.blocks = run
+        return len(run)
 
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
@@ -197,7 +317,10 @@ class KVCache:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
         self.version += 1
         self.ref.clear()
-        self.evictable.clear()
+        self._runs.clear()
+        self._live.clear()
+        self._active.clear()
+        self._head, self.n_evictable = (0, 0), 0
         self.free_uncached = self.num_blocks
         if self.emit:
             self.events.append(AllBlocksCleared())

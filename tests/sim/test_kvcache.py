@@ -7,8 +7,11 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from taskplane.engines.kv_events import BlockRemoved
-from taskplane.sim.kvcache import KVCache
+from taskplane.sim.kvcache import Holding, KVCache
 
 
 class _RefCache:
@@ -63,7 +66,7 @@ def test_lazy_lru_matches_reference_model() -> None:
     kv = KVCache(num_blocks, 16, removed_per_block=False)
     ref = _RefCache(num_blocks)
     prefixes = [[rng.getrandbits(60) for _ in range(rng.randrange(5, 60))] for _ in range(40)]
-    running: list[tuple[list[int], int, list[int], list[int], int]] = []
+    running: list[tuple[Holding, int, list[int], list[int], int]] = []
     for _ in range(20_000):
         if running and (rng.random() < 0.5 or len(running) > 12):
             held, n_alloc, held_ref, _, n_stored = running.pop(rng.randrange(len(running)))
@@ -76,11 +79,11 @@ def test_lazy_lru_matches_reference_model() -> None:
             need = len(hashes) - hits
             if not kv.can_allocate(hashes, hits, need):
                 continue
-            kv.acquire(hashes, hits)
+            held = kv.acquire(hashes[:hits])
             ref.acquire(hashes, hits)
             kv.allocate(need)
             ref.allocate(need)
-            held, held_ref = list(hashes[:hits]), list(hashes[:hits])
+            held_ref = list(hashes[:hits])
             n_stored = kv.store(hashes, hits, len(hashes), None, held)
             assert n_stored == ref.store(hashes[hits:], held_ref)
             running.append((held, need, held_ref, hashes, n_stored))
@@ -88,3 +91,70 @@ def test_lazy_lru_matches_reference_model() -> None:
         assert kv.ref.keys() == ref.ref.keys()
     removed = [h for ev in kv.take_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
     assert removed == ref.removed and len(removed) > 1000
+
+
+class _Model:
+    """A KVCache and the reference model driven side by side; every query must agree."""
+
+    def __init__(self, num_blocks: int, per_block: bool) -> None:
+        self.kv = KVCache(num_blocks, 2, removed_per_block=per_block)
+        self.ref = _RefCache(num_blocks)
+        self.running: list[tuple[list[int], int, Holding, list[int], int, int]] = []
+
+    def admit(self, hashes: list[int]) -> None:
+        hits = self.kv.match(hashes, len(hashes))
+        assert hits == self.ref.match(hashes)
+        need = len(hashes) - hits + 1
+        fits = self.kv.can_allocate(hashes, hits, need)
+        pinned = sum(1 for h in hashes[:hits] if self.ref.ref[h] == 0)
+        assert fits == (self.ref.free_uncached + len(self.ref.evictable) - pinned >= need)
+        if fits:
+            held = self.kv.acquire(hashes[:hits])
+            self.ref.acquire(hashes, hits)
+            self.kv.allocate(need)
+            self.ref.allocate(need)
+            self.running.append((hashes, hits, held, list(hashes[:hits]), need, 0))
+
+    def store(self, i: int, n: int) -> None:
+        hashes, done, held, held_ref, need, n_stored = self.running[i]
+        end = min(len(hashes), done + n)
+        got = self.kv.store(hashes, done, end, None, held)
+        assert got == self.ref.store(hashes[done:end], held_ref)
+        self.running[i] = (hashes, end, held, held_ref, need, n_stored + got)
+
+    def release(self, i: int) -> None:
+        _, _, held, held_ref, need, n_stored = self.running.pop(i)
+        self.kv.release(held, need - n_stored)
+        self.ref.release(held_ref, need - n_stored)
+
+    def check(self) -> None:
+        assert self.kv.free_blocks() == self.ref.free_uncached + len(self.ref.evictable)
+        assert self.kv.ref.keys() == self.ref.ref.keys()
+        removed = [h for ev in self.kv.take_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+        assert removed == self.ref.removed
+        self.ref.removed = []
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.integers(4, 40), st.booleans())
+def test_kvcache_matches_reference_model_on_random_sequences(data: st.DataObject, num_blocks: int,
+                                                             per_block: bool) -> None:
+    """Random admissions (shared prefixes, repeated hashes), chunked stores and releases in
+    any order on a small cache: hits, free blocks, cached set and eviction order agree."""
+    m = _Model(num_blocks, per_block)
+    prefixes = data.draw(st.lists(st.lists(st.integers(0, 60), max_size=8), min_size=1, max_size=4))
+    for _ in range(data.draw(st.integers(1, 80))):
+        op = data.draw(st.sampled_from(["admit", "store", "release"] if m.running else ["admit"]))
+        if op == "admit":
+            tail = data.draw(st.lists(st.integers(0, 60), max_size=6))
+            m.admit([*data.draw(st.sampled_from(prefixes)), *tail])
+        else:
+            i = data.draw(st.integers(0, len(m.running) - 1))
+            if op == "store":
+                m.store(i, data.draw(st.integers(1, 4)))
+            else:
+                m.release(i)
+        m.check()
+    while m.running:
+        m.release(0)
+        m.check()
