@@ -354,18 +354,18 @@ class _Call:
     output_tokens: int
     n_prompt_blocks: int
     n_total_blocks: int
+    key: str  # "task:step:attempt": the attempt's record key, call id and engine request id
+    # the chain hashes / contents of the call's blocks (a closed-loop task's lists only grow,
+    # so calls share them; an open-loop call has its own)
+    hashes: list[int]
+    contents: list[int]
     attempt: int = 1
-    key: str = ""  # "task:step:attempt": the attempt's record key, call id and engine request id
     offered_s: float = 0.0
     dispatched_s: float | None = None
     request: CallRequest | None = None
     replica: int = -1
     model_served: str | None = None
     avoid: tuple[str, ...] = ()
-    # the chain hashes / contents of the call's blocks (a closed-loop task's lists only grow,
-    # so calls share them; an open-loop call has its own)
-    hashes: list[int] = field(default_factory=list)
-    contents: list[int] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ the simulator
@@ -578,9 +578,8 @@ class ClusterSim:
             n_total = (prompt + cs.output_tokens) // bs
             self._extend_hashes(task, n_total)
             hashes, contents = task.hashes, task.contents
-        call = _Call(task=task, step=k, prompt_tokens=prompt, output_tokens=max(1, cs.output_tokens),
-                     n_prompt_blocks=n_prompt, n_total_blocks=n_total, key=f"{spec.task_id}:{k}:1",
-                     hashes=hashes, contents=contents)
+        call = _Call(task, k, prompt, max(1, cs.output_tokens), n_prompt, n_total, f"{spec.task_id}:{k}:1",
+                     hashes, contents)  # positional: keywords cost ~2.5x
         self._offer(call, t)
 
     def _request(self, call: _Call, t: float) -> CallRequest:
