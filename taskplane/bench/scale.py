@@ -50,7 +50,7 @@ from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.engines.kv_events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
-from taskplane.sim.cluster import ClusterSpec, simulate
+from taskplane.sim.cluster import ClusterResult, ClusterSpec, simulate
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
 
@@ -60,6 +60,7 @@ from taskplane.store.records import Outcome, TaskStatus
 EVENTS_PER_ACTIVITY = 6
 EVENTS_PER_WORKFLOW = 5
 _INT_BYTES = 36  # a CPython int holding a 64-bit hash (sys.getsizeof(2**63))
+_SUCCESS, _SHED = Outcome.SUCCESS, Outcome.SHED
 
 
 class CountingScheduler(TimedScheduler):
@@ -174,30 +175,42 @@ def simulate_cell(
     sched = build_policy(policy, seed=seed, tenants=agent_tenants(), metrics=False)
     timed = CountingScheduler(sched, tick)
     gc.collect()
-    gc.disable()
-    t1, c1 = time.perf_counter(), time.process_time()
+    gc.disable()  # until the measures are taken: a collection then would walk every record
     try:
+        t1, c1 = time.perf_counter(), time.process_time()
         result = simulate(cluster, workload, timed, seed=seed)
+        t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
+        return _measure(result, workload, timed, sched.kv_index, t_sim, c_sim)
     finally:
         gc.enable()
-    t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
-    calls = result.calls
-    ok = [c for c in calls if c.outcome is Outcome.SUCCESS]
+
+
+def _measure(result: ClusterResult, workload: Workload, timed: CountingScheduler, index: KVIndex,
+             wall_s: float, cpu_s: float) -> CellRun:
+    """A cell's measures from its simulation's result (one pass over the attempts)."""
+    keys: set[tuple[str, int]] = set()
+    ok = sheds = prompt = cached = 0
+    for c in result.calls:
+        keys.add((c.task_id, c.step))
+        if c.outcome is _SUCCESS:
+            ok += 1
+            prompt += c.prompt_tokens
+            cached += c.cached_tokens
+        elif c.outcome is _SHED:
+            sheds += 1
+    attempts = len(result.calls)
     return CellRun(
-        replicas=len(cluster.replicas), tasks=len(workload.tasks), attempts=len(calls),
-        calls=len({(c.task_id, c.step) for c in calls}), calls_ok=len(ok),
-        sheds=sum(1 for c in calls if c.outcome is Outcome.SHED),
-        tasks_finished=sum(1 for t in result.tasks if t.status is not TaskStatus.RUNNING),
+        replicas=len(result.replicas), tasks=len(workload.tasks), attempts=attempts, calls=len(keys), calls_ok=ok,
+        sheds=sheds, tasks_finished=sum(1 for t in result.tasks if t.status is not TaskStatus.RUNNING),
         tasks_within_deadline=sum(1 for t in result.tasks if t.deadline_met),
-        prompt_tokens=sum(c.prompt_tokens for c in ok), cached_tokens=sum(c.cached_tokens for c in ok),
-        virtual_s=result.end_s,
-        activities=len(calls) + sum(max(len(t.calls) - 1, 0) for t in workload.tasks),
+        prompt_tokens=prompt, cached_tokens=cached, virtual_s=result.end_s,
+        activities=attempts + sum(max(len(t.calls) - 1, 0) for t in workload.tasks),
         kv_batches=timed.kv_batches, kv_events=timed.kv_events,
         blocks_stored=timed.blocks_stored, blocks_removed=timed.blocks_removed,
-        kv_index=kv_index_size(sched.kv_index),
+        kv_index=kv_index_size(index),
         decision_ns=np.asarray(timed.decision_ns, dtype=np.int64),
         decision_cpu_ns=np.asarray(timed.decision_cpu_ns, dtype=np.int64),
-        simulate_wall_s=t_sim, simulate_cpu_s=c_sim,
+        simulate_wall_s=wall_s, simulate_cpu_s=cpu_s,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         block_size=workload.block_size,
     )
