@@ -302,8 +302,9 @@ class _PreciseReplica:
 class PreciseIndex:
     """Blocks each replica holds, from its KV events."""
 
-    def __init__(self, slots: ReplicaSlots) -> None:
+    def __init__(self, slots: ReplicaSlots, metrics: bool = True) -> None:
         self.slots = slots
+        self.metrics = metrics  # False: no Prometheus updates (each takes a lock; simulations)
         self.owners: dict[int, int] = {}
         self._replicas: dict[str, _PreciseReplica] = {}
         self.unchained_blocks = 0
@@ -383,6 +384,14 @@ class PreciseIndex:
             self._set_sync(name, rep, True)
         return rep
 
+    def _count_batch(self, outcome: str) -> None:
+        if self.metrics:
+            KV_BATCHES.labels(outcome).inc()
+
+    def _gauge(self) -> None:
+        if self.metrics:
+            _BLOCKS_PRECISE.set(len(self.owners))
+
     # -- batches with sequence numbers
 
     def apply_batch(self, name: str, seq: int, events: Iterable[Any]) -> BatchResult:
@@ -395,7 +404,7 @@ class PreciseIndex:
         if rep.next_seq is None:  # after clear_replica: adopt the stream where it is
             rep.next_seq = seq
         if seq < rep.next_seq or seq in rep.pending:
-            KV_BATCHES.labels("duplicate").inc()
+            self._count_batch("duplicate")
             return BatchResult(BatchStatus.DUPLICATE)
         if seq > rep.next_seq:
             if len(rep.pending) >= MAX_PENDING_BATCHES:
@@ -403,14 +412,14 @@ class PreciseIndex:
                 self.clear_replica(name)
                 return self.apply_batch(name, seq, events)
             rep.pending[seq] = list(events)
-            KV_BATCHES.labels("gap").inc()
+            self._count_batch("gap")
             return BatchResult(BatchStatus.GAP, replay_from=rep.next_seq)
         self.apply_events(name, events)
         rep.next_seq = seq + 1
         while rep.next_seq in rep.pending:
             self.apply_events(name, rep.pending.pop(rep.next_seq))
             rep.next_seq += 1
-        KV_BATCHES.labels("applied").inc()
+        self._count_batch("applied")
         return BatchResult(BatchStatus.APPLIED)
 
     def clear_replica(self, name: str) -> None:
@@ -432,7 +441,7 @@ class PreciseIndex:
             rep.pending = {s: ev for s, ev in rep.pending.items() if s > rep.next_seq}
         else:
             rep.next_seq = None
-        _BLOCKS_PRECISE.set(len(self.owners))
+        self._gauge()
 
     def remove_replica(self, name: str) -> None:
         rep = self._replicas.pop(name, None)
@@ -445,7 +454,7 @@ class PreciseIndex:
                 self.auth_mask &= ~(1 << rid)
             if rid is not None and rid < len(self._bs):
                 self._bs[rid] = 0
-        _BLOCKS_PRECISE.set(len(self.owners))
+        self._gauge()
 
     # -- events
 
@@ -487,13 +496,14 @@ class PreciseIndex:
                     self._drop_blocks(name, rep)
                     self._set_sync(name, rep, True)  # the engine is empty now: its state is known
         finally:
-            if n_stored:
-                _EV_STORED.inc(n_stored)
-            if n_removed:
-                _EV_REMOVED.inc(n_removed)
-            if n_cleared:
-                _EV_CLEARED.inc(n_cleared)
-            _BLOCKS_PRECISE.set(len(self.owners))
+            if self.metrics:
+                if n_stored:
+                    _EV_STORED.inc(n_stored)
+                if n_removed:
+                    _EV_REMOVED.inc(n_removed)
+                if n_cleared:
+                    _EV_CLEARED.inc(n_cleared)
+                _BLOCKS_PRECISE.set(len(self.owners))
 
     def _stored(
         self,
@@ -522,7 +532,8 @@ class PreciseIndex:
                 # stored): without it the chain cannot be rebuilt, and a block whose parent
                 # is unknown can never be part of a matched prefix anyway.
                 self.unchained_blocks += len(block_hashes)
-                KV_UNCHAINED.inc(len(block_hashes))
+                if self.metrics:
+                    KV_UNCHAINED.inc(len(block_hashes))
                 return
             parent = known
         ours = chain_hashes(token_ids, bs, parent)
@@ -595,8 +606,9 @@ class ApproxIndex:
     first so its shared beginning is the most recent and is evicted last, as vLLM does.
     """
 
-    def __init__(self, slots: ReplicaSlots) -> None:
+    def __init__(self, slots: ReplicaSlots, metrics: bool = True) -> None:
         self.slots = slots
+        self.metrics = metrics
         self.owners: dict[int, int] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}
 
@@ -639,7 +651,8 @@ class ApproxIndex:
                     owners[h] = canonical(mask)
                 else:
                     owners.pop(h, None)
-        _BLOCKS_APPROX.set(len(owners))
+        if self.metrics:
+            _BLOCKS_APPROX.set(len(owners))
 
     def remove_replica(self, name: str) -> None:
         lru = self._lru.pop(name, None)
@@ -655,7 +668,8 @@ class ApproxIndex:
                 owners[h] = canonical(mask)
             else:
                 owners.pop(h, None)
-        _BLOCKS_APPROX.set(len(owners))
+        if self.metrics:
+            _BLOCKS_APPROX.set(len(owners))
 
 
 # --------------------------------------------------------------------------- facade
@@ -674,12 +688,15 @@ _FEW_IDS = 4
 
 
 class KVIndex:
-    """The precise and approximate indexes behind one ``match`` call."""
+    """The precise and approximate indexes behind one ``match`` call.
 
-    def __init__(self) -> None:
+    ``metrics=False`` (a scheduler built without metrics: simulations) leaves the Prometheus
+    counters and gauges alone: updating them costs a lock per event batch."""
+
+    def __init__(self, metrics: bool = True) -> None:
         self.slots = ReplicaSlots()
-        self.precise = PreciseIndex(self.slots)
-        self.approx = ApproxIndex(self.slots)
+        self.precise = PreciseIndex(self.slots, metrics)
+        self.approx = ApproxIndex(self.slots, metrics)
 
     # -- feeding
 
