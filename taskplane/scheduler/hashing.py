@@ -95,6 +95,8 @@ def _repeated_token(tokens: list[int] | tuple[int, ...], start: int, block_size:
     63-bit content ids, each block one id repeated); a memoised repeated block costs a dict
     lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full count."""
     first = tokens[start]
+    if type(first) is not int:  # a memo key equal to an int (1.0, numpy) must not skip packing
+        return None
     end = start + block_size
     if tokens[end - 1] != first or tokens[start + block_size // 2] != first:
         return None
