@@ -98,7 +98,7 @@ class Scheduler:
             dict(tenants) if isinstance(tenants, Mapping) else tenant_table(tenants)
         )
         self.fallbacks = dict(fallbacks or {})
-        self.kv_index = kv_index or KVIndex()
+        self.kv_index = kv_index or KVIndex(metrics=metrics)
         self.latency = latency or LatencyModel()
         uses_sessions = any(s.type_name == "session-affinity" for s in self.scorers)
         self.sessions = sessions if sessions is not None else (

@@ -34,37 +34,75 @@ def _token_bytes(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}q", *tokens)
 
 
-def _repeated(tokens: list[int] | tuple[int, ...], start: int, block_size: int) -> bytes | None:
-    """The bytes of block ``tokens[start : start + block_size]`` if it is one token repeated.
+def _block_hash(parent: int, chunk: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(parent.to_bytes(8, "little") + chunk, digest_size=8).digest(), "little")
+
+
+class _Memo:
+    """A bounded map in two generations: lookups hit either, inserts go to the young one,
+    and a full young generation becomes the old one (the previous old one is dropped).
+
+    O(1) per operation with no eviction bookkeeping; an entry used within the last two
+    generations survives."""
+
+    __slots__ = ("generation", "old", "young")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.young: dict[tuple[int, int], int] = {}
+        self.old: dict[tuple[int, int], int] = {}
+
+    def put(self, key: tuple[int, int], h: int) -> None:
+        young = self.young
+        if len(young) >= self.generation:
+            self.old, self.young = young, {}
+        self.young[key] = h
+
+
+#: Per generation of the repeated-block memo (two generations: ~150 bytes an entry each).
+MEMO_GENERATION = 2_000_000
+_MEMOS: dict[int, _Memo] = {}  # by block size
+
+
+def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
+    """The chained hash of a block of ``block_size`` copies of ``token`` after ``parent``:
+    ``chain_hashes([token] * block_size, block_size, parent)[0]``, memoised.
+
+    The memo caches our own hash function (keyed by what it hashes), so the KV index trusts
+    nothing it did not compute. Its point is the simulator, whose blocks are all one token
+    repeated: the simulator names a prompt's blocks with this function and the index
+    re-hashes the same blocks from ``BlockStored`` tokens, so the second blake2b over 2 KB
+    of tokens (~6 us at a block size of 256) becomes a dict lookup, and both sides hold the
+    *same* int object, which a dict probe of the index matches by identity without reading
+    the stored key (a cache miss on a large index)."""
+    memo = _MEMOS.get(block_size)
+    if memo is None:
+        memo = _MEMOS[block_size] = _Memo(MEMO_GENERATION)
+    key = (parent, token)
+    h = memo.young.get(key)
+    if h is None:
+        h = memo.old.get(key)
+        if h is None:
+            h = _block_hash(parent & _MASK64, _Q.pack(token) * block_size)
+        memo.put(key, h)
+    return h
+
+
+def _repeated_token(tokens: list[int] | tuple[int, ...], start: int, block_size: int) -> int | None:
+    """The token of block ``tokens[start : start + block_size]`` if it is one token repeated.
 
     Converting a block's Python ints costs 5-15 us (wide ints: the simulator's token ids are
-    63-bit content ids, each block one id repeated); repeating 8 bytes costs ~0.1 us. Two
-    comparisons reject a mixed block cheaply (a real prompt), before the full count."""
+    63-bit content ids, each block one id repeated); a memoised repeated block costs a dict
+    lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full count."""
     first = tokens[start]
+    if type(first) is not int:  # a memo key equal to an int (1.0, numpy) must not skip packing
+        return None
     end = start + block_size
     if tokens[end - 1] != first or tokens[start + block_size // 2] != first:
         return None
     if tokens[start:end].count(first) != block_size:
         return None
-    return _Q.pack(first) * block_size
-
-
-def _block_bytes(tokens: Sequence[int], block_size: int, n_full: int) -> list[bytes]:
-    """The bytes of each of the first ``n_full`` blocks of ``tokens`` (as ``_token_bytes``)."""
-    step = block_size * 8
-    if isinstance(tokens, list | tuple):
-        out: list[bytes] = []
-        for i in range(n_full):
-            chunk = _repeated(tokens, i * block_size, block_size)
-            if chunk is None:  # a real prompt: pack the rest in one C call
-                raw = _token_bytes(tokens[i * block_size : n_full * block_size])
-                out.extend(raw[j * step : (j + 1) * step] for j in range(n_full - i))
-                break
-            out.append(chunk)
-        return out
-    total = n_full * block_size
-    raw = _token_bytes(tokens if len(tokens) == total else tokens[:total])
-    return [raw[j * step : (j + 1) * step] for j in range(n_full)]
+    return first
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
@@ -72,18 +110,30 @@ def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> 
 
     ``hashes[i]`` identifies ``tokens[: (i + 1) * block_size]`` following ``parent`` (pass the
     last hash of an earlier call to continue a chain). A trailing partial block is ignored.
+    Leading blocks of one repeated token (in a list or tuple) go through
+    :func:`repeated_block_hash`; the first other block and the rest are packed in one C call.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     n_full = len(tokens) // block_size
     if n_full == 0:
         return []
-    blake = hashlib.blake2b
-    from_bytes = int.from_bytes
     out: list[int] = []
     h = parent & _MASK64
-    for chunk in _block_bytes(tokens, block_size, n_full):
-        h = from_bytes(blake(h.to_bytes(8, "little") + chunk, digest_size=8).digest(), "little")
+    if isinstance(tokens, list | tuple):
+        for i in range(n_full):
+            token = _repeated_token(tokens, i * block_size, block_size)
+            if token is None:
+                break
+            h = repeated_block_hash(h, token, block_size)
+            out.append(h)
+        else:
+            return out
+    first, total, step = len(out), n_full * block_size, block_size * 8
+    rest = tokens[first * block_size : total] if first or len(tokens) != total else tokens
+    raw = _token_bytes(rest)
+    for j in range(n_full - first):
+        h = _block_hash(h, raw[j * step : (j + 1) * step])
         out.append(h)
     return out
 

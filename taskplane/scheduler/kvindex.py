@@ -18,7 +18,9 @@ prompt's hashes once, ANDing masks, and stops as soon as no replica is left: the
 dict lookup per matched block, independent of the number of replicas or indexed blocks.
 A block with a single owner (nearly all of them) stores that replica's one shared ``1 << id``
 object (:meth:`ReplicaSlots.bit`): no int per entry, and once a walk is down to one replica
-(or is asked about one or a few: a pinned session) it tests each block by identity.
+(or is asked about one or a few: a pinned session) it tests each block by identity. The
+precise index also keeps each replica's blocks as a set, and a one-replica walk probes that
+small, cache-resident set instead of the index-wide dict.
 """
 
 from __future__ import annotations
@@ -211,12 +213,16 @@ class ReplicaSlots:
 # --------------------------------------------------------------------------- walk
 
 
-def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray, slots: ReplicaSlots) -> None:
+def _walk(
+    owners: dict[int, int], hashes: Sequence[int], out: np.ndarray, slots: ReplicaSlots,
+    held: Mapping[int, set[int]] | None = None,
+) -> None:
     """Write into ``out[id]`` the number of leading ``hashes`` replica ``id`` holds.
 
     ``out`` must be zero where no match is found; it is only written for matching ids.
     While several replicas are alive the masks are ANDed; once one is left the rest of the
-    walk is :func:`_extent` (an identity test per block, not a full-width AND).
+    walk is :func:`_held_prefix` in its ``held`` set if given (the precise index), else
+    :func:`_extent` (an identity test per block, not a full-width AND).
     """
     if not hashes:
         return
@@ -241,7 +247,20 @@ def _walk(owners: dict[int, int], hashes: Sequence[int], out: np.ndarray, slots:
             _assign(alive, n, out)
             return
     rid = alive.bit_length() - 1
-    out[rid] = _extent(get, hashes, i, slots.bit(rid))
+    out[rid] = _held_prefix(held[rid], hashes, i) if held is not None else _extent(get, hashes, i, slots.bit(rid))
+
+
+def _held_prefix(held: set[int], hashes: Sequence[int], start: int) -> int:
+    """The index of the first of ``hashes[start:]`` not in ``held`` (one replica's blocks).
+
+    A replica's set is small enough to stay in cache where the index-wide dict is not: a
+    probe costs a fraction of an ``owners`` lookup on a large index."""
+    i = start
+    for h in hashes[start:] if start else hashes:
+        if h not in held:
+            return i
+        i += 1
+    return i
 
 
 def _extent(get: Any, hashes: Sequence[int], start: int, bit: int) -> int:
@@ -287,12 +306,15 @@ class BatchResult:
 
 
 class _PreciseReplica:
-    __slots__ = ("block_size", "eng2ours", "extra", "in_sync", "name", "next_seq", "pending")
+    __slots__ = ("block_size", "eng2ours", "extra", "held", "in_sync", "name", "next_seq", "pending")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.eng2ours: dict[Any, int] = {}
         self.extra: dict[int, int] = {}  # our hash -> extra engine hashes mapping to it
+        # our hashes whose owner mask has this replica's bit: walks of one replica probe
+        # this small set (cache-resident) rather than the index-wide ``owners`` dict
+        self.held: set[int] = set()
         self.block_size: int | None = None
         self.next_seq: int | None = 0  # None: accept the next batch as the start
         self.pending: dict[int, list[Any]] = {}
@@ -302,10 +324,12 @@ class _PreciseReplica:
 class PreciseIndex:
     """Blocks each replica holds, from its KV events."""
 
-    def __init__(self, slots: ReplicaSlots) -> None:
+    def __init__(self, slots: ReplicaSlots, metrics: bool = True) -> None:
         self.slots = slots
+        self.metrics = metrics  # False: no Prometheus updates (each takes a lock; simulations)
         self.owners: dict[int, int] = {}
         self._replicas: dict[str, _PreciseReplica] = {}
+        self.held: dict[int, set[int]] = {}  # by replica id: its ``_PreciseReplica.held``
         self.unchained_blocks = 0
         self.block_sizes: set[int] = set()  # every block size seen in events
         self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
@@ -371,7 +395,7 @@ class PreciseIndex:
     def blocks_of(self, name: str) -> set[int]:
         """Our hashes of the blocks ``name`` holds (for tests and introspection)."""
         rep = self._replicas.get(name)
-        return set(rep.eng2ours.values()) if rep else set()
+        return set(rep.held) if rep else set()
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -381,7 +405,16 @@ class PreciseIndex:
         if rep is None:
             rep = self._replicas[name] = _PreciseReplica(name)
             self._set_sync(name, rep, True)
+            self.held[self.slots.ensure(name)] = rep.held
         return rep
+
+    def _count_batch(self, outcome: str) -> None:
+        if self.metrics:
+            KV_BATCHES.labels(outcome).inc()
+
+    def _gauge(self) -> None:
+        if self.metrics:
+            _BLOCKS_PRECISE.set(len(self.owners))
 
     # -- batches with sequence numbers
 
@@ -395,7 +428,7 @@ class PreciseIndex:
         if rep.next_seq is None:  # after clear_replica: adopt the stream where it is
             rep.next_seq = seq
         if seq < rep.next_seq or seq in rep.pending:
-            KV_BATCHES.labels("duplicate").inc()
+            self._count_batch("duplicate")
             return BatchResult(BatchStatus.DUPLICATE)
         if seq > rep.next_seq:
             if len(rep.pending) >= MAX_PENDING_BATCHES:
@@ -403,14 +436,14 @@ class PreciseIndex:
                 self.clear_replica(name)
                 return self.apply_batch(name, seq, events)
             rep.pending[seq] = list(events)
-            KV_BATCHES.labels("gap").inc()
+            self._count_batch("gap")
             return BatchResult(BatchStatus.GAP, replay_from=rep.next_seq)
         self.apply_events(name, events)
         rep.next_seq = seq + 1
         while rep.next_seq in rep.pending:
             self.apply_events(name, rep.pending.pop(rep.next_seq))
             rep.next_seq += 1
-        KV_BATCHES.labels("applied").inc()
+        self._count_batch("applied")
         return BatchResult(BatchStatus.APPLIED)
 
     def clear_replica(self, name: str) -> None:
@@ -432,20 +465,22 @@ class PreciseIndex:
             rep.pending = {s: ev for s, ev in rep.pending.items() if s > rep.next_seq}
         else:
             rep.next_seq = None
-        _BLOCKS_PRECISE.set(len(self.owners))
+        self._gauge()
 
     def remove_replica(self, name: str) -> None:
         rep = self._replicas.pop(name, None)
         if rep is not None:
             self._drop_blocks(name, rep)
             rid = self.slots.get(name)
+            if rid is not None and self.held.get(rid) is rep.held:
+                del self.held[rid]
             if rid is not None and rid < len(self._auth):
                 self._auth[rid] = False
             if rid is not None:
                 self.auth_mask &= ~(1 << rid)
             if rid is not None and rid < len(self._bs):
                 self._bs[rid] = 0
-        _BLOCKS_PRECISE.set(len(self.owners))
+        self._gauge()
 
     # -- events
 
@@ -487,13 +522,14 @@ class PreciseIndex:
                     self._drop_blocks(name, rep)
                     self._set_sync(name, rep, True)  # the engine is empty now: its state is known
         finally:
-            if n_stored:
-                _EV_STORED.inc(n_stored)
-            if n_removed:
-                _EV_REMOVED.inc(n_removed)
-            if n_cleared:
-                _EV_CLEARED.inc(n_cleared)
-            _BLOCKS_PRECISE.set(len(self.owners))
+            if self.metrics:
+                if n_stored:
+                    _EV_STORED.inc(n_stored)
+                if n_removed:
+                    _EV_REMOVED.inc(n_removed)
+                if n_cleared:
+                    _EV_CLEARED.inc(n_cleared)
+                _BLOCKS_PRECISE.set(len(self.owners))
 
     def _stored(
         self,
@@ -522,7 +558,8 @@ class PreciseIndex:
                 # stored): without it the chain cannot be rebuilt, and a block whose parent
                 # is unknown can never be part of a matched prefix anyway.
                 self.unchained_blocks += len(block_hashes)
-                KV_UNCHAINED.inc(len(block_hashes))
+                if self.metrics:
+                    KV_UNCHAINED.inc(len(block_hashes))
                 return
             parent = known
         ours = chain_hashes(token_ids, bs, parent)
@@ -540,6 +577,7 @@ class PreciseIndex:
                 rep.extra[our] = rep.extra.get(our, 0) + 1
             else:
                 owners[our] = mask | bit if mask else bit  # ``bit`` itself: the shared object
+                rep.held.add(our)
 
     def _removed(self, rep: _PreciseReplica, bit: int, hashes: Iterable[Any]) -> None:
         pop = rep.eng2ours.pop
@@ -556,6 +594,7 @@ class PreciseIndex:
             else:
                 rep.extra[our] = extra - 1
             return
+        rep.held.discard(our)
         owners = self.owners
         mask = owners.get(our, 0)
         if mask is bit:  # its only owner (the common case): no full-width arithmetic
@@ -574,7 +613,7 @@ class PreciseIndex:
         keep = ~(1 << rid)
         owners = self.owners
         canonical = self.slots.canonical
-        for our in set(rep.eng2ours.values()):
+        for our in rep.held:
             mask = owners.get(our, 0) & keep
             if mask:
                 owners[our] = canonical(mask)
@@ -582,6 +621,7 @@ class PreciseIndex:
                 owners.pop(our, None)
         rep.eng2ours.clear()
         rep.extra.clear()
+        rep.held.clear()
 
 
 # --------------------------------------------------------------------------- approximate
@@ -595,8 +635,9 @@ class ApproxIndex:
     first so its shared beginning is the most recent and is evicted last, as vLLM does.
     """
 
-    def __init__(self, slots: ReplicaSlots) -> None:
+    def __init__(self, slots: ReplicaSlots, metrics: bool = True) -> None:
         self.slots = slots
+        self.metrics = metrics
         self.owners: dict[int, int] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}
 
@@ -639,7 +680,8 @@ class ApproxIndex:
                     owners[h] = canonical(mask)
                 else:
                     owners.pop(h, None)
-        _BLOCKS_APPROX.set(len(owners))
+        if self.metrics:
+            _BLOCKS_APPROX.set(len(owners))
 
     def remove_replica(self, name: str) -> None:
         lru = self._lru.pop(name, None)
@@ -655,7 +697,8 @@ class ApproxIndex:
                 owners[h] = canonical(mask)
             else:
                 owners.pop(h, None)
-        _BLOCKS_APPROX.set(len(owners))
+        if self.metrics:
+            _BLOCKS_APPROX.set(len(owners))
 
 
 # --------------------------------------------------------------------------- facade
@@ -668,18 +711,24 @@ class Source(enum.StrEnum):
 
 
 _SOURCES: dict[str, Source] = {s.value: s for s in Source}  # Source(x) costs ~1 us per call
+# The members as plain globals: ``Source.AUTO`` goes through the enum metaclass (~0.2 us);
+# a normalised source is always one of these objects, so the hot paths compare by identity.
+_AUTO, _PRECISE, _APPROXIMATE = Source.AUTO, Source.PRECISE, Source.APPROXIMATE
 
 #: Up to this many replica ids, ``match_ids`` walks each id alone rather than the whole pool.
 _FEW_IDS = 4
 
 
 class KVIndex:
-    """The precise and approximate indexes behind one ``match`` call."""
+    """The precise and approximate indexes behind one ``match`` call.
 
-    def __init__(self) -> None:
+    ``metrics=False`` (a scheduler built without metrics: simulations) leaves the Prometheus
+    counters and gauges alone: updating them costs a lock per event batch."""
+
+    def __init__(self, metrics: bool = True) -> None:
         self.slots = ReplicaSlots()
-        self.precise = PreciseIndex(self.slots)
-        self.approx = ApproxIndex(self.slots)
+        self.precise = PreciseIndex(self.slots, metrics)
+        self.approx = ApproxIndex(self.slots, metrics)
 
     # -- feeding
 
@@ -742,11 +791,11 @@ class KVIndex:
             one = self._match_one
             return np.array([one(block_hashes, rid, src, block_size, tokenized) for rid in np.asarray(ids).tolist()],
                             dtype=np.int64)
-        use_precise = tokenized and src != Source.APPROXIMATE
-        use_approx = (src != Source.PRECISE or not tokenized) and bool(self.approx.owners)
+        use_precise = tokenized and src is not _APPROXIMATE
+        use_approx = (src is not _PRECISE or not tokenized) and bool(self.approx.owners)
         precise = approx = None
         if use_precise:
-            precise = self._counts(self.precise.owners, block_hashes, ids)
+            precise = self._counts(self.precise.owners, block_hashes, ids, self.precise.held)
             if block_size is not None and self.precise.other_block_sizes(block_size):
                 sizes = self.precise.block_size_by_id(ids)
                 precise[(sizes != 0) & (sizes != block_size)] = 0
@@ -756,7 +805,7 @@ class KVIndex:
             return approx if approx is not None else np.zeros(n, dtype=np.int64)
         if approx is None:
             return precise
-        if src == Source.AUTO:
+        if src is _AUTO:
             # in-sync publishers are authoritative; others take the better of the two views
             authoritative = self.precise.authoritative(ids)
             return np.where(authoritative, precise, np.maximum(precise, approx))
@@ -772,37 +821,39 @@ class KVIndex:
         holders = self.approx.owners.get(first)
         if not holders:
             return False
-        return not with_precise or src != Source.AUTO or bool(holders & ~self.precise.auth_mask)
+        return not with_precise or src is not _AUTO or bool(holders & ~self.precise.auth_mask)
 
     def _match_one(
         self, hashes: Sequence[int], rid: int, src: Source, block_size: int | None, tokenized: bool
     ) -> int:
-        """One id of ``match_ids``, by the same rules (see there), with :func:`_extent`."""
+        """One id of ``match_ids``, by the same rules (see there), walking that id alone."""
         if rid >= self.slots.capacity:
             return 0  # ``ids_of``'s slot for unknown names: holds nothing
-        bit = self.slots.bit(rid)
         precise = self.precise
         matched: int | None = None
-        if tokenized and src != Source.APPROXIMATE:
-            matched = _extent(precise.owners.get, hashes, 0, bit) if precise.owners else 0
+        if tokenized and src is not _APPROXIMATE:
+            held = precise.held.get(rid)
+            matched = _held_prefix(held, hashes, 0) if held else 0
             if matched and block_size is not None and precise.other_block_sizes(block_size):
                 size = precise.block_size_of_id(rid)
                 if size and size != block_size:
                     matched = 0
         approx_owners = self.approx.owners
-        if not ((src != Source.PRECISE or not tokenized) and approx_owners):
+        if not ((src is not _PRECISE or not tokenized) and approx_owners):
             return matched or 0
-        if matched is not None and src == Source.AUTO and precise.authoritative_id(rid):
+        if matched is not None and src is _AUTO and precise.authoritative_id(rid):
             return matched
-        approx = _extent(approx_owners.get, hashes, 0, bit)
+        approx = _extent(approx_owners.get, hashes, 0, self.slots.bit(rid))
         return approx if matched is None else max(matched, approx)
 
-    def _counts(self, owners: dict[int, int], hashes: Sequence[int], ids: np.ndarray) -> np.ndarray:
+    def _counts(
+        self, owners: dict[int, int], hashes: Sequence[int], ids: np.ndarray, held: Mapping[int, set[int]] | None = None
+    ) -> np.ndarray:
         """Leading ``hashes`` each of ``ids`` holds in ``owners``: one walk for the pool."""
         if hashes[0] not in owners:
             return np.zeros(len(ids), dtype=np.int64)
         out = np.zeros(self.slots.capacity + 1, dtype=np.int64)
-        _walk(owners, hashes, out, self.slots)
+        _walk(owners, hashes, out, self.slots, held)
         return out[ids]
 
     def match(

@@ -33,10 +33,8 @@ NO_REPLICA is retried after a second. A replica outage aborts its calls (recorde
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import math
-import struct
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -44,8 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy as np
-
+from taskplane.scheduler.hashing import repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
@@ -267,14 +264,12 @@ class ClusterResult:
 # ------------------------------------------------------------------ block hashes
 
 
-_Q = struct.Struct("<q")
-
-
 def block_hash(parent: int, content: int, block_size: int) -> int:
-    """``chain_hashes([content] * block_size, block_size, parent)[0]``, without the list."""
-    h = hashlib.blake2b((parent & _MASK64).to_bytes(8, "little"), digest_size=8)
-    h.update(_Q.pack(content) * block_size)  # fed in two parts: no 2 KB concatenation
-    return int.from_bytes(h.digest(), "little")
+    """``chain_hashes([content] * block_size, block_size, parent)[0]``, without the list.
+
+    Memoised in :mod:`taskplane.scheduler.hashing`, whose memo the KV index shares: it
+    re-hashes BlockStored tokens to the same int objects (see ``repeated_block_hash``)."""
+    return repeated_block_hash(parent, content, block_size)
 
 
 def _mix(a: int, b: int) -> int:
@@ -285,20 +280,12 @@ def _mix(a: int, b: int) -> int:
     return (z ^ (z >> 31)) & _MASK63
 
 
-class _TokenArray(np.ndarray):
-    """Token ids of whole blocks as an int64 array, truthy when non-empty like a list.
-
-    BlockStored events carry these: the KV index re-hashes event tokens, and packs an
-    ndarray's bytes in one C call where a list is unpacked int by int (a 500-block prompt:
-    ~13 us instead of ~175 us, building included). Same values, so the same hashes."""
-
-    def __bool__(self) -> bool:
-        return self.size > 0
-
-
 class _Tokens(Sequence[int]):
     """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``.
-    A slice of 3+ whole blocks is a :class:`_TokenArray`, any other slice a list."""
+
+    A slice is a list (what BlockStored events carry), each block the same int object
+    repeated: the KV index recognises such a block with one ``list.count`` (identity
+    compares) and takes its hash from the memo the simulator filled (``block_hash``)."""
 
     __slots__ = ("bs", "contents", "n")
 
@@ -312,15 +299,11 @@ class _Tokens(Sequence[int]):
         bs = self.bs
         if isinstance(i, slice):
             start, stop, _ = i.indices(self.n)
+            contents = self.contents
             out: list[int] = []
-            if start % bs == 0 and stop % bs == 0:  # whole blocks (what BlockStored asks)
-                blocks = self.contents[start // bs : stop // bs]
-                if len(blocks) > 2:  # below, building the array costs more than it saves
-                    return np.repeat(np.array(blocks, dtype=np.int64), bs).view(_TokenArray)
             j = start // bs
             while j * bs < stop:
-                lo, hi = max(start, j * bs), min(stop, (j + 1) * bs)
-                out.extend([self.contents[j]] * (hi - lo))
+                out += [contents[j]] * (min(stop, (j + 1) * bs) - max(start, j * bs))
                 j += 1
             return out
         return self.contents[i // bs]
@@ -437,7 +420,6 @@ class ClusterSim:
         self._dirty: set[int] = set()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
-        self._hash_memo: dict[tuple[int, int], int] = {}
         self._calls_by_id: dict[str, _Call] = {}
         self._own_queue: list[tuple[int, float, int, _Call]] = []
         self._tick_pending = False
@@ -540,20 +522,14 @@ class ClusterSim:
 
     def _extend_hashes(self, task: _Task, n_blocks: int) -> None:
         hashes, contents = task.hashes, task.contents
-        memo, bs = self._hash_memo, self.bs
-        parent = hashes[-1] if hashes else 0
+        bs = self.bs
+        parent = hashes[-1] if hashes else _ROOT
         for j in range(len(hashes), n_blocks):
             c = contents[j] if j < len(contents) else self._content(task, j)
             if j >= len(contents):
                 contents.append(c)
-            key = (parent, c)
-            h = memo.get(key)
-            if h is None:
-                h = block_hash(parent if hashes else _ROOT, c, bs)
-                if len(memo) < 4_000_000:
-                    memo[key] = h
-            hashes.append(h)
-            parent = h
+            parent = repeated_block_hash(parent, c, bs)
+            hashes.append(parent)
 
     def _issue(self, task: _Task, k: int, t: float) -> None:
         """Call ``k`` of a task arrives."""

@@ -70,3 +70,17 @@ def test_chain_hashes_out_of_range_token_still_raises() -> None:
         chain_hashes([2**64] * 4, 4)
     with pytest.raises(struct.error):
         chain_hashes([1, 2, 3, 2**64], 4)
+
+
+def test_repeated_block_hash_is_shared_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from taskplane.scheduler import hashing
+
+    monkeypatch.setattr(hashing, "_MEMOS", {})
+    monkeypatch.setattr(hashing, "MEMO_GENERATION", 2)
+    h = hashing.repeated_block_hash(ROOT, 5, 4)
+    assert h == reference_chain([5] * 4, 4)[0]
+    assert chain_hashes([5] * 4, 4)[0] is h  # the index's re-hash is the simulator's object
+    for token in range(6):  # two generations of 2: 5 drops out, then is recomputed equal
+        hashing.repeated_block_hash(ROOT, 100 + token, 4)
+    assert hashing.repeated_block_hash(ROOT, 5, 4) == h
+    assert len(hashing._MEMOS[4].young) + len(hashing._MEMOS[4].old) <= 4

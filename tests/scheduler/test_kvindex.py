@@ -183,3 +183,19 @@ def test_event_shapes_from_the_wire_module() -> None:
     assert arr.block_hashes == (1,)  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         normalize_event({"type": "Bogus"})
+
+
+def test_without_metrics_the_counters_stay_put() -> None:
+    from prometheus_client import REGISTRY
+
+    def stored_total() -> float:
+        return REGISTRY.get_sample_value("taskplane_kvindex_events_total", {"type": "BlockStored"}) or 0.0
+
+    before = stored_total()
+    idx = KVIndex(metrics=False)
+    toks = tokens(1, 4)
+    idx.apply_events("a", engine_store_events(toks)[0])
+    assert stored_total() == before
+    assert idx.match(chain_hashes(toks, BS), ["a"]) == {"a": 4}
+    KVIndex().apply_events("a", engine_store_events(toks)[0])
+    assert stored_total() > before

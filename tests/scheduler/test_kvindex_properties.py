@@ -125,6 +125,14 @@ def leading(held: set[Prefix] | frozenset[Prefix], toks: list[int]) -> int:
     return k
 
 
+def assert_held_mirrors_owners(idx: KVIndex) -> None:
+    """Each replica's ``held`` set (what one-replica walks probe) is its bit in ``owners``."""
+    for r in REPLICAS:
+        rid = idx.slots.get(r)
+        bit = 0 if rid is None else 1 << rid
+        assert idx.precise.blocks_of(r) == {h for h, m in idx.precise.owners.items() if m & bit}
+
+
 def index_matches(idx: KVIndex, toks: list[int], source: str = "precise") -> dict[str, int]:
     got = idx.match(chain_hashes(toks, BS), list(REPLICAS), source=source)
     return {r: got.get(r, 0) for r in REPLICAS}
@@ -189,6 +197,7 @@ def test_unsequenced_delivery_matches_model(
         for batch in delayed:  # arrives late, out of order
             idx.apply_events(r, batch)
             model.apply(r, batch)
+    assert_held_mirrors_owners(idx)
     for toks in probes:
         want = {r: leading(model.held(r), toks) for r in REPLICAS}
         assert index_matches(idx, toks) == want
@@ -260,6 +269,7 @@ def test_missed_events_then_resync_never_overclaims(
         if gap:
             idx.clear_replica(r)
             model.clear(r)
+    assert_held_mirrors_owners(idx)
     for toks in probes:
         got = index_matches(idx, toks)
         for r in REPLICAS:

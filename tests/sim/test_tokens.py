@@ -1,5 +1,5 @@
-"""The cluster simulator's lazy token ids: slices equal the materialised list, and the
-array form of whole blocks hashes exactly as the list does (BlockStored events)."""
+"""The cluster simulator's lazy token ids: slices equal the materialised list and hash
+exactly as it does (BlockStored events)."""
 
 from __future__ import annotations
 
