@@ -95,27 +95,31 @@ def kv_index_size(index: KVIndex) -> dict[str, Any]:
     """Entries of the scheduler's KV index and an estimate of their memory.
 
     The precise index holds a dict block -> owner bitmask (an int of one bit per replica
-    id; a block with one owner shares that replica's one-bit int) and, per replica, a dict engine hash -> our hash. Sizes are CPython's: the dicts'
-    tables (``sys.getsizeof``) plus the int objects they reference."""
+    id; a block with one owner shares that replica's one-bit int) and, per replica, a dict
+    engine hash -> our hash and the set of its blocks (the one-replica walk probes it). Sizes
+    are CPython's: the dicts' and sets' tables (``sys.getsizeof``) plus the int objects they
+    reference (a set shares its keys with the owner dict)."""
     precise = index.precise
     owners = precise.owners
     # one-owner masks are shared int objects (one per replica id): count each object once
     masks = {id(v): v for v in owners.values()}
     owner_bytes = sys.getsizeof(owners) + len(owners) * _INT_BYTES + sum(sys.getsizeof(v) for v in masks.values())
     entries = 0
-    map_bytes = 0
+    map_bytes = set_bytes = 0
     for rep in precise._replicas.values():
         entries += len(rep.eng2ours)
         map_bytes += sys.getsizeof(rep.eng2ours) + 2 * _INT_BYTES * len(rep.eng2ours) + sys.getsizeof(rep.extra)
+        set_bytes += sys.getsizeof(rep.held)
     approx = index.approx
     return {
         "distinct_blocks": len(owners),
         "replica_block_entries": entries,
         "owner_map_bytes": owner_bytes,
         "engine_hash_map_bytes": map_bytes,
+        "replica_set_bytes": set_bytes,
         "approx_blocks": len(approx.owners),
-        "total_bytes": owner_bytes + map_bytes,
-        "bytes_per_entry": round((owner_bytes + map_bytes) / max(entries, 1), 1),
+        "total_bytes": owner_bytes + map_bytes + set_bytes,
+        "bytes_per_entry": round((owner_bytes + map_bytes + set_bytes) / max(entries, 1), 1),
     }
 
 
@@ -332,7 +336,7 @@ def run_scale(
 
 def _merge_index(runs: list[CellRun]) -> dict[str, Any]:
     keys = ("distinct_blocks", "replica_block_entries", "owner_map_bytes", "engine_hash_map_bytes",
-            "approx_blocks", "total_bytes")
+            "replica_set_bytes", "approx_blocks", "total_bytes")
     merged: dict[str, Any] = {k: sum(int(r.kv_index[k]) for r in runs) for k in keys}
     merged["bytes_per_entry"] = round(merged["total_bytes"] / max(merged["replica_block_entries"], 1), 1)
     if len(runs) > 1:

@@ -18,9 +18,8 @@ entry is minus the request's stamp (its :class:`Holding`), and it is evictable i
 request has ended. Releasing a request then touches only its counted blocks; its
 block list becomes a *run* of the lazy LRU queue, walked tail first, in which an entry
 is live iff ``ref`` still holds the run's stamp (acquiring a block elsewhere leaves a
-stale entry). A run with no live entry left is dropped whole. Acquire updates ``ref``
-in bulk (C-level dict operations) in the common shape: counted blocks, then blocks of
-one ended request.
+stale entry). A run with no live entry left is dropped whole. Acquire is one plain loop
+over the hit blocks (cheaper, measured, than several C-level passes over ~50 of them).
 """
 
 from __future__ import annotations
