@@ -31,6 +31,7 @@ import argparse
 import gc
 import json
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import resource
 import sys
 import time
@@ -249,9 +250,14 @@ def _run_cells(kwargs: dict[str, Any], cells: int, tick: Callable[[int], None]) 
     results: dict[int, CellRun] = {}
     try:
         while len(results) < cells:
+            # sleep until a cell reports (or half a second for the progress bar): the parent
+            # shares a core with a cell, so it must not spin
+            ready = mp_connection.wait([recv for c, (recv, _) in enumerate(pipes) if c not in results], timeout=0.5)
             for c, (recv, _) in enumerate(pipes):
-                if c in results or not recv.poll(0.2 / cells):
-                    if c not in results and not procs[c].is_alive() and not recv.poll():
+                if c in results:
+                    continue
+                if recv not in ready:
+                    if not procs[c].is_alive() and not recv.poll():
                         raise RuntimeError(f"cell {c} exited with code {procs[c].exitcode} before reporting")
                     continue
                 status, value = recv.recv()
@@ -306,7 +312,8 @@ def run_scale(
     progress = None
     if console is not None:
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("calls"), TimeElapsedColumn(), console=console)
+                            TextColumn("calls"), TimeElapsedColumn(), console=console,
+                            refresh_per_second=2)  # its thread shares a core with a cell
         label = f"{tasks:,} tasks on {replicas:,} replicas" + (f" in {cells} cells" if cells > 1 else "")
         bar = progress.add_task(label, total=n_calls)
         progress.start()
