@@ -302,6 +302,8 @@ class _Tokens(Sequence[int]):
             contents = self.contents
             out: list[int] = []
             if not start % bs and not stop % bs:  # whole blocks (every BlockStored): no clipping
+                if stop - start == bs:
+                    return [contents[start // bs]] * bs
                 for c in contents[start // bs : stop // bs]:
                     out += [c] * bs
                 return out
