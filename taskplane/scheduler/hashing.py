@@ -64,6 +64,13 @@ MEMO_GENERATION = 2_000_000
 _MEMOS: dict[int, _Memo] = {}  # by block size
 
 
+def _memo(block_size: int) -> _Memo:
+    memo = _MEMOS.get(block_size)
+    if memo is None:
+        memo = _MEMOS[block_size] = _Memo(MEMO_GENERATION)
+    return memo
+
+
 def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
     """The chained hash of a block of ``block_size`` copies of ``token`` after ``parent``:
     ``chain_hashes([token] * block_size, block_size, parent)[0]``, memoised.
@@ -75,9 +82,7 @@ def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
     of tokens (~6 us at a block size of 256) becomes a dict lookup, and both sides hold the
     *same* int object, which a dict probe of the index matches by identity without reading
     the stored key (a cache miss on a large index)."""
-    memo = _MEMOS.get(block_size)
-    if memo is None:
-        memo = _MEMOS[block_size] = _Memo(MEMO_GENERATION)
+    memo = _MEMOS.get(block_size) or _memo(block_size)
     key = (parent, token)
     h = memo.young.get(key)
     if h is None:
@@ -88,21 +93,31 @@ def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
     return h
 
 
-def _repeated_token(tokens: list[int] | tuple[int, ...], start: int, block_size: int) -> int | None:
-    """The token of block ``tokens[start : start + block_size]`` if it is one token repeated.
+def _repeated_hashes(tokens: list[int] | tuple[int, ...], n_full: int, block_size: int, h: int) -> list[int]:
+    """Chained hashes of the leading blocks of ``tokens`` that are one token repeated (all
+    of them or up to the first other block), each from the memo of :func:`repeated_block_hash`.
 
     Converting a block's Python ints costs 5-15 us (wide ints: the simulator's token ids are
     63-bit content ids, each block one id repeated); a memoised repeated block costs a dict
-    lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full count."""
-    first = tokens[start]
-    if type(first) is not int:  # a memo key equal to an int (1.0, numpy) must not skip packing
-        return None
-    end = start + block_size
-    if tokens[end - 1] != first or tokens[start + block_size // 2] != first:
-        return None
-    if tokens[start:end].count(first) != block_size:
-        return None
-    return first
+    lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full
+    count. One loop with the memo's young generation probed inline: this runs for every
+    block of every ``BlockStored`` event the simulator emits."""
+    memo = _MEMOS.get(block_size) or _memo(block_size)
+    half = block_size // 2
+    out: list[int] = []
+    for start in range(0, n_full * block_size, block_size):
+        first = tokens[start]
+        if type(first) is not int:  # a memo key equal to an int (1.0, numpy) must not skip packing
+            break
+        end = start + block_size
+        if tokens[end - 1] != first or tokens[start + half] != first:
+            break
+        if tokens[start:end].count(first) != block_size:
+            break
+        nxt = memo.young.get((h, first))
+        h = nxt if nxt is not None else repeated_block_hash(h, first, block_size)
+        out.append(h)
+    return out
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
@@ -118,17 +133,15 @@ def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> 
     n_full = len(tokens) // block_size
     if n_full == 0:
         return []
-    out: list[int] = []
     h = parent & _MASK64
     if isinstance(tokens, list | tuple):
-        for i in range(n_full):
-            token = _repeated_token(tokens, i * block_size, block_size)
-            if token is None:
-                break
-            h = repeated_block_hash(h, token, block_size)
-            out.append(h)
-        else:
+        out = _repeated_hashes(tokens, n_full, block_size, h)
+        if len(out) == n_full:
             return out
+        if out:
+            h = out[-1]
+    else:
+        out = []
     first, total, step = len(out), n_full * block_size, block_size * 8
     rest = tokens[first * block_size : total] if first or len(tokens) != total else tokens
     raw = _token_bytes(rest)

@@ -301,6 +301,12 @@ class _Tokens(Sequence[int]):
             start, stop, _ = i.indices(self.n)
             contents = self.contents
             out: list[int] = []
+            if not start % bs and not stop % bs:  # whole blocks (every BlockStored): no clipping
+                if stop - start == bs:
+                    return [contents[start // bs]] * bs
+                for c in contents[start // bs : stop // bs]:
+                    out += [c] * bs
+                return out
             j = start // bs
             while j * bs < stop:
                 out += [contents[j]] * (min(stop, (j + 1) * bs) - max(start, j * bs))
@@ -521,13 +527,17 @@ class ClusterSim:
         return _mix(spec.seed, j)
 
     def _extend_hashes(self, task: _Task, n_blocks: int) -> None:
+        """Name blocks ``len(task.hashes)..n_blocks-1``: their contents (kept when given), then
+        their chained hashes, in two flat loops (the rule of :meth:`_content`, inlined)."""
         hashes, contents = task.hashes, task.contents
         bs = self.bs
+        if len(contents) < n_blocks:
+            spec = task.spec
+            n_prefix = spec.prefix_tokens // bs  # (j + 1) * bs <= prefix_tokens  <=>  j < n_prefix
+            key, seed = spec.prefix_key, spec.seed
+            contents.extend([_mix(key if j < n_prefix else seed, j) for j in range(len(contents), n_blocks)])
         parent = hashes[-1] if hashes else _ROOT
-        for j in range(len(hashes), n_blocks):
-            c = contents[j] if j < len(contents) else self._content(task, j)
-            if j >= len(contents):
-                contents.append(c)
+        for c in contents[len(hashes):n_blocks]:
             parent = repeated_block_hash(parent, c, bs)
             hashes.append(parent)
 
