@@ -20,25 +20,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from taskplane.sim.workloads.base import TaskSpec, Workload
-
-_MASK64 = (1 << 64) - 1
-_MASK63 = (1 << 63) - 1
-
-
-def mix(a: int, b: int) -> int:
-    """A 63-bit id from two ints (splitmix64 finaliser; the simulator's block contents)."""
-    z = (a * 0x9E3779B97F4A7C15 + b + 0x632BE59BD9B4E019) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & _MASK63
-
-
-def _content(spec: TaskSpec, j: int, bs: int) -> int:
-    """Block ``j`` of a closed-loop task (the rule of ``ClusterSim._content``)."""
-    if (j + 1) * bs <= spec.prefix_tokens:
-        return mix(spec.prefix_key, j)
-    return mix(spec.seed, j)
+from taskplane.sim.cluster import block_content, mix
+from taskplane.sim.workloads.base import Workload
 
 
 def _chain(parent: int, content: int) -> int:
@@ -92,7 +75,7 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
             out = max(1, call.output_tokens)
             n_total = (prompt + out) // bs
             while len(ids) < n_total:
-                parent = _chain(parent, _content(spec, len(ids), bs))
+                parent = _chain(parent, block_content(spec, len(ids), bs))
                 ids.append(parent)
             serve(ids, prompt, prompt // bs)
             seen.update(ids[:n_total])

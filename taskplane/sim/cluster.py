@@ -272,12 +272,20 @@ def block_hash(parent: int, content: int, block_size: int) -> int:
     return repeated_block_hash(parent, content, block_size)
 
 
-def _mix(a: int, b: int) -> int:
+def mix(a: int, b: int) -> int:
     """A 63-bit content id from two ints (splitmix64 finaliser)."""
     z = (a * 0x9E3779B97F4A7C15 + b + 0x632BE59BD9B4E019) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) & _MASK63
+
+
+def block_content(spec: TaskSpec, j: int, block_size: int) -> int:
+    """The content id of block ``j`` of a closed-loop task: the agent's shared system prompt
+    while it lasts, then the task's own tokens (each block is this id repeated)."""
+    if (j + 1) * block_size <= spec.prefix_tokens:
+        return mix(spec.prefix_key, j)
+    return mix(spec.seed, j)
 
 
 class _Tokens(Sequence[int]):
@@ -520,22 +528,16 @@ class ClusterSim:
             self._wake_seq[i] = 0
 
     # ---------------------------------------------------------------- calls
-    def _content(self, task: _Task, j: int) -> int:
-        spec = task.spec
-        if (j + 1) * self.bs <= spec.prefix_tokens:
-            return _mix(spec.prefix_key, j)
-        return _mix(spec.seed, j)
-
     def _extend_hashes(self, task: _Task, n_blocks: int) -> None:
         """Name blocks ``len(task.hashes)..n_blocks-1``: their contents (kept when given), then
-        their chained hashes, in two flat loops (the rule of :meth:`_content`, inlined)."""
+        their chained hashes, in two flat loops (the rule of :func:`block_content`, inlined)."""
         hashes, contents = task.hashes, task.contents
         bs = self.bs
         if len(contents) < n_blocks:
             spec = task.spec
             n_prefix = spec.prefix_tokens // bs  # (j + 1) * bs <= prefix_tokens  <=>  j < n_prefix
             key, seed = spec.prefix_key, spec.seed
-            contents.extend([_mix(key if j < n_prefix else seed, j) for j in range(len(contents), n_blocks)])
+            contents.extend([mix(key if j < n_prefix else seed, j) for j in range(len(contents), n_blocks)])
         parent = hashes[-1] if hashes else _ROOT
         for c in contents[len(hashes):n_blocks]:
             parent = repeated_block_hash(parent, c, bs)
