@@ -447,9 +447,12 @@ class SimEngine:
         c0 = self._dec_s0 + d * counter  # context at the first of the steps
         t_kv, slow = self._t_kv, self.slow_factor
         span = now - self._t
-        last = _span(k_max - 1, a, c0, d, t_kv, slow)
+        k = k_max - 1  # _span(k, ...) inlined here and below (same float operations)
+        last = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
         if last < span if strict else last <= span:
-            k = k_max  # the last step starts by now: commit through the completion
+            # the last step starts by now: commit through the completion
+            k = k_max
+            dur = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
         else:
 
             def starts(i: int) -> bool:  # does step i (0-based) start by now?
@@ -468,7 +471,7 @@ class SimEngine:
                 k += 1
             while k > 1 and not starts(k - 1):
                 k -= 1
-        dur = _span(k, a, c0, d, t_kv, slow)
+            dur = _span(k, a, c0, d, t_kv, slow)
         self._acc += dur / d
         self._counter = counter + k
         self._t += dur
@@ -598,13 +601,17 @@ class SimEngine:
         r.gpu_s += self._acc - r.acc0
 
     def _pop_finished_decoders_at(self, t: float) -> None:
-        heap = self._dec_heap
-        while heap and (heap[0][2].state != _DECODE or heap[0][0] <= self._counter):
-            _, _, r = heapq.heappop(heap)
-            if r.state != _DECODE:
-                continue  # aborted earlier
-            self._leave_decode(r)
-            self._complete(r, t)
+        heap, counter = self._dec_heap, self._counter
+        while heap:
+            target, _, r = heap[0]
+            if r.state != _DECODE:  # aborted earlier
+                heapq.heappop(heap)
+            elif target <= counter:
+                heapq.heappop(heap)
+                self._leave_decode(r)
+                self._complete(r, t)
+            else:
+                break
 
     def _complete(self, r: _Req, t: float) -> None:
         assert r.held is not None  # admitted
