@@ -131,6 +131,7 @@ class _Req:
     target: int = 0  # decode step counter at which it finishes
     acc0: float = 0.0  # gpu-second accumulator when it started decoding
     gpu_s: float = 0.0
+    blocks: int = 0  # blocks of its whole sequence (prompt + output)
 
 
 @dataclass(slots=True)
@@ -271,7 +272,7 @@ class SimEngine:
             raise ValueError(f"request id {req.req_id!r} is already in the engine")
         self._run_until(now, strict=True)
         r = _Req(req, now)
-        need = -(-(req.prompt_tokens + req.output_tokens) // self.block_size)
+        r.blocks = need = -(-(req.prompt_tokens + req.output_tokens) // self.block_size)
         if req.prompt_tokens < 1 or req.output_tokens < 1 or need > self.num_blocks:
             why = "does not fit in the KV cache" if need > self.num_blocks else "empty request"
             self._emit(self._finished(r, now, f"rejected: {why}"))
@@ -400,7 +401,12 @@ class SimEngine:
             return True
         if self._n_dec >= self.max_num_seqs:  # num_running, as nothing is prefilling
             return True
-        return not self._admission(self._waiting[0])[2]
+        r, kv = self._waiting[0], self.kv
+        if kv.free_uncached + kv.n_evictable >= r.blocks:
+            # it fits whatever its prefix-cache hit: the lookup (cache misses over ~50 blocks
+            # of a big dict) is left to _admit, where acquire then walks the same blocks warm
+            return False
+        return not self._admission(r)[2]
 
     def _admission(self, r: _Req) -> tuple[int, int, bool]:
         """(prefix-cache hit blocks, new blocks needed, whether they fit now) for ``r``;
@@ -412,7 +418,7 @@ class SimEngine:
         bs = self.block_size
         limit = min(len(s.block_hashes), (s.prompt_tokens - 1) // bs)
         hits = kv.match(s.block_hashes, limit) if limit > 0 else 0
-        need = -(-(s.prompt_tokens + s.output_tokens) // bs) - hits
+        need = r.blocks - hits
         adm = (hits, need, kv.can_allocate(s.block_hashes, hits, need))
         self._adm_req, self._adm_ver, self._adm = r, kv.version, adm
         return adm
