@@ -364,8 +364,8 @@ class SimEngine:
             return self._out[0].time
         if self._decode_only():
             return self._t + self._decode_span(self._dec_heap[0][0] - self._counter)
-        # not a decode-only stretch: a step with prompt work is due, or nothing runs
-        return self._t if self._waiting or self._prefilling else math.inf
+        # not a decode-only stretch: a step is due, unless nothing runs
+        return self._t if self._waiting or self._prefilling or self._n_dec else math.inf
 
     # ---------------------------------------------------------------- internals
     def _finished(self, r: _Req, t: float, error: str | None) -> Finished:
@@ -436,9 +436,9 @@ class SimEngine:
         while self._t < now if strict else self._t <= now:
             if self._decode_only():
                 self._decode_run(now, strict)
-            elif self._waiting or self._prefilling:
+            elif self._waiting or self._prefilling or self._n_dec:
                 self._step()
-            else:  # idle (not decoding either, or _decode_only would hold)
+            else:  # idle
                 return
 
     def _decode_run(self, now: float, strict: bool = False) -> None:
