@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,21 @@ class OnePrediction:
     ttft_ms: float
     total_ms: float
     empty_total_ms: float
+
+
+def _times(rate: Any, base: Any, per_seq: Any, cold_ms: Any, uncached_tokens: Any, queued_tokens: Any,
+           running: Any, completion_tokens: float) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(queue, prefill, decode, ttft, total, empty_total) in ms: the one formula behind
+    :meth:`LatencyModel.predict` (numpy arrays) and ``predict_scalar`` (floats), so the
+    two give the same numbers by construction."""
+    prefill = uncached_tokens / rate * 1000.0
+    queue = queued_tokens / rate * 1000.0 + cold_ms
+    step = base + per_seq * (running + 1.0)
+    decode = completion_tokens * step
+    ttft = queue + prefill + base
+    total = ttft + decode
+    empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
+    return queue, prefill, decode, ttft, total, empty_total
 
 
 class LatencyModel:
@@ -176,14 +192,8 @@ class LatencyModel:
         )
         rate, base, per_seq, cold_s = cols
         cold_ms = np.where(loaded, 0.0, cold_s * 1000.0)
-        prefill = uncached_tokens / rate * 1000.0
-        queue = queued_tokens / rate * 1000.0 + cold_ms
-        step = base + per_seq * (running + 1.0)
-        decode = completion_tokens * step
-        ttft = queue + prefill + base
-        total = ttft + decode
-        empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
-        return Prediction(queue, prefill, decode, ttft, total, empty_total)
+        return Prediction(*_times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running,
+                                  completion_tokens))
 
     @staticmethod
     def predict_scalar(
@@ -199,14 +209,8 @@ class LatencyModel:
         operations in the same order, so the same floats, without numpy's per-call cost."""
         rate, base, per_seq, cold_s = params
         cold_ms = 0.0 if loaded else cold_s * 1000.0
-        prefill = uncached_tokens / rate * 1000.0
-        queue = queued_tokens / rate * 1000.0 + cold_ms
-        step = base + per_seq * (running + 1.0)
-        decode = completion_tokens * step
-        ttft = queue + prefill + base
-        total = ttft + decode
-        empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
-        return OnePrediction(queue, prefill, decode, ttft, total, empty_total)
+        return OnePrediction(*_times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running,
+                                     completion_tokens))
 
     def predict_one(
         self,
