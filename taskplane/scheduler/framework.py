@@ -530,9 +530,9 @@ class OneCandidate:
             self._matched = 0.0
             if req.block_hashes:
                 index = self.scheduler.kv_index
-                ids = self.table.ids_for(index.slots)[self.row : self.row + 1]
-                found = index.match_ids(req.block_hashes, ids, block_size=req.block_size, tokenized=req.tokenized)
-                self._matched = float(found[0])
+                rid = self.table.ids_for(index.slots).item(self.row)
+                self._matched = float(index.match_id(req.block_hashes, rid, block_size=req.block_size,
+                                                     tokenized=req.tokenized))
         return self._matched
 
     def uncached_tokens(self) -> float:

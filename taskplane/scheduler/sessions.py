@@ -174,7 +174,8 @@ class SessionPins:
             rid = self._ws_ids.ensure(replica)
             if rid + 1 >= len(self._ws_arr):
                 self._ws_arr = np.concatenate([self._ws_arr, np.zeros(len(self._ws_arr))])
-            self._ws_arr[rid] = max(self._ws_arr[rid] + tokens, 0.0)
+            arr = self._ws_arr
+            arr[rid] = max(arr.item(rid) + tokens, 0.0)  # a Python float: no numpy scalar arithmetic
 
     def _drop(self, session: str, pin: Pin) -> None:
         del self._pins[session]
@@ -231,7 +232,9 @@ class SessionPins:
         pin.inflight = max(pin.inflight - 1, 0)
         pin.last_end_s = now_s
         if pin.inflight == 0:
-            idle = self._idle.setdefault(pin.agent, {})
+            idle = self._idle.get(pin.agent)
+            if idle is None:  # (not setdefault: that builds a dict on every call)
+                idle = self._idle[pin.agent] = {}
             idle.pop(session, None)
             idle[session] = None  # the most recently idle goes last
 
