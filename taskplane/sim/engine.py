@@ -152,6 +152,30 @@ def _span(k: int, a: float, c0: int, d: int, t_kv: float, slow: float) -> float:
     return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
 
 
+def _steps_by(span: float, strict: bool, k_max: int, a: float, c0: int, d: int, t_kv: float,
+              slow: float) -> tuple[int, float]:
+    """How many pure decode steps (1..``k_max``) start within ``span`` (strictly before its
+    end with ``strict``), and their duration (see :func:`_span`)."""
+
+    def starts(i: int) -> bool:  # does step i (0-based) start by now?
+        di = _span(i, a, c0, d, t_kv, slow)
+        return di < span if strict else di <= span
+
+    # span(i) = A i^2 + B i is increasing: solve span(x) = span, then fix rounding
+    qa = t_kv * d / 2 * slow
+    qb = (a + t_kv * (c0 - d / 2)) * slow
+    if qa > 0:
+        x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
+    else:
+        x = span / qb
+    k = min(max(int(x) + 1, 1), k_max)  # steps 0..floor(x) start by now
+    while k < k_max and starts(k):
+        k += 1
+    while k > 1 and not starts(k - 1):
+        k -= 1
+    return k, _span(k, a, c0, d, t_kv, slow)
+
+
 class SimEngine:
     """One simulated vLLM replica. See the module docstring for the model."""
 
@@ -459,24 +483,10 @@ class SimEngine:
             k = k_max
             dur = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
         else:
-
-            def starts(i: int) -> bool:  # does step i (0-based) start by now?
-                di = _span(i, a, c0, d, t_kv, slow)
-                return di < span if strict else di <= span
-
-            # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
-            qa = t_kv * d / 2 * slow
-            qb = (a + t_kv * (c0 - d / 2)) * slow
-            if qa > 0:
-                x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
-            else:
-                x = span / qb
-            k = min(max(int(x) + 1, 1), k_max - 1)  # steps 0..floor(x) start by now
-            while k < k_max - 1 and starts(k):
-                k += 1
-            while k > 1 and not starts(k - 1):
-                k -= 1
-            dur = _span(k, a, c0, d, t_kv, slow)
+            k = 1  # the usual: only the step starting at now (after a completion at now)
+            dur = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
+            if dur < span if strict else dur <= span:  # step 1 starts by now too
+                k, dur = _steps_by(span, strict, k_max - 1, a, c0, d, t_kv, slow)
         self._acc += dur / d
         self._counter = counter + k
         self._t += dur
