@@ -502,7 +502,8 @@ class SimEngine:
         st.steps += k
         st.busy_s += dur
         st.generation_tokens += k * d
-        self._pop_finished_decoders_at(self._t)
+        if k == k_max or self._n_aborted:  # (a partial run reaches no target)
+            self._pop_finished_decoders_at(self._t)
 
     def _step(self) -> None:
         """Commit one step with prompt work in it."""
