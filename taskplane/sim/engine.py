@@ -55,6 +55,9 @@ from taskplane.sim.kvcache import Holding, KVCache
 
 # Request states
 _WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
+# a decoder's heap key is (target step << _SEQ_BITS) | arrival number: one int, so popping
+# compares ints, not (target, seq, request) tuples whose items each live elsewhere in memory
+_SEQ_BITS = 40
 
 
 @dataclass(slots=True)
@@ -152,6 +155,30 @@ def _span(k: int, a: float, c0: int, d: int, t_kv: float, slow: float) -> float:
     return (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
 
 
+def _steps_by(span: float, strict: bool, k_max: int, a: float, c0: int, d: int, t_kv: float,
+              slow: float) -> tuple[int, float]:
+    """How many pure decode steps (1..``k_max``) start within ``span`` (strictly before its
+    end with ``strict``), and their duration (see :func:`_span`)."""
+
+    def starts(i: int) -> bool:  # does step i (0-based) start by now?
+        di = _span(i, a, c0, d, t_kv, slow)
+        return di < span if strict else di <= span
+
+    # span(i) = A i^2 + B i is increasing: solve span(x) = span, then fix rounding
+    qa = t_kv * d / 2 * slow
+    qb = (a + t_kv * (c0 - d / 2)) * slow
+    if qa > 0:
+        x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
+    else:
+        x = span / qb
+    k = min(max(int(x) + 1, 1), k_max)  # steps 0..floor(x) start by now
+    while k < k_max and starts(k):
+        k += 1
+    while k > 1 and not starts(k - 1):
+        k -= 1
+    return k, _span(k, a, c0, d, t_kv, slow)
+
+
 class SimEngine:
     """One simulated vLLM replica. See the module docstring for the model."""
 
@@ -197,7 +224,9 @@ class SimEngine:
         self._t = 0.0  # when the next step may start
         self._waiting: deque[_Req] = deque()
         self._prefilling: list[_Req] = []
-        self._dec_heap: list[tuple[int, int, _Req]] = []
+        self._dec_heap: list[int] = []  # heap keys of the decoders (and of aborted ones)
+        self._decoders: dict[int, _Req] = {}  # heap key -> request, while in the heap
+        self._n_aborted = 0  # aborted decoders still in the heap
         self._n_dec = 0
         self._dec_s0 = 0  # sum over decoders of (prompt + 1 - join): context = s0 + n_dec * counter
         self._dec_target_sum = 0
@@ -304,6 +333,7 @@ class SimEngine:
             self._release(r)
         elif r.state == _DECODE:
             self._leave_decode(r)
+            self._n_aborted += 1  # (it stays in the heap, skipped when popped)
             self._release(r)
         r.state = _DONE
         del self._reqs[req_id]
@@ -330,6 +360,8 @@ class SimEngine:
         self._waiting.clear()
         self._prefilling.clear()
         self._dec_heap.clear()
+        self._decoders.clear()
+        self._n_aborted = 0
         self._n_dec = self._dec_s0 = self._dec_target_sum = 0
         self._pend_prefill = self._pend_out = 0
         self.kv.reset()
@@ -363,7 +395,7 @@ class SimEngine:
         if self._out:
             return self._out[0].time
         if self._decode_only():
-            return self._t + self._decode_span(self._dec_heap[0][0] - self._counter)
+            return self._t + self._decode_span((self._dec_heap[0] >> _SEQ_BITS) - self._counter)
         # not a decode-only stretch: a step is due, unless nothing runs
         return self._t if self._waiting or self._prefilling or self._n_dec else math.inf
 
@@ -447,7 +479,7 @@ class SimEngine:
         # _decode_span's terms computed once (the same float operations)
         d = self._n_dec
         counter = self._counter
-        k_max = self._dec_heap[0][0] - counter
+        k_max = (self._dec_heap[0] >> _SEQ_BITS) - counter
         a = self._overhead + max(self._t_weights, d * self._t_tok)
         c0 = self._dec_s0 + d * counter  # context at the first of the steps
         t_kv, slow = self._t_kv, self.slow_factor
@@ -459,24 +491,10 @@ class SimEngine:
             k = k_max
             dur = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
         else:
-
-            def starts(i: int) -> bool:  # does step i (0-based) start by now?
-                di = _span(i, a, c0, d, t_kv, slow)
-                return di < span if strict else di <= span
-
-            # span(i) = A i^2 + B i is increasing: solve span(x) = now - t, then fix rounding
-            qa = t_kv * d / 2 * slow
-            qb = (a + t_kv * (c0 - d / 2)) * slow
-            if qa > 0:
-                x = (-qb + math.sqrt(qb * qb + 4 * qa * span)) / (2 * qa)
-            else:
-                x = span / qb
-            k = min(max(int(x) + 1, 1), k_max - 1)  # steps 0..floor(x) start by now
-            while k < k_max - 1 and starts(k):
-                k += 1
-            while k > 1 and not starts(k - 1):
-                k -= 1
-            dur = _span(k, a, c0, d, t_kv, slow)
+            k = 1  # the usual: only the step starting at now (after a completion at now)
+            dur = (k * a + t_kv * (k * c0 + d * k * (k - 1) / 2)) * slow
+            if dur < span if strict else dur <= span:  # step 1 starts by now too
+                k, dur = _steps_by(span, strict, k_max - 1, a, c0, d, t_kv, slow)
         self._acc += dur / d
         self._counter = counter + k
         self._t += dur
@@ -484,7 +502,8 @@ class SimEngine:
         st.steps += k
         st.busy_s += dur
         st.generation_tokens += k * d
-        self._pop_finished_decoders_at(self._t)
+        if k == k_max or self._n_aborted:  # (a partial run reaches no target)
+            self._pop_finished_decoders_at(self._t)
 
     def _step(self) -> None:
         """Commit one step with prompt work in it."""
@@ -596,7 +615,9 @@ class SimEngine:
         self._dec_s0 += r.spec.prompt_tokens + 1 - r.join
         self._dec_target_sum += r.target
         self._seq += 1
-        heapq.heappush(self._dec_heap, (r.target, self._seq, r))
+        key = r.target << _SEQ_BITS | self._seq
+        heapq.heappush(self._dec_heap, key)
+        self._decoders[key] = r
 
     def _leave_decode(self, r: _Req) -> None:
         """Remove a decoder's contribution (it stays in the heap, skipped when popped)."""
@@ -606,15 +627,22 @@ class SimEngine:
         r.gpu_s += self._acc - r.acc0
 
     def _pop_finished_decoders_at(self, t: float) -> None:
-        heap, counter = self._dec_heap, self._counter
+        heap, decoders = self._dec_heap, self._decoders
+        bound = (self._counter + 1) << _SEQ_BITS  # keys below: target reached
         while heap:
-            target, _, r = heap[0]
-            if r.state != _DECODE:  # aborted earlier
+            key = heap[0]
+            if key < bound:
                 heapq.heappop(heap)
-            elif target <= counter:
+                r = decoders.pop(key)
+                if r.state == _DECODE:
+                    self._leave_decode(r)
+                    self._complete(r, t)
+                else:  # aborted earlier
+                    self._n_aborted -= 1
+            elif self._n_aborted and decoders[key].state != _DECODE:  # aborted earlier
                 heapq.heappop(heap)
-                self._leave_decode(r)
-                self._complete(r, t)
+                del decoders[key]
+                self._n_aborted -= 1
             else:
                 break
 

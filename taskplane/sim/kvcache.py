@@ -20,11 +20,19 @@ block list becomes a *run* of the lazy LRU queue, walked tail first, in which an
 is live iff ``ref`` still holds the run's stamp (acquiring a block elsewhere leaves a
 stale entry). A run with no live entry left is dropped whole. Acquire is one plain loop
 over the hit blocks (cheaper, measured, than several C-level passes over ~50 of them).
+
+The next turn of a conversation usually hits its previous turn's whole run: a few shared
+blocks (a system prompt others hold) and then blocks still owned by that ended run. Those
+owned blocks are not looked up one by one (cold entries of a big dict: most of the cost of
+a lookup): :meth:`match` recognises the run from one probe (the request's leading hashes
+*are* the run's list, and the run's live count says which of its entries are still owned),
+and :meth:`acquire` then *adopts* the run: the request takes over the run's stamp, so those
+blocks are its own without touching their ``ref`` entries. Stamps are otherwise unique.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
 from typing import Any
@@ -48,7 +56,7 @@ class Holding:
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("_active", "_head", "_live", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
+    __slots__ = ("_active", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
                  "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
@@ -72,13 +80,41 @@ class KVCache:
         self._live: dict[int, int] = {}  # stamp -> how many of its run's entries are live
         self._head = (0, 0)  # (stamp, entries at the end of that run eviction walked past)
         self._stamp = 0
+        # match's last run found: (version, stamp, owned from, run length); see _match_run
+        self._plan = (-1, 0, 0, 0)
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
 
     # -- queries -------------------------------------------------------------------
     def match(self, hashes: Sequence[int], limit: int) -> int:
         """How many leading blocks of ``hashes`` (at most ``limit``) are cached."""
+        limit = min(limit, len(hashes))
+        if limit > 0:
+            hits = self._match_run(hashes, limit)
+            if hits is not None:
+                return hits
         return len(list(takewhile(self.ref.__contains__, islice(hashes, limit))))
+
+    def _match_run(self, hashes: Sequence[int], limit: int) -> int | None:
+        """The hit count when ``hashes`` begin with the whole block list of an ended run whose
+        entries not live any more all come first (its first ``p``: blocks others hold),
+        found by probing one block; then only those ``p`` are looked up, as the run's live
+        entries are cached. Remembers the run for :meth:`acquire`. None when not so."""
+        ref = self.ref
+        c = ref.get(hashes[limit * 2 // 3])  # past the shared prefix, before the new blocks
+        if c is None or c >= 0 or -c in self._active:
+            return None
+        stamp = -c
+        run = self._runs[stamp]
+        n = len(run)
+        if n > limit or (hashes[:n] if type(hashes) is list else list(islice(hashes, n))) != run:
+            return None
+        p = n - self._live[stamp]  # the run's live entries are its last n - p if none of its first p is
+        head = list(map(ref.get, islice(hashes, p)))
+        if None in head or c in head:
+            return None
+        self._plan = (self.version, stamp, p, n)
+        return n + len(list(takewhile(ref.__contains__, islice(hashes, n, limit))))
 
     def free_blocks(self) -> int:
         """Blocks vLLM counts as free: never used plus cached-but-unreferenced."""
@@ -105,12 +141,39 @@ class KVCache:
     def acquire(self, blocks: list[int]) -> Holding:
         """Reference cached ``blocks`` (a prefix-cache hit) for a new request; the returned
         holding grows as it stores blocks and is given back to :meth:`release`."""
+        version, stamp, p, n = self._plan
+        if version == self.version and len(blocks) >= n and blocks[:n] == self._runs[stamp]:
+            return self._adopt(blocks, stamp, p, n)
         self.version += 1
         self._stamp += 1
-        me = self._stamp
-        hold = self._active[me] = Holding(me, blocks)
+        hold = self._active[self._stamp] = Holding(self._stamp, blocks)
+        self._take(hold, blocks)
+        if len(set(hold.counted)) < len(hold.counted):  # a repeated hash, counted twice (they are few)
+            hold.repeated = True
+        return hold
+
+    def _adopt(self, blocks: list[int], stamp: int, p: int, n: int) -> Holding:
+        """:meth:`acquire` when ``blocks[:n]`` is the ended run ``stamp`` and its entries from
+        ``p`` on are live (:meth:`_match_run`): the request takes the run's stamp, which makes
+        them its own as they are. Same outcome as the loop over all blocks, which would take
+        the first ``p``, then those as one run, then the rest."""
+        self.version += 1
+        hold = self._active[stamp] = Holding(stamp, blocks)
+        if p:
+            self._take(hold, islice(blocks, p))
+        self._unqueue(stamp, n - p, hold)  # the whole run: dropped
+        if self._head[0] == stamp:  # (eviction never stops in a run whose tail is live)
+            self._head = (0, 0)
+        if len(blocks) > n:
+            self._take(hold, islice(blocks, n, None))
+        if len(set(hold.counted)) < len(hold.counted):
+            hold.repeated = True
+        return hold
+
+    def _take(self, hold: Holding, blocks: Iterable[int]) -> None:
+        """Reference ``blocks`` for ``hold``: counted if held, owned if evictable."""
         ref, active, counted = self.ref, self._active, hold.counted
-        mine = -me
+        mine = -hold.stamp
         run = 0  # ``ref`` value of the evictable blocks met last (minus their run's stamp)
         n_run = 0
         for h in blocks:  # one plain loop: cheaper than several C-level passes over them
@@ -135,9 +198,6 @@ class KVCache:
                 hold.repeated |= owner is hold
         if n_run:
             self._unqueue(-run, n_run, hold)
-        if len(set(counted)) < len(counted):  # a repeated hash, counted twice (they are few)
-            hold.repeated = True
-        return hold
 
     def _unqueue(self, stamp: int, n: int, hold: Holding) -> None:
         """``n`` blocks of the run ``stamp`` leave the evictable set (to the request that

@@ -100,8 +100,10 @@ class _Model:
         self.kv = KVCache(num_blocks, 2, removed_per_block=per_block)
         self.ref = _RefCache(num_blocks)
         self.running: list[tuple[list[int], int, Holding, list[int], int, int]] = []
+        self.admitted: list[list[int]] = []  # every request's blocks, for next turns
 
-    def admit(self, hashes: list[int]) -> None:
+    def admit(self, hashes: list[int]) -> Holding | None:
+        self.admitted.append(hashes)
         hits = self.kv.match(hashes, len(hashes))
         assert hits == self.ref.match(hashes)
         need = len(hashes) - hits + 1
@@ -114,6 +116,8 @@ class _Model:
             self.kv.allocate(need)
             self.ref.allocate(need)
             self.running.append((hashes, hits, held, list(hashes[:hits]), need, 0))
+            return held
+        return None
 
     def store(self, i: int, n: int) -> None:
         hashes, done, held, held_ref, need, n_stored = self.running[i]
@@ -139,15 +143,25 @@ class _Model:
 @given(st.data(), st.integers(4, 40), st.booleans())
 def test_kvcache_matches_reference_model_on_random_sequences(data: st.DataObject, num_blocks: int,
                                                              per_block: bool) -> None:
-    """Random admissions (shared prefixes, repeated hashes), chunked stores and releases in
-    any order on a small cache: hits, free blocks, cached set and eviction order agree."""
+    """Random admissions (shared prefixes, next turns of earlier requests, repeated hashes),
+    chunked stores and releases in any order on a small cache: hits, free blocks, cached
+    set and eviction order agree."""
     m = _Model(num_blocks, per_block)
     prefixes = data.draw(st.lists(st.lists(st.integers(0, 60), max_size=8), min_size=1, max_size=4))
     for _ in range(data.draw(st.integers(1, 80))):
-        op = data.draw(st.sampled_from(["admit", "store", "release"] if m.running else ["admit"]))
-        if op == "admit":
+        ops = ["admit", "next", "turn", "store", "release"] if m.running else ["admit"]
+        op = data.draw(st.sampled_from(ops))
+        if op == "turn":  # a request computes all its blocks and ends, then its next turn comes
+            i = data.draw(st.integers(0, len(m.running) - 1))
+            hashes = m.running[i][0]
+            m.store(i, len(hashes))
+            m.release(i)
+            m.check()
+            m.admit([*hashes, *data.draw(st.lists(st.integers(0, 60), max_size=3))])
+        elif op in ("admit", "next"):
             tail = data.draw(st.lists(st.integers(0, 60), max_size=6))
-            m.admit([*data.draw(st.sampled_from(prefixes)), *tail])
+            head = m.admitted if op == "next" else prefixes
+            m.admit([*data.draw(st.sampled_from(head)), *tail])
         else:
             i = data.draw(st.integers(0, len(m.running) - 1))
             if op == "store":
@@ -155,6 +169,30 @@ def test_kvcache_matches_reference_model_on_random_sequences(data: st.DataObject
             else:
                 m.release(i)
         m.check()
+    while m.running:
+        m.release(0)
+        m.check()
+
+
+def test_next_turn_adopts_the_previous_turns_run() -> None:
+    """A conversation's next turn takes over its previous turn's run (the blocks after the
+    prefix another request holds) without looking them up; outcomes as the model's."""
+    m = _Model(64, True)
+    m.admit([1, 2, 3, 10, 11, 12, 13])  # holds the shared prefix 1, 2, 3 throughout
+    m.store(0, 7)
+    first = m.admit([1, 2, 3, 20, 21, 22, 23, 24])
+    m.store(1, 8)
+    m.release(1)
+    m.check()
+    second = m.admit([1, 2, 3, 20, 21, 22, 23, 24, 30, 31])
+    assert first is not None and second is not None and second.stamp == first.stamp
+    assert second.owned == 5 and second.counted == [1, 2, 3]
+    m.store(1, 2)
+    m.check()
+    m.release(1)
+    third = m.admit([1, 2, 3, 20, 21, 22, 23, 24, 30, 31, 40])  # the grown run, adopted again
+    assert third is not None and third.stamp == first.stamp and third.owned == 7
+    m.check()
     while m.running:
         m.release(0)
         m.check()
