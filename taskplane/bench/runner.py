@@ -52,6 +52,11 @@ class TimedPolicy:
     def queued(self) -> int:
         return int(getattr(self.inner, "queued", 0))
 
+    @property
+    def pending(self) -> bool:
+        """Whether ``release`` may hand anything out (the simulator skips it when not)."""
+        return bool(getattr(self.inner, "pending", True))
+
     def decide(self, request: CallRequest, replicas: Any, now_s: float) -> Decision:
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         c0 = cpu()

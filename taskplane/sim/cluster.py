@@ -12,6 +12,8 @@ optional parts are used when present:
 - ``release(replicas, now_s) -> [(request, decision)]`` to hand out calls it queued
   (without it, the simulator keeps QUEUE'd calls itself, in priority then deadline order,
   and offers them again whenever capacity frees);
+- ``pending``: False when ``release`` has nothing to hand out (nothing queued): the
+  simulator then skips the call;
 - ``observe_completion(request, outcome, now_s)`` after every placed call;
 - ``on_kv_events(replica, events)``: the replicas' KV events, at the virtual time they
   happen (the engines only produce events when this exists);
@@ -431,7 +433,8 @@ class ClusterSim:
         self._replicas: Any = self._table if self._table is not None else self.views
         self._healthy = [True] * len(self.engines)
         self._wake_seq = [0] * len(self.engines)  # seq of each replica's live wake entry (0: none)
-        self._dirty: set[int] = set()
+        self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
+        self._unsynced: set[int] = set()  # replicas whose view changed since their table row was written
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._calls_by_id: dict[str, _Call] = {}
@@ -583,17 +586,34 @@ class ClusterSim:
             budget, task.cost, spec.allow_fallback, t, spec.agent, call.key, self.bs, True, call.avoid,
         )
 
-    def _refresh_views(self) -> None:
-        engines, views, healthy, table = self.engines, self.views, self._healthy, self._table
-        for i in self._dirty:
+    def _snapshot_views(self) -> None:
+        """Copy the changed replicas' engine state into their views: the state a policy
+        call at this moment would see. Their table rows are written by
+        :meth:`_refresh_views`, only before the policy reads them: a replica that changes
+        several times between two policy calls has its row written once."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        engines, views, healthy = self.engines, self.views, self._healthy
+        for i in dirty:
             e, v = engines[i], views[i]
             (v.num_running, v.num_waiting, v.kv_blocks_free, v.inflight_prefill_tokens,
              v.inflight_decode_tokens) = e.load()
             v.model_loaded = e.model_loaded
             v.healthy = healthy[i]
-            if table is not None:
-                table.upsert(v)
-        self._dirty.clear()
+        if self._table is not None:
+            self._unsynced |= dirty
+        dirty.clear()
+
+    def _refresh_views(self) -> None:
+        """Views and table rows up to date, before a policy call."""
+        self._snapshot_views()
+        unsynced = self._unsynced
+        if unsynced:
+            upsert, views = self._table.upsert, self.views  # type: ignore[union-attr]
+            for i in unsynced:
+                upsert(views[i])
+            unsynced.clear()
 
     def _offer(self, call: _Call, t: float) -> None:
         """Ask the policy where the call goes (first offer of an attempt, or a re-offer)."""
@@ -784,6 +804,11 @@ class ClusterSim:
 
     def _release_queued(self, t: float) -> None:
         if self._release is not None:
+            if not getattr(self._policy, "pending", True):
+                # nothing to hand out: the views are set as a release would have seen them
+                # (a later decision sees this state unless the replica changes again)
+                self._snapshot_views()
+                return
             self._refresh_views()
             t0 = time.perf_counter_ns()
             released = self._release(self._replicas, t)
