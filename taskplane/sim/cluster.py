@@ -47,7 +47,7 @@ from typing import Any
 from taskplane.scheduler.hashing import repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
-from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.workloads.base import TaskSpec, Workload
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
@@ -622,7 +622,6 @@ class ClusterSim:
         call.offered_s = t
         req = self._request(call, t)
         call.request = req
-        self._calls_by_id[call.key] = call
         self._refresh_views()
         t0 = time.perf_counter_ns()
         decision = self._decide(req, self._replicas, t)
@@ -634,7 +633,9 @@ class ClusterSim:
         if a == _PLACE:
             self._dispatch(call, d, t)
         elif a == _QUEUE:
-            if self._release is None:
+            if self._release is not None:  # the policy hands it out later, by call id
+                self._calls_by_id[call.key] = call
+            else:
                 spec = call.task.spec
                 dl = call.task.deadline_abs if call.task.deadline_abs is not None else math.inf
                 self._seq += 1
@@ -664,8 +665,9 @@ class ClusterSim:
         hashes, n_prompt = call.hashes, call.n_prompt_blocks
         # the request's prompt hashes are the same slice (read-only on both sides)
         prompt_hashes = call.request.block_hashes if call.request is not None else hashes[:n_prompt]
-        tokens = _Tokens(call.contents[: call.n_total_blocks], self.bs,
-                         call.prompt_tokens + call.output_tokens) if self._on_kv else None
+        # the contents list is shared, not copied: a task's list only grows (past this
+        # call's blocks, which the engine never reads beyond)
+        tokens = _Tokens(call.contents, self.bs, call.prompt_tokens + call.output_tokens) if self._on_kv else None
         # positional, in SimRequest's field order (checked at import): req_id, prompt_tokens,
         # output_tokens, block_hashes, output_block_hashes, token_ids, tag
         sim = SimRequest(call.key, call.prompt_tokens, call.output_tokens, prompt_hashes,
@@ -680,16 +682,14 @@ class ClusterSim:
             return
         self._dirty.add(i)
         freed = False
-        name = self.views[i].name
         for ev in events:
-            if isinstance(ev, Finished):
+            kind = type(ev)  # the engine's own classes, never subclassed
+            if kind is Finished:
                 freed = True
                 self._finished(i, ev)
-            elif isinstance(ev, KVEvents):
+            elif kind is KVEvents:
                 if self._on_kv is not None:
-                    self._on_kv(name, ev.events)
-            elif isinstance(ev, FirstToken):
-                pass
+                    self._on_kv(self.views[i].name, ev.events)
         if freed:
             self._release_queued(t)
 
@@ -779,15 +779,23 @@ class ClusterSim:
     def _record(self, call: _Call, t: float, outcome: Outcome, error: str | None, replica: int = -1,
                 ev: Finished | None = None, cost: float = 0.0) -> None:
         task, spec = call.task, call.task.spec
-        view = self.views[replica] if replica >= 0 else None
+        name = gpu = None
+        if replica >= 0:
+            view = self.views[replica]
+            name, gpu = view.name, view.gpu
+        if ev is None:
+            cached = completion = 0
+            admitted = first_token = None
+            gpu_s = 0.0
+        else:
+            cached, completion, admitted, first_token, gpu_s = (
+                ev.cached_tokens, ev.output_tokens, ev.admitted, ev.first_token, ev.gpu_seconds)
         # positional, in CallRecord's field order (keywords cost ~3x for its 24 fields)
         self.records.append(CallRecord(
             call.key, spec.task_id, call.step, call.attempt, spec.session_id or spec.task_id, spec.tenant,
-            spec.agent, spec.priority, spec.model, call.model_served,
-            view.name if view else None, view.gpu if view else None, call.prompt_tokens,
-            ev.cached_tokens if ev else 0, ev.output_tokens if ev else 0, call.offered_s, call.dispatched_s,
-            ev.admitted if ev else None, ev.first_token if ev else None, t,
-            ev.gpu_seconds if ev else 0.0, cost, outcome, error,
+            spec.agent, spec.priority, spec.model, call.model_served, name, gpu, call.prompt_tokens,
+            cached, completion, call.offered_s, call.dispatched_s, admitted, first_token, t, gpu_s, cost, outcome,
+            error,
         ))
         self._calls_by_id.pop(call.key, None)
         task.attempts += 1
