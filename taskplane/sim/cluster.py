@@ -61,6 +61,7 @@ _PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 # arrive together start in the same engine step
 _ARRIVAL, _OUTAGE, _WAKE, _TICK = 0, 1, 2, 3
 _INF = math.inf
+_heappush = heapq.heappush
 
 # enum members as module constants: an Enum attribute lookup costs ~70 ns on Python 3.11,
 # and the loop below compares actions and outcomes several times per call
@@ -448,8 +449,8 @@ class ClusterSim:
 
     # ---------------------------------------------------------------- loop
     def _push(self, t: float, kind: int, payload: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, kind, self._seq, payload))  # type: ignore[arg-type]
+        self._seq = seq = self._seq + 1
+        _heappush(self._heap, (t, kind, seq, payload))
 
     def run(self) -> ClusterResult:
         if self._ran:
@@ -462,6 +463,7 @@ class ClusterSim:
             heap.append(initial[0])
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
         wake_seq, engines, until = self._wake_seq, self.engines, self.until_s
+        engine_events, schedule_wake, issue, offer = self._engine_events, self._schedule_wake, self._issue, self._offer
         while heap:
             t, kind, seq, payload = heap[0]
             if seq <= n_init and nxt < n_init:  # an initial event: the next one takes its place
@@ -474,14 +476,14 @@ class ClusterSim:
             self._now = t
             if kind == _WAKE:
                 if seq == wake_seq[payload]:
-                    self._engine_events(payload, engines[payload].advance(t), t)
-                    self._schedule_wake(payload)
+                    engine_events(payload, engines[payload].advance(t), t)
+                    schedule_wake(payload)
             elif kind == _ARRIVAL:
                 obj, k = payload
-                if isinstance(obj, _Task):
-                    self._issue(obj, k, t)
+                if type(obj) is _Task:
+                    issue(obj, k, t)
                 else:
-                    self._offer(obj, t)
+                    offer(obj, t)
             elif kind == _OUTAGE:
                 self._outage(payload[0], payload[1], t)
             elif kind == _TICK:
@@ -524,9 +526,9 @@ class ClusterSim:
         """Arm replica ``i``'s next wake-up; an entry armed earlier goes stale (skipped)."""
         nt = self.engines[i].next_event_time()
         if nt < _INF:
-            self._seq += 1
-            self._wake_seq[i] = self._seq
-            heapq.heappush(self._heap, (nt, _WAKE, self._seq, i))
+            self._seq = seq = self._seq + 1
+            self._wake_seq[i] = seq
+            _heappush(self._heap, (nt, _WAKE, seq, i))
         else:
             self._wake_seq[i] = 0
 
