@@ -21,6 +21,7 @@ from taskplane.sim.cluster import ClusterResult, ClusterSpec, simulate
 from taskplane.sim.workloads.base import Workload
 
 Progress = Callable[[int], None]  # calls finished so far
+_clock, _cpu = time.perf_counter_ns, time.thread_time_ns  # read around every decision
 
 
 class TimedPolicy:
@@ -34,6 +35,8 @@ class TimedPolicy:
         self.done = 0
         self._progress = progress
         self._every = max(1, every)
+        self._observe: Callable[[CallRequest, CallOutcome, float], None] | None = getattr(
+            policy, "observe_completion", None)
         decide = getattr(policy, "decide", None)
         if decide is None:
             if not callable(policy):
@@ -52,8 +55,13 @@ class TimedPolicy:
     def queued(self) -> int:
         return int(getattr(self.inner, "queued", 0))
 
+    @property
+    def pending(self) -> bool:
+        """Whether ``release`` may hand anything out (the simulator skips it when not)."""
+        return bool(getattr(self.inner, "pending", True))
+
     def decide(self, request: CallRequest, replicas: Any, now_s: float) -> Decision:
-        clock, cpu = time.perf_counter_ns, time.thread_time_ns
+        clock, cpu = _clock, _cpu
         c0 = cpu()
         t0 = clock()
         d = self._decide(request, replicas, now_s)
@@ -63,12 +71,11 @@ class TimedPolicy:
         return d
 
     def observe_completion(self, request: CallRequest, outcome: CallOutcome, now_s: float) -> None:
-        observe = getattr(self.inner, "observe_completion", None)
-        if observe is not None:
-            observe(request, outcome, now_s)
-        self.done += 1
-        if self._progress is not None and self.done % self._every == 0:
-            self._progress(self.done)
+        if self._observe is not None:
+            self._observe(request, outcome, now_s)
+        self.done = done = self.done + 1
+        if self._progress is not None and done % self._every == 0:
+            self._progress(done)
 
 
 class TimedScheduler(TimedPolicy):

@@ -32,6 +32,7 @@ import gc
 import json
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import os
 import resource
 import sys
 import time
@@ -75,20 +76,23 @@ class CountingScheduler(TimedScheduler):
         self.blocks_removed = 0
 
     def on_kv_events(self, replica: str, events: Any, seq: int | None = None) -> Any:
-        self.kv_batches += 1
+        stored = removed = 0  # summed locally: this runs for every event batch of the run
         for ev in events:
-            self.kv_events += 1
             kind = type(ev)
             if kind is BlockStored:
-                self.blocks_stored += len(ev.block_hashes)
+                stored += len(ev.block_hashes)
             elif kind is BlockRemoved:
-                self.blocks_removed += len(ev.block_hashes)
+                removed += len(ev.block_hashes)
             elif isinstance(ev, dict):  # raw msgpack maps
                 n = len(ev.get("block_hashes") or ())
                 if ev.get("type") == "BlockStored":
-                    self.blocks_stored += n
+                    stored += n
                 else:
-                    self.blocks_removed += n
+                    removed += n
+        self.kv_batches += 1
+        self.kv_events += len(events)
+        self.blocks_stored += stored
+        self.blocks_removed += removed
         return self.inner.on_kv_events(replica, events, seq)
 
 
@@ -172,6 +176,21 @@ def simulate_cell(
     """Simulate one cell: its share of the fleet and of the tasks, with its own scheduler.
 
     ``workload``: the whole run's tasks when already generated (default: generate them)."""
+    gc.collect()
+    gc.disable()  # until the measures are taken: a collection then would walk every record
+    try:
+        return _simulate_cell(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed,
+                              cell=cell, cells=cells, tick=tick, workload=workload)[0]
+    finally:
+        gc.enable()
+
+
+def _simulate_cell(
+    *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int, cell: int, cells: int,
+    tick: Callable[[int], None] | None, workload: Workload | None,
+) -> tuple[CellRun, tuple[Any, ...]]:
+    """:func:`simulate_cell` (with the collector already paused), and the simulation's
+    objects: a caller about to exit keeps them alive rather than free them one by one."""
     workload = workload if workload is not None else agent_workload(tasks, rate, seed)
     if cells > 1:
         workload = Workload(workload.name, [t for t in workload.tasks if cell_of(t.task_id, cells) == cell],
@@ -179,24 +198,21 @@ def simulate_cell(
     cluster = _cell_fleet(gpu, replicas, cell, cells)
     sched = build_policy(policy, seed=seed, tenants=agent_tenants(), metrics=False)
     timed = CountingScheduler(sched, tick)
-    gc.collect()
-    gc.disable()  # until the measures are taken: a collection then would walk every record
-    try:
-        t1, c1 = time.perf_counter(), time.process_time()
-        result = simulate(cluster, workload, timed, seed=seed)
-        t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
-        return _measure(result, workload, timed, sched.kv_index, t_sim, c_sim)
-    finally:
-        gc.enable()
+    t1, c1 = time.perf_counter(), time.process_time()
+    result = simulate(cluster, workload, timed, seed=seed)
+    t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
+    return _measure(result, workload, timed, sched.kv_index, t_sim, c_sim), (result, workload, timed)
 
 
 def _measure(result: ClusterResult, workload: Workload, timed: CountingScheduler, index: KVIndex,
              wall_s: float, cpu_s: float) -> CellRun:
     """A cell's measures from its simulation's result (one pass over the attempts)."""
-    keys: set[tuple[str, int]] = set()
-    ok = sheds = prompt = cached = 0
+    # a call's attempt n+1 exists only once attempt n is recorded: the distinct calls are
+    # the first attempts (no set of 875,000 (task, step) keys per cell)
+    first = ok = sheds = prompt = cached = 0
     for c in result.calls:
-        keys.add((c.task_id, c.step))
+        if c.attempt == 1:
+            first += 1
         if c.outcome is _SUCCESS:
             ok += 1
             prompt += c.prompt_tokens
@@ -205,7 +221,7 @@ def _measure(result: ClusterResult, workload: Workload, timed: CountingScheduler
             sheds += 1
     attempts = len(result.calls)
     return CellRun(
-        replicas=len(result.replicas), tasks=len(workload.tasks), attempts=attempts, calls=len(keys), calls_ok=ok,
+        replicas=len(result.replicas), tasks=len(workload.tasks), attempts=attempts, calls=first, calls_ok=ok,
         sheds=sheds, tasks_finished=sum(1 for t in result.tasks if t.status is not TaskStatus.RUNNING),
         tasks_within_deadline=sum(1 for t in result.tasks if t.deadline_met),
         prompt_tokens=prompt, cached_tokens=cached, virtual_s=result.end_s,
@@ -230,12 +246,20 @@ def _cell_child(kwargs: dict[str, Any], done: Any, conn: Any) -> None:
     def tick(n: int) -> None:
         done.value = n
 
+    gc.collect()
+    gc.disable()  # for good: the process ends right after reporting
     try:
-        conn.send(("ok", simulate_cell(**kwargs, tick=tick)))
+        run, _keep_alive = _simulate_cell(**kwargs, tick=tick)
+        conn.send(("ok", run))
     except BaseException as e:  # report it to the parent instead of dying silently
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         conn.close()
+    # exit now, with the simulation's millions of objects still alive: freeing them one by
+    # one (seconds) would delay the parent's join, on the run's serial path
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_cells(kwargs: dict[str, Any], cells: int, tick: Callable[[int], None]) -> list[CellRun]:

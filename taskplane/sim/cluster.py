@@ -12,6 +12,8 @@ optional parts are used when present:
 - ``release(replicas, now_s) -> [(request, decision)]`` to hand out calls it queued
   (without it, the simulator keeps QUEUE'd calls itself, in priority then deadline order,
   and offers them again whenever capacity frees);
+- ``pending``: False when ``release`` has nothing to hand out (nothing queued): the
+  simulator then skips the call;
 - ``observe_completion(request, outcome, now_s)`` after every placed call;
 - ``on_kv_events(replica, events)``: the replicas' KV events, at the virtual time they
   happen (the engines only produce events when this exists);
@@ -45,7 +47,7 @@ from typing import Any
 from taskplane.scheduler.hashing import repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
-from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.workloads.base import TaskSpec, Workload
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
@@ -59,6 +61,7 @@ _PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 # arrive together start in the same engine step
 _ARRIVAL, _OUTAGE, _WAKE, _TICK = 0, 1, 2, 3
 _INF = math.inf
+_heappush = heapq.heappush
 
 # enum members as module constants: an Enum attribute lookup costs ~70 ns on Python 3.11,
 # and the loop below compares actions and outcomes several times per call
@@ -431,7 +434,8 @@ class ClusterSim:
         self._replicas: Any = self._table if self._table is not None else self.views
         self._healthy = [True] * len(self.engines)
         self._wake_seq = [0] * len(self.engines)  # seq of each replica's live wake entry (0: none)
-        self._dirty: set[int] = set()
+        self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
+        self._unsynced: set[int] = set()  # replicas whose view changed since their table row was written
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._calls_by_id: dict[str, _Call] = {}
@@ -445,8 +449,8 @@ class ClusterSim:
 
     # ---------------------------------------------------------------- loop
     def _push(self, t: float, kind: int, payload: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, kind, self._seq, payload))  # type: ignore[arg-type]
+        self._seq = seq = self._seq + 1
+        _heappush(self._heap, (t, kind, seq, payload))
 
     def run(self) -> ClusterResult:
         if self._ran:
@@ -459,6 +463,7 @@ class ClusterSim:
             heap.append(initial[0])
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
         wake_seq, engines, until = self._wake_seq, self.engines, self.until_s
+        engine_events, schedule_wake, issue, offer = self._engine_events, self._schedule_wake, self._issue, self._offer
         while heap:
             t, kind, seq, payload = heap[0]
             if seq <= n_init and nxt < n_init:  # an initial event: the next one takes its place
@@ -471,14 +476,14 @@ class ClusterSim:
             self._now = t
             if kind == _WAKE:
                 if seq == wake_seq[payload]:
-                    self._engine_events(payload, engines[payload].advance(t), t)
-                    self._schedule_wake(payload)
+                    engine_events(payload, engines[payload].advance(t), t)
+                    schedule_wake(payload)
             elif kind == _ARRIVAL:
                 obj, k = payload
-                if isinstance(obj, _Task):
-                    self._issue(obj, k, t)
+                if type(obj) is _Task:
+                    issue(obj, k, t)
                 else:
-                    self._offer(obj, t)
+                    offer(obj, t)
             elif kind == _OUTAGE:
                 self._outage(payload[0], payload[1], t)
             elif kind == _TICK:
@@ -521,9 +526,9 @@ class ClusterSim:
         """Arm replica ``i``'s next wake-up; an entry armed earlier goes stale (skipped)."""
         nt = self.engines[i].next_event_time()
         if nt < _INF:
-            self._seq += 1
-            self._wake_seq[i] = self._seq
-            heapq.heappush(self._heap, (nt, _WAKE, self._seq, i))
+            self._seq = seq = self._seq + 1
+            self._wake_seq[i] = seq
+            _heappush(self._heap, (nt, _WAKE, seq, i))
         else:
             self._wake_seq[i] = 0
 
@@ -583,17 +588,34 @@ class ClusterSim:
             budget, task.cost, spec.allow_fallback, t, spec.agent, call.key, self.bs, True, call.avoid,
         )
 
-    def _refresh_views(self) -> None:
-        engines, views, healthy, table = self.engines, self.views, self._healthy, self._table
-        for i in self._dirty:
+    def _snapshot_views(self) -> None:
+        """Copy the changed replicas' engine state into their views: the state a policy
+        call at this moment would see. Their table rows are written by
+        :meth:`_refresh_views`, only before the policy reads them: a replica that changes
+        several times between two policy calls has its row written once."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        engines, views, healthy = self.engines, self.views, self._healthy
+        for i in dirty:
             e, v = engines[i], views[i]
             (v.num_running, v.num_waiting, v.kv_blocks_free, v.inflight_prefill_tokens,
              v.inflight_decode_tokens) = e.load()
             v.model_loaded = e.model_loaded
             v.healthy = healthy[i]
-            if table is not None:
-                table.upsert(v)
-        self._dirty.clear()
+        if self._table is not None:
+            self._unsynced |= dirty
+        dirty.clear()
+
+    def _refresh_views(self) -> None:
+        """Views and table rows up to date, before a policy call."""
+        self._snapshot_views()
+        unsynced = self._unsynced
+        if unsynced:
+            upsert, views = self._table.upsert, self.views  # type: ignore[union-attr]
+            for i in unsynced:
+                upsert(views[i])
+            unsynced.clear()
 
     def _offer(self, call: _Call, t: float) -> None:
         """Ask the policy where the call goes (first offer of an attempt, or a re-offer)."""
@@ -602,7 +624,6 @@ class ClusterSim:
         call.offered_s = t
         req = self._request(call, t)
         call.request = req
-        self._calls_by_id[call.key] = call
         self._refresh_views()
         t0 = time.perf_counter_ns()
         decision = self._decide(req, self._replicas, t)
@@ -614,7 +635,9 @@ class ClusterSim:
         if a == _PLACE:
             self._dispatch(call, d, t)
         elif a == _QUEUE:
-            if self._release is None:
+            if self._release is not None:  # the policy hands it out later, by call id
+                self._calls_by_id[call.key] = call
+            else:
                 spec = call.task.spec
                 dl = call.task.deadline_abs if call.task.deadline_abs is not None else math.inf
                 self._seq += 1
@@ -644,8 +667,9 @@ class ClusterSim:
         hashes, n_prompt = call.hashes, call.n_prompt_blocks
         # the request's prompt hashes are the same slice (read-only on both sides)
         prompt_hashes = call.request.block_hashes if call.request is not None else hashes[:n_prompt]
-        tokens = _Tokens(call.contents[: call.n_total_blocks], self.bs,
-                         call.prompt_tokens + call.output_tokens) if self._on_kv else None
+        # the contents list is shared, not copied: a task's list only grows (past this
+        # call's blocks, which the engine never reads beyond)
+        tokens = _Tokens(call.contents, self.bs, call.prompt_tokens + call.output_tokens) if self._on_kv else None
         # positional, in SimRequest's field order (checked at import): req_id, prompt_tokens,
         # output_tokens, block_hashes, output_block_hashes, token_ids, tag
         sim = SimRequest(call.key, call.prompt_tokens, call.output_tokens, prompt_hashes,
@@ -660,16 +684,14 @@ class ClusterSim:
             return
         self._dirty.add(i)
         freed = False
-        name = self.views[i].name
         for ev in events:
-            if isinstance(ev, Finished):
+            kind = type(ev)  # the engine's own classes, never subclassed
+            if kind is Finished:
                 freed = True
                 self._finished(i, ev)
-            elif isinstance(ev, KVEvents):
+            elif kind is KVEvents:
                 if self._on_kv is not None:
-                    self._on_kv(name, ev.events)
-            elif isinstance(ev, FirstToken):
-                pass
+                    self._on_kv(self.views[i].name, ev.events)
         if freed:
             self._release_queued(t)
 
@@ -759,15 +781,23 @@ class ClusterSim:
     def _record(self, call: _Call, t: float, outcome: Outcome, error: str | None, replica: int = -1,
                 ev: Finished | None = None, cost: float = 0.0) -> None:
         task, spec = call.task, call.task.spec
-        view = self.views[replica] if replica >= 0 else None
+        name = gpu = None
+        if replica >= 0:
+            view = self.views[replica]
+            name, gpu = view.name, view.gpu
+        if ev is None:
+            cached = completion = 0
+            admitted = first_token = None
+            gpu_s = 0.0
+        else:
+            cached, completion, admitted, first_token, gpu_s = (
+                ev.cached_tokens, ev.output_tokens, ev.admitted, ev.first_token, ev.gpu_seconds)
         # positional, in CallRecord's field order (keywords cost ~3x for its 24 fields)
         self.records.append(CallRecord(
             call.key, spec.task_id, call.step, call.attempt, spec.session_id or spec.task_id, spec.tenant,
-            spec.agent, spec.priority, spec.model, call.model_served,
-            view.name if view else None, view.gpu if view else None, call.prompt_tokens,
-            ev.cached_tokens if ev else 0, ev.output_tokens if ev else 0, call.offered_s, call.dispatched_s,
-            ev.admitted if ev else None, ev.first_token if ev else None, t,
-            ev.gpu_seconds if ev else 0.0, cost, outcome, error,
+            spec.agent, spec.priority, spec.model, call.model_served, name, gpu, call.prompt_tokens,
+            cached, completion, call.offered_s, call.dispatched_s, admitted, first_token, t, gpu_s, cost, outcome,
+            error,
         ))
         self._calls_by_id.pop(call.key, None)
         task.attempts += 1
@@ -784,6 +814,11 @@ class ClusterSim:
 
     def _release_queued(self, t: float) -> None:
         if self._release is not None:
+            if not getattr(self._policy, "pending", True):
+                # nothing to hand out: the views are set as a release would have seen them
+                # (a later decision sees this state unless the replica changes again)
+                self._snapshot_views()
+                return
             self._refresh_views()
             t0 = time.perf_counter_ns()
             released = self._release(self._replicas, t)
