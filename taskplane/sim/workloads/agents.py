@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TypeVar
@@ -104,20 +104,6 @@ def _picker(rng: random.Random, items: tuple[T, ...], weights: list[float]) -> C
     return lambda: items[bisect(cum, rand() * total, 0, hi)]
 
 
-def _std_normals(rng: random.Random) -> Iterator[float]:
-    """The standard normals ``rng.gauss(0.0, 1.0)`` would give, in the same order and
-    drawing ``rng.random()`` at the same moments (Box-Muller pairs, the second one held
-    for the next draw), resumed as a generator rather than called as a method: the
-    workload's ~5M draws are on the scale bench's serial path. ``gauss(0.0, s)`` is
-    ``0.0 + z * s``, which equals ``z * s`` except for a zero's sign (``exp`` ignores it)."""
-    rand = rng.random
-    while True:
-        x2pi = rand() * math.tau
-        g2rad = math.sqrt(-2.0 * math.log(1.0 - rand()))
-        yield math.cos(x2pi) * g2rad
-        yield math.sin(x2pi) * g2rad
-
-
 def _rate_at(cfg: AgentWorkloadConfig, t: float) -> float:
     if not cfg.phases:
         return cfg.arrival_rate_per_s
@@ -137,7 +123,6 @@ def generate_agent_tasks(cfg: AgentWorkloadConfig | None = None) -> Workload:
     pick_agent = _picker(rng, cfg.agents, [a.weight for a in cfg.agents])
     pick_tenant = _picker(rng, cfg.tenants, [t.weight for t in cfg.tenants])
     keys = {a.name: 1_000_003 * (i + 1) for i, a in enumerate(cfg.agents)}
-    normal = _std_normals(rng).__next__  # the only consumer of rng's normals
     tasks: list[TaskSpec] = []
     t = 0.0
     for i in range(cfg.n_tasks):
@@ -147,7 +132,7 @@ def generate_agent_tasks(cfg: AgentWorkloadConfig | None = None) -> Workload:
         steps = rng.randint(agent.steps_min, agent.steps_max)
         deadline = agent.deadline_s * cfg.deadline_scale if agent.deadline_s is not None else None
         tasks.append(TaskSpec(
-            task_id=f"task-{cfg.seed}-{i}", arrival_s=t, calls=_agent_calls(rng, normal, cfg, agent, steps),
+            task_id=f"task-{cfg.seed}-{i}", arrival_s=t, calls=_agent_calls(rng, cfg, agent, steps),
             agent=agent.name, tenant=tenant.name, priority=tenant.priority, deadline_s=deadline, model=cfg.model,
             prefix_key=keys[agent.name], prefix_tokens=agent.system_tokens, seed=rng.getrandbits(62),
         ))
@@ -155,28 +140,26 @@ def generate_agent_tasks(cfg: AgentWorkloadConfig | None = None) -> Workload:
                     meta={"n_tasks": cfg.n_tasks, "rate": cfg.arrival_rate_per_s, "seed": cfg.seed})
 
 
-def _agent_calls(rng: random.Random, normal: Callable[[], float], cfg: AgentWorkloadConfig, agent: AgentType,
-                 steps: int) -> list[CallSpec]:
+def _agent_calls(rng: random.Random, cfg: AgentWorkloadConfig, agent: AgentType, steps: int) -> list[CallSpec]:
     """Up to ``steps`` calls of one task, until its context would pass the model's window.
 
-    Lognormal draws are ``median * exp(sigma * z)`` with ``z`` from ``normal`` (see
-    :func:`_std_normals`), written inline with bound methods: this loop runs ~2M times for
-    the scale bench's 100k tasks."""
-    choice, exp = rng.choice, math.exp
+    Lognormal draws are ``median * exp(gauss(0, sigma))``, written inline with bound
+    methods: this loop runs ~2M times for the scale bench's 100k tasks."""
+    gauss, choice, exp = rng.gauss, rng.choice, math.exp
     tools, limit = agent.tools, cfg.max_context_tokens
     out_median = agent.output_median_tokens
     ctx = agent.system_tokens
     calls: list[CallSpec] = []
     for s in range(steps):
         if s == 0:
-            append = max(8, int(agent.goal_median_tokens * exp(normal() * 0.6)))
+            append = max(8, int(agent.goal_median_tokens * exp(gauss(0.0, 0.6))))
             gap, tool_name = 0.0, None
         else:
             tool = choice(tools)
             tool_name = tool.name
-            gap = tool.gap_median_s * exp(normal() * tool.gap_sigma)
-            append = max(8, int(tool.result_median_tokens * exp(normal() * tool.result_sigma)))
-        out = max(4, int(out_median * exp(normal() * 0.7)))
+            gap = tool.gap_median_s * exp(gauss(0.0, tool.gap_sigma))
+            append = max(8, int(tool.result_median_tokens * exp(gauss(0.0, tool.result_sigma))))
+        out = max(4, int(out_median * exp(gauss(0.0, 0.7))))
         if ctx + append + out > limit:
             break
         calls.append(CallSpec(out, append, gap, tool_name))
