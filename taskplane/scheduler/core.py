@@ -315,7 +315,7 @@ class Scheduler:
             pinned >= 0
             and settings_ws(self.admission)
             and not bool(state.saturated[pinned])
-            and bool(np.any(state.sel == pinned))
+            and state.candidate_position(pinned) >= 0
         ):
             # a session in flight already holds its KV room: it never waits behind new tasks
             state.narrow(free)
@@ -558,7 +558,7 @@ class Scheduler:
                 reason = "failed"
             elif self.admission is not None and bool(state.saturated[pinned]):
                 reason = "saturated"
-            elif pinned not in state.sel:
+            elif state.candidate_position(pinned) < 0:
                 reason = "filtered"
             else:
                 reason = "outscored"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import types
 import typing
@@ -274,7 +275,9 @@ class CycleState:
         self.rows = rows
         self.now_s = now_s
         self.model = model
-        self.n = len(rows)
+        self.n = n = len(rows)
+        # the pool's first table row when its rows are one contiguous run (the usual case), else -1
+        self._start = int(rows[0]) if n and int(rows[-1]) - int(rows[0]) + 1 == n else -1
         cols = table.columns(rows)  # read-only from here on
         self.free = cols[:, 0]
         self.total = np.maximum(cols[:, 1], 1.0)
@@ -283,14 +286,14 @@ class CycleState:
         self.inflight_prefill = cols[:, 4]
         self.inflight_decode = cols[:, 5]
         self.cost_per_hour = cols[:, 6]
-        self.max_seqs = np.maximum(cols[:, 7], 1.0)
-        self.block_size = np.maximum(cols[:, 8], 1.0)
-        self.healthy = cols[:, 9] > 0
-        self.loaded = cols[:, 10] > 0
-        self.sel = np.arange(self.n)
+        # adjacent columns in one operation each (the table is column-major, so are the results)
+        self.max_seqs, self.block_size = np.maximum(cols[:, 7:9], 1.0).T
+        self.healthy, self.loaded = (cols[:, 9:11] > 0).T
+        self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = scheduler.rng
         self._matched: dict[str, np.ndarray] = {}
+        self._speed: np.ndarray | None = None
         self._prediction: Prediction | None = None
         self._saturated: np.ndarray | None = None
         self._room: np.ndarray | bool | None = False  # False: not computed yet
@@ -312,6 +315,16 @@ class CycleState:
         if np.count_nonzero(keep) < len(keep):
             self.sel = self.sel[keep]
             self._all = False
+            self._speed = None
+
+    def candidate_position(self, i: int) -> int:
+        """Position among the candidates of pool position ``i``, or -1 when it is not one
+        (``sel`` is in pool order: narrowing keeps the order)."""
+        if self._all:
+            return i if 0 <= i < self.n else -1
+        sel = self.sel
+        pos = int(sel.searchsorted(i))
+        return pos if pos < len(sel) and sel[pos] == i else -1
 
     def view(self, i: int) -> ReplicaView:
         """The replica at pool position ``i``."""
@@ -335,6 +348,9 @@ class CycleState:
         row = self.table.row_of(name)
         if row is None:
             return -1
+        if self._start >= 0:
+            pos = row - self._start
+            return pos if 0 <= pos < self.n else -1
         hit = np.flatnonzero(self.rows == row)
         return int(hit[0]) if hit.size else -1
 
@@ -352,7 +368,8 @@ class CycleState:
             req = self.request
             if req.block_hashes:
                 index = self.scheduler.kv_index
-                ids = self.table.ids_for(index.slots)[self.rows]
+                ids = self.table.ids_for(index.slots)
+                ids = ids[self._start : self._start + self.n] if self._start >= 0 else ids[self.rows]
                 arr = index.match_ids(
                     req.block_hashes, ids, source=source, block_size=req.block_size, tokenized=req.tokenized
                 ).astype(np.float64)
@@ -396,6 +413,14 @@ class CycleState:
                 completion_tokens=self.completion_tokens,
             )
         return self._prediction
+
+    @property
+    def relative_speed(self) -> np.ndarray:
+        """``ratio_low_is_better`` of the candidates' predicted total times: 1 for the
+        fastest. Several scorers rank by it, so it is computed once per candidate set."""
+        if self._speed is None:
+            self._speed = ratio_low_is_better(self.c(self.prediction.total_ms))
+        return self._speed
 
     # -- load
 
@@ -452,6 +477,14 @@ class CycleState:
                 if name is not None:
                     self._pinned = self.position_of(name)
         return self._pinned
+
+
+@functools.cache
+def _everyone(n: int) -> np.ndarray:
+    """``arange(n)``, shared read-only: every decision over a pool of n starts from it."""
+    sel = np.arange(n)
+    sel.flags.writeable = False
+    return sel
 
 
 def working_set_limit(state: CycleState | OneCandidate) -> float | None:

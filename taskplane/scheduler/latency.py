@@ -191,7 +191,8 @@ class LatencyModel:
             params if isinstance(params, tuple) else (params[:, 0], params[:, 1], params[:, 2], params[:, 3])
         )
         rate, base, per_seq, cold_s = cols
-        cold_ms = np.where(loaded, 0.0, cold_s * 1000.0)
+        # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
+        cold_ms = 0.0 if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
         return Prediction(*_times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running,
                                   completion_tokens))
 

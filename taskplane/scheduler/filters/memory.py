@@ -38,7 +38,8 @@ class MemoryHeadroomFilter(Filter):
 
     def filter(self, state: CycleState) -> np.ndarray | None:
         p: MemoryHeadroomParams = self.params
-        ok = state.c(state.free) >= state.c(state.new_blocks_needed()) * p.min_free_ratio
+        needed = state.c(state.new_blocks_needed())
+        ok = state.c(state.free) >= (needed if p.min_free_ratio == 1.0 else needed * p.min_free_ratio)
         if p.soft and not any_true(ok):
             return None
         return ok

@@ -12,9 +12,10 @@ from taskplane.scheduler.framework import CycleState, Picker, param, register
 def argmax_seeded(values: np.ndarray, rng: np.random.Generator, tol: float = 1e-9) -> int:
     """Index of the maximum; ties broken by the scheduler's seeded generator."""
     best = float(values.max())
-    ties = np.flatnonzero(values >= best - tol)
-    if ties.size == 1:
-        return int(ties[0])
+    near = values >= best - tol
+    if np.count_nonzero(near) == 1:  # the usual case, without building the list of ties
+        return int(near.argmax())
+    ties = np.flatnonzero(near)
     return int(ties[rng.integers(ties.size)])
 
 

@@ -71,12 +71,12 @@ class SessionAffinityScorer(Scorer):
         pinned = state.pinned
         if pinned < 0:
             return out
-        pos = np.flatnonzero(state.sel == pinned)
-        if pos.size == 0:
+        pos = state.candidate_position(pinned)
+        if pos < 0:
             return out
         if self.params.break_when_saturated and bool(state.saturated[pinned]):
             return out
-        out[pos[0]] = 1.0
+        out[pos] = 1.0
         return out
 
 

@@ -40,13 +40,12 @@ class GpuPriceScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         p: GpuPriceParams = self.params
-        price = state.c(state.cost_per_hour)
         if p.per_call:
             pred = state.prediction
-            service_s = (state.c(pred.prefill_ms) + state.c(pred.decode_ms)) / 1000.0
-            cost = price / 3600.0 * service_s
+            # over the whole pool, then restricted once (fewer copies than restricting each input)
+            cost = state.c(state.cost_per_hour / 3600.0 * ((pred.prefill_ms + pred.decode_ms) / 1000.0))
         else:
-            cost = price
+            cost = state.c(state.cost_per_hour)
         budget = call_budget_ms(state.request)
         if budget is not None:
             meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack
