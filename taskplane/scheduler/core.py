@@ -33,6 +33,7 @@ import numpy as np
 from taskplane.scheduler.admission import AdmissionQueue, AdmissionSettings, band_rank
 from taskplane.scheduler.framework import (
     REGISTRY,
+    ZERO,
     CycleState,
     Filter,
     Kind,
@@ -482,16 +483,21 @@ class Scheduler:
         replica, a pool of one) is a forced choice: it is not scored, which is most of the
         cost of a continuing call's decision."""
         n = len(state.sel)
-        totals = np.zeros(n)
+        totals: np.ndarray | None = None
         scored: list[tuple[Scorer, np.ndarray]] = []
         if n > 1:
             for scorer in self.scorers:
                 s = scorer.score(state)
-                if scorer.weight == 1.0:
-                    totals += s  # 1.0 * s is s: skip the product
-                elif scorer.weight:
-                    totals += scorer.weight * s
+                weight = scorer.weight
+                if weight:
+                    term = s if weight == 1.0 else weight * s  # 1.0 * s is s: skip the product
+                    if totals is None:
+                        totals = term + ZERO  # what adding it to zeros gives (-0.0 becomes 0.0)
+                    else:
+                        totals += term
                 scored.append((scorer, s))
+        if totals is None:
+            totals = np.zeros(n)
         pos = self.picker.pick(state, totals) if n > 1 else 0
         i = int(state.sel[pos])
         view = state.view(i)

@@ -252,6 +252,23 @@ def build_params(cls: type, params: Mapping[str, Any], where: str) -> Any:
 
 # --------------------------------------------------------------------------- cycle state
 
+
+def num(x: float) -> np.ndarray:
+    """``x`` as a 0-d float64 array, to combine with the pool's arrays. Numpy converts a
+    Python number operand on every operation, which costs about as much as the arithmetic on
+    a 500-replica array; a 0-d array operand gives the same values without that."""
+    return np.array(x, dtype=np.float64)
+
+
+def _constant(x: float) -> np.ndarray:
+    arr = num(x)
+    arr.flags.writeable = False
+    return arr
+
+
+ZERO, ONE = _constant(0.0), _constant(1.0)
+
+
 class CycleState:
     """Everything one decision computes once and its plugins share.
 
@@ -280,15 +297,16 @@ class CycleState:
         self._start = int(rows[0]) if n and int(rows[-1]) - int(rows[0]) + 1 == n else -1
         cols = table.columns(rows)  # read-only from here on
         self.free = cols[:, 0]
-        self.total = np.maximum(cols[:, 1], 1.0)
+        self.total = np.maximum(cols[:, 1], ONE)
         self.running = cols[:, 2]
         self.waiting = cols[:, 3]
         self.inflight_prefill = cols[:, 4]
         self.inflight_decode = cols[:, 5]
         self.cost_per_hour = cols[:, 6]
-        # adjacent columns in one operation each (the table is column-major, so are the results)
-        self.max_seqs, self.block_size = np.maximum(cols[:, 7:9], 1.0).T
-        self.healthy, self.loaded = (cols[:, 9:11] > 0).T
+        self.max_seqs = np.maximum(cols[:, 7], ONE)
+        self.block_size = np.maximum(cols[:, 8], ONE)
+        self.healthy = cols[:, 9] > ZERO
+        self.loaded = cols[:, 10] > ZERO
         self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = scheduler.rng
@@ -380,13 +398,13 @@ class CycleState:
 
     def uncached_tokens(self, source: str = "auto") -> np.ndarray:
         req = self.request
-        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, 0.0)
+        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, ZERO)
 
     def new_blocks_needed(self) -> np.ndarray:
         """KV blocks this call will allocate on each replica (prompt suffix + completion)."""
         if self._needed is None:
             need_tokens = self.request.prompt_tokens + self.completion_tokens
-            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
+            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), ZERO)
         return self._needed
 
     # -- predictions
@@ -649,5 +667,5 @@ def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9) -> np.ndarray:
     """
     if values.size == 0:
         return values
-    v = np.maximum(values, floor)
-    return float(v.min()) / v
+    v = np.maximum(values, num(floor))
+    return num(v.min()) / v
