@@ -170,9 +170,8 @@ class Scheduler:
             keep = f.filter(state)
             if keep is None:
                 continue
-            dropped = int(len(keep) - np.count_nonzero(keep))
+            dropped = state.narrow(keep)
             if dropped:
-                state.narrow(keep)
                 if self.metrics:
                     f._filtered.inc(dropped)
                 if len(state.sel) == 0:
@@ -203,7 +202,7 @@ class Scheduler:
         budget = req.budget_ms
         if budget is not None and self.admission is not None:  # baselines ignore deadlines
             pred = state.prediction
-            best_now = float(state.c(pred.total_ms).min())
+            best_now = state.fastest_total
             if best_now > budget:
                 best_empty = float(state.c(pred.empty_total_ms).min())
                 if fb_model:
@@ -270,7 +269,7 @@ class Scheduler:
         state = CycleState(self, req, replicas, pool, now, model)
         if self._filter(state) is not None:
             return None
-        if req.budget_ms is not None and float(state.c(state.prediction.total_ms).min()) > req.budget_ms:
+        if req.budget_ms is not None and state.fastest_total > req.budget_ms:
             return None
         if self.admission is not None:
             free = ~state.c(state.saturated)
@@ -304,6 +303,7 @@ class Scheduler:
         queue = self.queue_for(state.model)
         band = band_rank(req.priority)
         free = ~state.c(state.saturated)
+        n_free = int(np.count_nonzero(free))
         room = state.room
         if room is not None and not any_true(state.c(room)):
             # no replica can hold this new task's context next to the sessions in flight:
@@ -319,10 +319,10 @@ class Scheduler:
             and state.candidate_position(pinned) >= 0
         ):
             # a session in flight already holds its KV room: it never waits behind new tasks
-            state.narrow(free)
+            state.narrow(free, n_free)
             return None
-        if any_true(free) and not queue.has_at_or_above(band):
-            state.narrow(free)
+        if n_free and not queue.has_at_or_above(band):
+            state.narrow(free, n_free)
             return None
         return self._enqueue(state, queue, band, now)
 

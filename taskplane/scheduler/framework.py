@@ -260,13 +260,14 @@ def num(x: float) -> np.ndarray:
     return np.array(x, dtype=np.float64)
 
 
-def _constant(x: float) -> np.ndarray:
+def constant(x: float) -> np.ndarray:
+    """``num(x)``, read-only: a constant shared by every decision."""
     arr = num(x)
     arr.flags.writeable = False
     return arr
 
 
-ZERO, ONE = _constant(0.0), _constant(1.0)
+ZERO, ONE = constant(0.0), constant(1.0)
 
 
 class CycleState:
@@ -312,6 +313,7 @@ class CycleState:
         self.rng = scheduler.rng
         self._matched: dict[str, np.ndarray] = {}
         self._speed: np.ndarray | None = None
+        self._fastest: float | None = None
         self._prediction: Prediction | None = None
         self._saturated: np.ndarray | None = None
         self._room: np.ndarray | bool | None = False  # False: not computed yet
@@ -328,12 +330,15 @@ class CycleState:
         the pool is a candidate, as in about half of all decisions, it is ``arr`` itself)."""
         return arr if self._all else arr[self.sel]
 
-    def narrow(self, keep: np.ndarray) -> None:
-        """Keep the candidates where ``keep`` (a mask over them) is True."""
-        if np.count_nonzero(keep) < len(keep):
+    def narrow(self, keep: np.ndarray, kept: int | None = None) -> int:
+        """Keep the candidates where ``keep`` (a mask over them) is True; returns how many
+        were dropped. ``kept``: ``count_nonzero(keep)``, when the caller has it already."""
+        dropped = len(keep) - (int(np.count_nonzero(keep)) if kept is None else kept)
+        if dropped:
             self.sel = self.sel[keep]
             self._all = False
-            self._speed = None
+            self._speed = self._fastest = None
+        return dropped
 
     def candidate_position(self, i: int) -> int:
         """Position among the candidates of pool position ``i``, or -1 when it is not one
@@ -433,11 +438,19 @@ class CycleState:
         return self._prediction
 
     @property
+    def fastest_total(self) -> float:
+        """The candidates' smallest predicted total ms (the budget check and the latency
+        scorers need it: computed once per candidate set)."""
+        if self._fastest is None:
+            self._fastest = float(self.c(self.prediction.total_ms).min())
+        return self._fastest
+
+    @property
     def relative_speed(self) -> np.ndarray:
         """``ratio_low_is_better`` of the candidates' predicted total times: 1 for the
         fastest. Several scorers rank by it, so it is computed once per candidate set."""
         if self._speed is None:
-            self._speed = ratio_low_is_better(self.c(self.prediction.total_ms))
+            self._speed = ratio_low_is_better(self.c(self.prediction.total_ms), lowest=self.fastest_total)
         return self._speed
 
     # -- load
@@ -649,6 +662,13 @@ def any_true(mask: np.ndarray) -> bool:
     return bool(np.count_nonzero(mask))
 
 
+def keeps_all(ok: np.ndarray, soft: bool) -> bool:
+    """Does a filter with pass mask ``ok`` keep every candidate: all pass, or (``soft``)
+    none does? One count instead of a test here and another in ``Scheduler._filter``."""
+    kept = np.count_nonzero(ok)
+    return kept == len(ok) or (soft and not kept)
+
+
 def minmax_low_is_better(values: np.ndarray) -> np.ndarray:
     """llm-d style normalisation: (max - v) / (max - min); all equal -> all 1."""
     if values.size == 0:
@@ -660,12 +680,15 @@ def minmax_low_is_better(values: np.ndarray) -> np.ndarray:
     return (hi - values) / (hi - lo)
 
 
-def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9) -> np.ndarray:
+def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9, lowest: float | None = None) -> np.ndarray:
     """min / v: 1 for the best candidate, proportionally less for worse ones.
 
     Unlike min-max this does not blow a 1 % difference up to the full [0, 1] range.
+    ``lowest``: ``values.min()``, when the caller has it already (the same result: the
+    smallest of the floored values is the floored smallest value).
     """
     if values.size == 0:
         return values
     v = np.maximum(values, num(floor))
-    return num(v.min()) / v
+    best = v.min() if lowest is None else max(lowest, floor)
+    return num(best) / v

@@ -9,12 +9,15 @@ import numpy as np
 from taskplane.scheduler.framework import (
     CycleState,
     Scorer,
+    constant,
     minmax_low_is_better,
     param,
     ratio_low_is_better,
     register,
 )
 from taskplane.scheduler.workflow import call_budget_ms
+
+_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see framework.num
 
 
 @dataclass(slots=True)
@@ -43,7 +46,7 @@ class GpuPriceScorer(Scorer):
         if p.per_call:
             pred = state.prediction
             # over the whole pool, then restricted once (fewer copies than restricting each input)
-            cost = state.c(state.cost_per_hour / 3600.0 * ((pred.prefill_ms + pred.decode_ms) / 1000.0))
+            cost = state.c(state.cost_per_hour / _S_PER_HOUR * ((pred.prefill_ms + pred.decode_ms) / _MS_PER_S))
         else:
             cost = state.c(state.cost_per_hour)
         budget = call_budget_ms(state.request)

@@ -7,7 +7,15 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Scorer, param, ratio_low_is_better, register
+from taskplane.scheduler.framework import (
+    ONE,
+    ZERO,
+    CycleState,
+    Scorer,
+    param,
+    ratio_low_is_better,
+    register,
+)
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -21,7 +29,7 @@ class MemoryHeadroomScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         left = state.c((state.free - state.new_blocks_needed()) / state.total)  # one restriction, not three
-        return left.clip(0.0, 1.0)  # the method: np.clip only wraps it
+        return left.clip(ZERO, ONE)  # the method: np.clip only wraps it
 
 
 @register("weight-warmth")
