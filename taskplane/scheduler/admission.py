@@ -36,9 +36,13 @@ BANDS: tuple[str, ...] = tuple(p.value for p in Priority)  # most urgent first
 _RANK = {name: i for i, name in enumerate(BANDS)}
 
 
+_STANDARD = _RANK[Priority.STANDARD.value]
+
+
 def band_rank(priority: str) -> int:
     """0 for critical ... 3 for batch; unknown names count as standard."""
-    return _RANK.get(str(priority).lower(), _RANK[Priority.STANDARD.value])
+    rank = _RANK.get(priority)  # the usual case: a band's name as given (or a Priority)
+    return rank if rank is not None else _RANK.get(str(priority).lower(), _STANDARD)
 
 
 def check_priority_cap(requested: str, max_priority: str) -> bool:

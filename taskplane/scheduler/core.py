@@ -33,6 +33,7 @@ import numpy as np
 from taskplane.scheduler.admission import AdmissionQueue, AdmissionSettings, band_rank
 from taskplane.scheduler.framework import (
     REGISTRY,
+    ZERO,
     CycleState,
     Filter,
     Kind,
@@ -169,9 +170,8 @@ class Scheduler:
             keep = f.filter(state)
             if keep is None:
                 continue
-            dropped = int(len(keep) - np.count_nonzero(keep))
+            dropped = state.narrow(keep)
             if dropped:
-                state.narrow(keep)
                 if self.metrics:
                     f._filtered.inc(dropped)
                 if len(state.sel) == 0:
@@ -202,7 +202,7 @@ class Scheduler:
         budget = req.budget_ms
         if budget is not None and self.admission is not None:  # baselines ignore deadlines
             pred = state.prediction
-            best_now = float(state.c(pred.total_ms).min())
+            best_now = state.fastest_total
             if best_now > budget:
                 best_empty = float(state.c(pred.empty_total_ms).min())
                 if fb_model:
@@ -269,7 +269,7 @@ class Scheduler:
         state = CycleState(self, req, replicas, pool, now, model)
         if self._filter(state) is not None:
             return None
-        if req.budget_ms is not None and float(state.c(state.prediction.total_ms).min()) > req.budget_ms:
+        if req.budget_ms is not None and state.fastest_total > req.budget_ms:
             return None
         if self.admission is not None:
             free = ~state.c(state.saturated)
@@ -303,6 +303,7 @@ class Scheduler:
         queue = self.queue_for(state.model)
         band = band_rank(req.priority)
         free = ~state.c(state.saturated)
+        n_free = int(np.count_nonzero(free))
         room = state.room
         if room is not None and not any_true(state.c(room)):
             # no replica can hold this new task's context next to the sessions in flight:
@@ -315,13 +316,13 @@ class Scheduler:
             pinned >= 0
             and settings_ws(self.admission)
             and not bool(state.saturated[pinned])
-            and bool(np.any(state.sel == pinned))
+            and state.candidate_position(pinned) >= 0
         ):
             # a session in flight already holds its KV room: it never waits behind new tasks
-            state.narrow(free)
+            state.narrow(free, n_free)
             return None
-        if any_true(free) and not queue.has_at_or_above(band):
-            state.narrow(free)
+        if n_free and not queue.has_at_or_above(band):
+            state.narrow(free, n_free)
             return None
         return self._enqueue(state, queue, band, now)
 
@@ -482,16 +483,21 @@ class Scheduler:
         replica, a pool of one) is a forced choice: it is not scored, which is most of the
         cost of a continuing call's decision."""
         n = len(state.sel)
-        totals = np.zeros(n)
+        totals: np.ndarray | None = None
         scored: list[tuple[Scorer, np.ndarray]] = []
         if n > 1:
             for scorer in self.scorers:
                 s = scorer.score(state)
-                if scorer.weight == 1.0:
-                    totals += s  # 1.0 * s is s: skip the product
-                elif scorer.weight:
-                    totals += scorer.weight * s
+                weight = scorer.weight
+                if weight:
+                    term = s if weight == 1.0 else weight * s  # 1.0 * s is s: skip the product
+                    if totals is None:
+                        totals = term + ZERO  # what adding it to zeros gives (-0.0 becomes 0.0)
+                    else:
+                        totals += term
                 scored.append((scorer, s))
+        if totals is None:
+            totals = np.zeros(n)
         pos = self.picker.pick(state, totals) if n > 1 else 0
         i = int(state.sel[pos])
         view = state.view(i)
@@ -558,7 +564,7 @@ class Scheduler:
                 reason = "failed"
             elif self.admission is not None and bool(state.saturated[pinned]):
                 reason = "saturated"
-            elif pinned not in state.sel:
+            elif state.candidate_position(pinned) < 0:
                 reason = "filtered"
             else:
                 reason = "outscored"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import types
 import typing
@@ -251,6 +252,24 @@ def build_params(cls: type, params: Mapping[str, Any], where: str) -> Any:
 
 # --------------------------------------------------------------------------- cycle state
 
+
+def num(x: float) -> np.ndarray:
+    """``x`` as a 0-d float64 array, to combine with the pool's arrays. Numpy converts a
+    Python number operand on every operation, which costs about as much as the arithmetic on
+    a 500-replica array; a 0-d array operand gives the same values without that."""
+    return np.array(x, dtype=np.float64)
+
+
+def constant(x: float) -> np.ndarray:
+    """``num(x)``, read-only: a constant shared by every decision."""
+    arr = num(x)
+    arr.flags.writeable = False
+    return arr
+
+
+ZERO, ONE = constant(0.0), constant(1.0)
+
+
 class CycleState:
     """Everything one decision computes once and its plugins share.
 
@@ -274,23 +293,27 @@ class CycleState:
         self.rows = rows
         self.now_s = now_s
         self.model = model
-        self.n = len(rows)
+        self.n = n = len(rows)
+        # the pool's first table row when its rows are one contiguous run (the usual case), else -1
+        self._start = int(rows[0]) if n and int(rows[-1]) - int(rows[0]) + 1 == n else -1
         cols = table.columns(rows)  # read-only from here on
         self.free = cols[:, 0]
-        self.total = np.maximum(cols[:, 1], 1.0)
+        self.total = np.maximum(cols[:, 1], ONE)
         self.running = cols[:, 2]
         self.waiting = cols[:, 3]
         self.inflight_prefill = cols[:, 4]
         self.inflight_decode = cols[:, 5]
         self.cost_per_hour = cols[:, 6]
-        self.max_seqs = np.maximum(cols[:, 7], 1.0)
-        self.block_size = np.maximum(cols[:, 8], 1.0)
-        self.healthy = cols[:, 9] > 0
-        self.loaded = cols[:, 10] > 0
-        self.sel = np.arange(self.n)
+        self.max_seqs = np.maximum(cols[:, 7], ONE)
+        self.block_size = np.maximum(cols[:, 8], ONE)
+        self.healthy = cols[:, 9] > ZERO
+        self.loaded = cols[:, 10] > ZERO
+        self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = scheduler.rng
         self._matched: dict[str, np.ndarray] = {}
+        self._speed: np.ndarray | None = None
+        self._fastest: float | None = None
         self._prediction: Prediction | None = None
         self._saturated: np.ndarray | None = None
         self._room: np.ndarray | bool | None = False  # False: not computed yet
@@ -307,11 +330,24 @@ class CycleState:
         the pool is a candidate, as in about half of all decisions, it is ``arr`` itself)."""
         return arr if self._all else arr[self.sel]
 
-    def narrow(self, keep: np.ndarray) -> None:
-        """Keep the candidates where ``keep`` (a mask over them) is True."""
-        if np.count_nonzero(keep) < len(keep):
+    def narrow(self, keep: np.ndarray, kept: int | None = None) -> int:
+        """Keep the candidates where ``keep`` (a mask over them) is True; returns how many
+        were dropped. ``kept``: ``count_nonzero(keep)``, when the caller has it already."""
+        dropped = len(keep) - (int(np.count_nonzero(keep)) if kept is None else kept)
+        if dropped:
             self.sel = self.sel[keep]
             self._all = False
+            self._speed = self._fastest = None
+        return dropped
+
+    def candidate_position(self, i: int) -> int:
+        """Position among the candidates of pool position ``i``, or -1 when it is not one
+        (``sel`` is in pool order: narrowing keeps the order)."""
+        if self._all:
+            return i if 0 <= i < self.n else -1
+        sel = self.sel
+        pos = int(sel.searchsorted(i))
+        return pos if pos < len(sel) and sel[pos] == i else -1
 
     def view(self, i: int) -> ReplicaView:
         """The replica at pool position ``i``."""
@@ -335,6 +371,9 @@ class CycleState:
         row = self.table.row_of(name)
         if row is None:
             return -1
+        if self._start >= 0:
+            pos = row - self._start
+            return pos if 0 <= pos < self.n else -1
         hit = np.flatnonzero(self.rows == row)
         return int(hit[0]) if hit.size else -1
 
@@ -352,7 +391,8 @@ class CycleState:
             req = self.request
             if req.block_hashes:
                 index = self.scheduler.kv_index
-                ids = self.table.ids_for(index.slots)[self.rows]
+                ids = self.table.ids_for(index.slots)
+                ids = ids[self._start : self._start + self.n] if self._start >= 0 else ids[self.rows]
                 arr = index.match_ids(
                     req.block_hashes, ids, source=source, block_size=req.block_size, tokenized=req.tokenized
                 ).astype(np.float64)
@@ -363,13 +403,13 @@ class CycleState:
 
     def uncached_tokens(self, source: str = "auto") -> np.ndarray:
         req = self.request
-        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, 0.0)
+        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, ZERO)
 
     def new_blocks_needed(self) -> np.ndarray:
         """KV blocks this call will allocate on each replica (prompt suffix + completion)."""
         if self._needed is None:
             need_tokens = self.request.prompt_tokens + self.completion_tokens
-            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
+            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), ZERO)
         return self._needed
 
     # -- predictions
@@ -396,6 +436,22 @@ class CycleState:
                 completion_tokens=self.completion_tokens,
             )
         return self._prediction
+
+    @property
+    def fastest_total(self) -> float:
+        """The candidates' smallest predicted total ms (the budget check and the latency
+        scorers need it: computed once per candidate set)."""
+        if self._fastest is None:
+            self._fastest = float(self.c(self.prediction.total_ms).min())
+        return self._fastest
+
+    @property
+    def relative_speed(self) -> np.ndarray:
+        """``ratio_low_is_better`` of the candidates' predicted total times: 1 for the
+        fastest. Several scorers rank by it, so it is computed once per candidate set."""
+        if self._speed is None:
+            self._speed = ratio_low_is_better(self.c(self.prediction.total_ms), lowest=self.fastest_total)
+        return self._speed
 
     # -- load
 
@@ -452,6 +508,14 @@ class CycleState:
                 if name is not None:
                     self._pinned = self.position_of(name)
         return self._pinned
+
+
+@functools.cache
+def _everyone(n: int) -> np.ndarray:
+    """``arange(n)``, shared read-only: every decision over a pool of n starts from it."""
+    sel = np.arange(n)
+    sel.flags.writeable = False
+    return sel
 
 
 def working_set_limit(state: CycleState | OneCandidate) -> float | None:
@@ -598,6 +662,13 @@ def any_true(mask: np.ndarray) -> bool:
     return bool(np.count_nonzero(mask))
 
 
+def keeps_all(ok: np.ndarray, soft: bool) -> bool:
+    """Does a filter with pass mask ``ok`` keep every candidate: all pass, or (``soft``)
+    none does? One count instead of a test here and another in ``Scheduler._filter``."""
+    kept = np.count_nonzero(ok)
+    return kept == len(ok) or (soft and not kept)
+
+
 def minmax_low_is_better(values: np.ndarray) -> np.ndarray:
     """llm-d style normalisation: (max - v) / (max - min); all equal -> all 1."""
     if values.size == 0:
@@ -609,12 +680,15 @@ def minmax_low_is_better(values: np.ndarray) -> np.ndarray:
     return (hi - values) / (hi - lo)
 
 
-def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9) -> np.ndarray:
+def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9, lowest: float | None = None) -> np.ndarray:
     """min / v: 1 for the best candidate, proportionally less for worse ones.
 
     Unlike min-max this does not blow a 1 % difference up to the full [0, 1] range.
+    ``lowest``: ``values.min()``, when the caller has it already (the same result: the
+    smallest of the floored values is the floored smallest value).
     """
     if values.size == 0:
         return values
-    v = np.maximum(values, floor)
-    return float(v.min()) / v
+    v = np.maximum(values, num(floor))
+    best = v.min() if lowest is None else max(lowest, floor)
+    return num(best) / v

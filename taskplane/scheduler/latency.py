@@ -36,6 +36,8 @@ GPU_PRIORS: dict[str, GpuTiming] = {
     "cpu": GpuTiming(250.0, 80.0, 2.0, 20.0),
 }
 DEFAULT_GPU = "h100"
+_ZERO = np.zeros(())
+_ZERO.flags.writeable = False
 
 
 @dataclass(slots=True)
@@ -47,7 +49,16 @@ class Prediction:
     decode_ms: np.ndarray  # the expected completion at the replica's batch size
     ttft_ms: np.ndarray
     total_ms: np.ndarray
-    empty_total_ms: np.ndarray  # the same call on the replica if it were idle (but as warm)
+    idle: tuple[Any, ...]  # (cold start ms, decode base ms, per-seq ms, completion tokens)
+    _empty: np.ndarray | None = None
+
+    @property
+    def empty_total_ms(self) -> np.ndarray:
+        """The same call on the replica if it were idle (but as warm). Computed on demand:
+        only calls refused or queued need it."""
+        if self._empty is None:
+            self._empty = _idle_total(self.prefill_ms, *self.idle)
+        return self._empty
 
 
 @dataclass(slots=True)
@@ -63,18 +74,22 @@ class OnePrediction:
 
 
 def _times(rate: Any, base: Any, per_seq: Any, cold_ms: Any, uncached_tokens: Any, queued_tokens: Any,
-           running: Any, completion_tokens: float) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """(queue, prefill, decode, ttft, total, empty_total) in ms: the one formula behind
+           running: Any, completion_tokens: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """(queue, prefill, decode, ttft, total) in ms: the one formula behind
     :meth:`LatencyModel.predict` (numpy arrays) and ``predict_scalar`` (floats), so the
-    two give the same numbers by construction."""
+    two give the same numbers by construction (with :func:`_idle_total`)."""
     prefill = uncached_tokens / rate * 1000.0
     queue = queued_tokens / rate * 1000.0 + cold_ms
     step = base + per_seq * (running + 1.0)
     decode = completion_tokens * step
     ttft = queue + prefill + base
     total = ttft + decode
-    empty_total = cold_ms + prefill + base + completion_tokens * (base + per_seq)
-    return queue, prefill, decode, ttft, total, empty_total
+    return queue, prefill, decode, ttft, total
+
+
+def _idle_total(prefill: Any, cold_ms: Any, base: Any, per_seq: Any, completion_tokens: Any) -> Any:
+    """Total ms of the same call on an idle replica (but as warm)."""
+    return cold_ms + prefill + base + completion_tokens * (base + per_seq)
 
 
 class LatencyModel:
@@ -187,13 +202,17 @@ class LatencyModel:
         same GPU (scalars broadcast: fewer array operations, the same results);
         ``queued_tokens``: prefill work ahead of the call.
         """
-        cols: tuple[np.ndarray | float, ...] = (
-            params if isinstance(params, tuple) else (params[:, 0], params[:, 1], params[:, 2], params[:, 3])
+        # scalars as 0-d arrays: numpy converts a Python float operand on every operation
+        cols = (
+            [np.array(x) for x in params] if isinstance(params, tuple)
+            else [params[:, 0], params[:, 1], params[:, 2], params[:, 3]]
         )
         rate, base, per_seq, cold_s = cols
-        cold_ms = np.where(loaded, 0.0, cold_s * 1000.0)
-        return Prediction(*_times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running,
-                                  completion_tokens))
+        # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
+        cold_ms = _ZERO if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
+        completion = np.array(completion_tokens)
+        times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion)
+        return Prediction(*times, idle=(cold_ms, base, per_seq, completion))
 
     @staticmethod
     def predict_scalar(
@@ -209,8 +228,8 @@ class LatencyModel:
         operations in the same order, so the same floats, without numpy's per-call cost."""
         rate, base, per_seq, cold_s = params
         cold_ms = 0.0 if loaded else cold_s * 1000.0
-        return OnePrediction(*_times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running,
-                                     completion_tokens))
+        times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)
+        return OnePrediction(*times, _idle_total(times[1], cold_ms, base, per_seq, completion_tokens))
 
     def predict_one(
         self,

@@ -11,7 +11,7 @@ from taskplane.scheduler.framework import (
     CycleState,
     Filter,
     OneCandidate,
-    any_true,
+    keeps_all,
     param,
     register,
 )
@@ -42,9 +42,7 @@ class LatencyBudgetFilter(Filter):
         pred = state.prediction
         times = pred.total_ms if p.metric == "total" else pred.ttft_ms
         ok = state.c(times) <= budget * p.slack
-        if p.soft and not any_true(ok):
-            return None
-        return ok
+        return None if keeps_all(ok, p.soft) else ok
 
     def keeps(self, one: OneCandidate) -> bool:
         budget = call_budget_ms(one.request)

@@ -10,7 +10,7 @@ from taskplane.scheduler.framework import (
     CycleState,
     Filter,
     OneCandidate,
-    any_true,
+    keeps_all,
     param,
     register,
 )
@@ -38,10 +38,9 @@ class MemoryHeadroomFilter(Filter):
 
     def filter(self, state: CycleState) -> np.ndarray | None:
         p: MemoryHeadroomParams = self.params
-        ok = state.c(state.free) >= state.c(state.new_blocks_needed()) * p.min_free_ratio
-        if p.soft and not any_true(ok):
-            return None
-        return ok
+        needed = state.c(state.new_blocks_needed())
+        ok = state.c(state.free) >= (needed if p.min_free_ratio == 1.0 else needed * p.min_free_ratio)
+        return None if keeps_all(ok, p.soft) else ok
 
     def keeps(self, one: OneCandidate) -> bool:
         p: MemoryHeadroomParams = self.params

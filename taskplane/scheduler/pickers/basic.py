@@ -11,10 +11,11 @@ from taskplane.scheduler.framework import CycleState, Picker, param, register
 
 def argmax_seeded(values: np.ndarray, rng: np.random.Generator, tol: float = 1e-9) -> int:
     """Index of the maximum; ties broken by the scheduler's seeded generator."""
-    best = float(values.max())
-    ties = np.flatnonzero(values >= best - tol)
-    if ties.size == 1:
-        return int(ties[0])
+    first = int(values.argmax())  # the first maximum (a NaN, if any, as max() would return)
+    near = values >= float(values[first]) - tol
+    if np.count_nonzero(near) == 1:  # the usual case: one candidate within tol of the best
+        return first
+    ties = np.flatnonzero(near)
     return int(ties[rng.integers(ties.size)])
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from prometheus_client import Histogram
 
-from taskplane.scheduler.framework import CycleState, Scorer, param, register
+from taskplane.scheduler.framework import ONE, CycleState, Scorer, param, register
 from taskplane.scheduler.metrics import SCORE_BUCKETS
 
 MATCH_RATIO = Histogram(
@@ -42,7 +42,7 @@ class PrefixCacheScorer(Scorer):
         blocks = state.prompt_blocks
         if blocks <= 0:
             return np.zeros(len(state.sel))
-        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
+        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, ONE)
         if ratio.size and state.scheduler.metrics:
             self._ratio.observe(float(ratio.max()))
         return ratio
@@ -71,12 +71,12 @@ class SessionAffinityScorer(Scorer):
         pinned = state.pinned
         if pinned < 0:
             return out
-        pos = np.flatnonzero(state.sel == pinned)
-        if pos.size == 0:
+        pos = state.candidate_position(pinned)
+        if pos < 0:
             return out
         if self.params.break_when_saturated and bool(state.saturated[pinned]):
             return out
-        out[pos[0]] = 1.0
+        out[pos] = 1.0
         return out
 
 

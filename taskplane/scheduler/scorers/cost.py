@@ -9,12 +9,15 @@ import numpy as np
 from taskplane.scheduler.framework import (
     CycleState,
     Scorer,
+    constant,
     minmax_low_is_better,
     param,
     ratio_low_is_better,
     register,
 )
 from taskplane.scheduler.workflow import call_budget_ms
+
+_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see framework.num
 
 
 @dataclass(slots=True)
@@ -40,13 +43,12 @@ class GpuPriceScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         p: GpuPriceParams = self.params
-        price = state.c(state.cost_per_hour)
         if p.per_call:
             pred = state.prediction
-            service_s = (state.c(pred.prefill_ms) + state.c(pred.decode_ms)) / 1000.0
-            cost = price / 3600.0 * service_s
+            # over the whole pool, then restricted once (fewer copies than restricting each input)
+            cost = state.c(state.cost_per_hour / _S_PER_HOUR * ((pred.prefill_ms + pred.decode_ms) / _MS_PER_S))
         else:
-            cost = price
+            cost = state.c(state.cost_per_hour)
         budget = call_budget_ms(state.request)
         if budget is not None:
             meets = state.c(state.prediction.total_ms) <= budget * p.budget_slack

@@ -7,7 +7,15 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Scorer, param, ratio_low_is_better, register
+from taskplane.scheduler.framework import (
+    ONE,
+    ZERO,
+    CycleState,
+    Scorer,
+    param,
+    ratio_low_is_better,
+    register,
+)
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -20,8 +28,8 @@ class MemoryHeadroomScorer(Scorer):
     """
 
     def score(self, state: CycleState) -> np.ndarray:
-        left = state.c(state.free) - state.c(state.new_blocks_needed())
-        return (left / state.c(state.total)).clip(0.0, 1.0)  # the method: np.clip only wraps it
+        left = state.c((state.free - state.new_blocks_needed()) / state.total)  # one restriction, not three
+        return left.clip(ZERO, ONE)  # the method: np.clip only wraps it
 
 
 @register("weight-warmth")
@@ -67,9 +75,11 @@ class LatencyScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         p: LatencyParams = self.params
+        budget = call_budget_ms(state.request) if p.budget_aware else None
+        if (budget is None or budget <= 0) and p.metric == "total":
+            return state.relative_speed  # computed once, shared with other scorers
         pred = state.prediction
         times = state.c(pred.total_ms if p.metric == "total" else pred.ttft_ms)
-        budget = call_budget_ms(state.request) if p.budget_aware else None
         if budget is None or budget <= 0:
             return ratio_low_is_better(times)
         comfort = budget * p.budget_comfort

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Scorer, param, ratio_low_is_better, register
+from taskplane.scheduler.framework import CycleState, Scorer, param, register
 from taskplane.scheduler.workflow import protection
 
 
@@ -35,5 +35,5 @@ class WorkflowContextScorer(Scorer):
         p = protection(state.request, self.params.reference_sunk_usd)
         if p <= 0.0:
             return np.ones(len(state.sel))
-        safe = ratio_low_is_better(state.c(state.prediction.total_ms))
+        safe = state.relative_speed
         return p * safe + (1.0 - p)
