@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from typing import Any, overload
 
 import numpy as np
 
@@ -100,8 +102,8 @@ def _repeated_hashes(tokens: list[int] | tuple[int, ...], n_full: int, block_siz
     Converting a block's Python ints costs 5-15 us (wide ints: the simulator's token ids are
     63-bit content ids, each block one id repeated); a memoised repeated block costs a dict
     lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full
-    count. One loop with the memo's young generation probed inline: this runs for every
-    block of every ``BlockStored`` event the simulator emits."""
+    count. One loop with the memo's young generation probed inline (the simulator's
+    events carry a :class:`RepeatedBlocks` instead, hashed without this inspection)."""
     memo = _MEMOS.get(block_size) or _memo(block_size)
     half = block_size // 2
     out: list[int] = []
@@ -120,13 +122,79 @@ def _repeated_hashes(tokens: list[int] | tuple[int, ...], n_full: int, block_siz
     return out
 
 
+class RepeatedBlocks(Sequence[int]):
+    """``n`` tokens made of blocks of ``block_size``, block ``j`` being copies of ``contents[j]``
+    (the last block may be partial; ``contents`` may run past ``n``: only its first
+    ``ceil(n / block_size)`` ids are read).
+
+    The cluster simulator's tokens: its requests' blocks each carry one content id, so a
+    ``BlockStored`` event's ``token_ids`` is one of these rather than a list of 256 ints per
+    block that :func:`chain_hashes` would then inspect to recognise as repeated (together
+    ~3.5 % of a simulated call's instructions). :func:`chain_hashes` hashes it block by
+    block with :func:`repeated_block_hash`: still our own function over the same tokens, so
+    the KV index computes every hash itself. Any other reader sees the same tokens
+    (indexing, iteration); a slice from a block boundary stays lazy, any other is a list."""
+
+    __slots__ = ("block_size", "contents", "n")
+
+    def __init__(self, contents: list[int], block_size: int, n: int) -> None:
+        self.contents, self.block_size, self.n = contents, block_size, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self.n)
+            bs = self.block_size
+            if step == 1 and not start % bs:  # every BlockStored: a run of whole blocks
+                stop = max(start, stop)
+                return RepeatedBlocks(self.contents[start // bs : -(-stop // bs)], bs, stop - start)
+            return list(self)[i]
+        n = self.n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("token index out of range")
+        return self.contents[i // self.block_size]
+
+    def __iter__(self) -> Iterator[int]:
+        left, bs = self.n, self.block_size
+        for c in self.contents:
+            if left <= 0:
+                return
+            yield from repeat(c, min(bs, left))
+            left -= bs
+
+    def __repr__(self) -> str:
+        return f"RepeatedBlocks({self.contents[: -(-self.n // self.block_size)]!r}, {self.block_size}, {self.n})"
+
+
+def _blocks_hashes(tokens: RepeatedBlocks, n_full: int, h: int) -> list[int]:
+    """Chained hashes of the first ``n_full`` blocks of ``tokens`` (memo probed inline, as in
+    :func:`_repeated_hashes`)."""
+    block_size = tokens.block_size
+    memo = _MEMOS.get(block_size) or _memo(block_size)
+    out: list[int] = []
+    for c in tokens.contents[:n_full]:
+        nxt = memo.young.get((h, c))
+        h = nxt if nxt is not None else repeated_block_hash(h, c, block_size)
+        out.append(h)
+    return out
+
+
 def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
     """Chained 64-bit hashes of the full blocks of ``tokens``.
 
     ``hashes[i]`` identifies ``tokens[: (i + 1) * block_size]`` following ``parent`` (pass the
     last hash of an earlier call to continue a chain). A trailing partial block is ignored.
-    Leading blocks of one repeated token (in a list or tuple) go through
-    :func:`repeated_block_hash`; the first other block and the rest are packed in one C call.
+    Leading blocks of one repeated token (in a list or tuple) and the blocks of a
+    :class:`RepeatedBlocks` of this block size go through :func:`repeated_block_hash`; the
+    first other block and the rest are packed in one C call.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -134,6 +202,10 @@ def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> 
     if n_full == 0:
         return []
     h = parent & _MASK64
+    if type(tokens) is RepeatedBlocks:
+        if tokens.block_size == block_size:
+            return _blocks_hashes(tokens, n_full, h)
+        tokens = list(tokens)
     if isinstance(tokens, list | tuple):
         out = _repeated_hashes(tokens, n_full, block_size, h)
         if len(out) == n_full:

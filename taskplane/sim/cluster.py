@@ -39,12 +39,12 @@ import heapq
 import math
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from taskplane.scheduler.hashing import repeated_block_hash
+from taskplane.scheduler.hashing import RepeatedBlocks, repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
@@ -289,41 +289,6 @@ def block_content(spec: TaskSpec, j: int, block_size: int) -> int:
     if (j + 1) * block_size <= spec.prefix_tokens:
         return mix(spec.prefix_key, j)
     return mix(spec.seed, j)
-
-
-class _Tokens(Sequence[int]):
-    """Token ids of a request as a lazy sequence: block j is ``[contents[j]] * block_size``.
-
-    A slice is a list (what BlockStored events carry), each block the same int object
-    repeated: the KV index recognises such a block with one ``list.count`` (identity
-    compares) and takes its hash from the memo the simulator filled (``block_hash``)."""
-
-    __slots__ = ("bs", "contents", "n")
-
-    def __init__(self, contents: list[int], bs: int, n: int) -> None:
-        self.contents, self.bs, self.n = contents, bs, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: Any) -> Any:
-        bs = self.bs
-        if isinstance(i, slice):
-            start, stop, _ = i.indices(self.n)
-            contents = self.contents
-            out: list[int] = []
-            if not start % bs and not stop % bs:  # whole blocks (every BlockStored): no clipping
-                if stop - start == bs:
-                    return [contents[start // bs]] * bs
-                for c in contents[start // bs : stop // bs]:
-                    out += [c] * bs
-                return out
-            j = start // bs
-            while j * bs < stop:
-                out += [contents[j]] * (min(stop, (j + 1) * bs) - max(start, j * bs))
-                j += 1
-            return out
-        return self.contents[i // bs]
 
 
 # ------------------------------------------------------------------ runtime state
@@ -669,7 +634,7 @@ class ClusterSim:
         prompt_hashes = call.request.block_hashes if call.request is not None else hashes[:n_prompt]
         # the contents list is shared, not copied: a task's list only grows (past this
         # call's blocks, which the engine never reads beyond)
-        tokens = _Tokens(call.contents, self.bs, call.prompt_tokens + call.output_tokens) if self._on_kv else None
+        tokens = RepeatedBlocks(call.contents, self.bs, call.prompt_tokens + call.output_tokens) if self._on_kv else None
         # positional, in SimRequest's field order (checked at import): req_id, prompt_tokens,
         # output_tokens, block_hashes, output_block_hashes, token_ids, tag
         sim = SimRequest(call.key, call.prompt_tokens, call.output_tokens, prompt_hashes,

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from taskplane.scheduler.hashing import RepeatedBlocks
 
 
 @dataclass(slots=True, eq=False)
@@ -312,7 +313,9 @@ class KVCache:
         if token_ids is not None:
             a = (offset + first) * bs
             toks = token_ids[a : a + len(run) * bs]
-            if not isinstance(toks, list | np.ndarray):  # a list or array slice is a copy already
+            # a list or array slice is a copy already; the simulator's lazy RepeatedBlocks is
+            # passed through (the index hashes it block by block, without 256 ints a block)
+            if not isinstance(toks, list | np.ndarray | RepeatedBlocks):
                 toks = list(toks)
         self.events.append(
             BlockStored(
