@@ -80,7 +80,8 @@ def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
     The memo caches our own hash function (keyed by what it hashes), so the KV index trusts
     nothing it did not compute. Its point is the simulator, whose blocks are all one token
     repeated: the simulator names a prompt's blocks with this function and the index
-    re-hashes the same blocks from ``BlockStored`` tokens, so the second blake2b over 2 KB
+    re-hashes the same blocks from ``BlockStored`` tokens (a :class:`RepeatedBlocks`, which
+    declares that shape), so the second blake2b over 2 KB
     of tokens (~6 us at a block size of 256) becomes a dict lookup, and both sides hold the
     *same* int object, which a dict probe of the index matches by identity without reading
     the stored key (a cache miss on a large index)."""
@@ -93,33 +94,6 @@ def repeated_block_hash(parent: int, token: int, block_size: int) -> int:
             h = _block_hash(parent & _MASK64, _Q.pack(token) * block_size)
         memo.put(key, h)
     return h
-
-
-def _repeated_hashes(tokens: list[int] | tuple[int, ...], n_full: int, block_size: int, h: int) -> list[int]:
-    """Chained hashes of the leading blocks of ``tokens`` that are one token repeated (all
-    of them or up to the first other block), each from the memo of :func:`repeated_block_hash`.
-
-    Converting a block's Python ints costs 5-15 us (wide ints: the simulator's token ids are
-    63-bit content ids, each block one id repeated); a memoised repeated block costs a dict
-    lookup. Two comparisons reject a mixed block cheaply (a real prompt), before the full
-    count. One loop with the memo's young generation probed inline (the simulator's
-    events carry a :class:`RepeatedBlocks` instead, hashed without this inspection)."""
-    memo = _MEMOS.get(block_size) or _memo(block_size)
-    half = block_size // 2
-    out: list[int] = []
-    for start in range(0, n_full * block_size, block_size):
-        first = tokens[start]
-        if type(first) is not int:  # a memo key equal to an int (1.0, numpy) must not skip packing
-            break
-        end = start + block_size
-        if tokens[end - 1] != first or tokens[start + half] != first:
-            break
-        if tokens[start:end].count(first) != block_size:
-            break
-        nxt = memo.young.get((h, first))
-        h = nxt if nxt is not None else repeated_block_hash(h, first, block_size)
-        out.append(h)
-    return out
 
 
 class RepeatedBlocks(Sequence[int]):
@@ -175,8 +149,9 @@ class RepeatedBlocks(Sequence[int]):
 
 
 def _blocks_hashes(tokens: RepeatedBlocks, n_full: int, h: int) -> list[int]:
-    """Chained hashes of the first ``n_full`` blocks of ``tokens`` (memo probed inline, as in
-    :func:`_repeated_hashes`)."""
+    """Chained hashes of the first ``n_full`` blocks of ``tokens``, each from the memo of
+    :func:`repeated_block_hash` (its young generation probed inline: this runs for every
+    block of every ``BlockStored`` event the simulator emits)."""
     block_size = tokens.block_size
     memo = _MEMOS.get(block_size) or _memo(block_size)
     out: list[int] = []
@@ -192,9 +167,9 @@ def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> 
 
     ``hashes[i]`` identifies ``tokens[: (i + 1) * block_size]`` following ``parent`` (pass the
     last hash of an earlier call to continue a chain). A trailing partial block is ignored.
-    Leading blocks of one repeated token (in a list or tuple) and the blocks of a
-    :class:`RepeatedBlocks` of this block size go through :func:`repeated_block_hash`; the
-    first other block and the rest are packed in one C call.
+    Tokens are packed in one C call and hashed block by block; the blocks of a
+    :class:`RepeatedBlocks` (the simulator's tokens) of this block size come from
+    :func:`repeated_block_hash` instead, the same values without the packing.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -206,18 +181,12 @@ def chain_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> 
         if tokens.block_size == block_size:
             return _blocks_hashes(tokens, n_full, h)
         tokens = list(tokens)
-    if isinstance(tokens, list | tuple):
-        out = _repeated_hashes(tokens, n_full, block_size, h)
-        if len(out) == n_full:
-            return out
-        if out:
-            h = out[-1]
-    else:
-        out = []
-    first, total, step = len(out), n_full * block_size, block_size * 8
-    rest = tokens[first * block_size : total] if first or len(tokens) != total else tokens
+    step = block_size * 8
+    total = n_full * block_size
+    rest = tokens if len(tokens) == total else tokens[:total]
     raw = _token_bytes(rest)
-    for j in range(n_full - first):
+    out: list[int] = []
+    for j in range(n_full):
         h = _block_hash(h, raw[j * step : (j + 1) * step])
         out.append(h)
     return out

@@ -1,5 +1,6 @@
-"""``chain_hashes`` packs blocks of one repeated token by repetition: the same hashes as
-packing every token (real replicas and the gateway depend on these values)."""
+"""``chain_hashes`` gives the same hashes for any shape of the same tokens — lists, tuples,
+arrays and the simulator's ``RepeatedBlocks`` — as packing every token (real replicas and
+the gateway depend on these values)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_repeated_block_hash_is_shared_and_bounded(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hashing, "MEMO_GENERATION", 2)
     h = hashing.repeated_block_hash(ROOT, 5, 4)
     assert h == reference_chain([5] * 4, 4)[0]
-    assert chain_hashes([5] * 4, 4)[0] is h  # the index's re-hash is the simulator's object
+    assert chain_hashes(RepeatedBlocks([5], 4, 4), 4)[0] is h  # the index's re-hash is the simulator's object
+    assert chain_hashes([5] * 4, 4)[0] == h  # a real token list: packed and hashed, equal
     for token in range(6):  # two generations of 2: 5 drops out, then is recomputed equal
         hashing.repeated_block_hash(ROOT, 100 + token, 4)
     assert hashing.repeated_block_hash(ROOT, 5, 4) == h
