@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from taskplane.sim.cluster import block_content, mix
+from taskplane.sim.cluster import block_contents, mix
 from taskplane.sim.workloads.base import Workload
 
 
@@ -74,8 +74,8 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
             prompt = ctx
             out = max(1, call.output_tokens)
             n_total = (prompt + out) // bs
-            while len(ids) < n_total:
-                parent = _chain(parent, block_content(spec, len(ids), bs))
+            for content in block_contents(spec, len(ids), n_total, bs):
+                parent = _chain(parent, content)
                 ids.append(parent)
             serve(ids, prompt, prompt // bs)
             seen.update(ids[:n_total])

@@ -267,14 +267,6 @@ class ClusterResult:
 # ------------------------------------------------------------------ block hashes
 
 
-def block_hash(parent: int, content: int, block_size: int) -> int:
-    """``chain_hashes([content] * block_size, block_size, parent)[0]``, without the list.
-
-    Memoised in :mod:`taskplane.scheduler.hashing`, whose memo the KV index shares: it
-    re-hashes BlockStored tokens to the same int objects (see ``repeated_block_hash``)."""
-    return repeated_block_hash(parent, content, block_size)
-
-
 def mix(a: int, b: int) -> int:
     """A 63-bit content id from two ints (splitmix64 finaliser)."""
     z = (a * 0x9E3779B97F4A7C15 + b + 0x632BE59BD9B4E019) & _MASK64
@@ -283,12 +275,13 @@ def mix(a: int, b: int) -> int:
     return (z ^ (z >> 31)) & _MASK63
 
 
-def block_content(spec: TaskSpec, j: int, block_size: int) -> int:
-    """The content id of block ``j`` of a closed-loop task: the agent's shared system prompt
-    while it lasts, then the task's own tokens (each block is this id repeated)."""
-    if (j + 1) * block_size <= spec.prefix_tokens:
-        return mix(spec.prefix_key, j)
-    return mix(spec.seed, j)
+def block_contents(spec: TaskSpec, start: int, stop: int, block_size: int) -> list[int]:
+    """The content ids of blocks ``start..stop-1`` of a closed-loop task: the agent's shared
+    system prompt while it lasts (its whole blocks), then the task's own tokens; each block
+    is its id repeated. One rule for the simulator and the hit-ceiling model."""
+    n_prefix = spec.prefix_tokens // block_size
+    key, seed = spec.prefix_key, spec.seed
+    return [mix(key if j < n_prefix else seed, j) for j in range(start, stop)]
 
 
 # ------------------------------------------------------------------ runtime state
@@ -500,14 +493,11 @@ class ClusterSim:
     # ---------------------------------------------------------------- calls
     def _extend_hashes(self, task: _Task, n_blocks: int) -> None:
         """Name blocks ``len(task.hashes)..n_blocks-1``: their contents (kept when given), then
-        their chained hashes, in two flat loops (the rule of :func:`block_content`, inlined)."""
+        their chained hashes (``repeated_block_hash``: memoised, shared with the KV index)."""
         hashes, contents = task.hashes, task.contents
         bs = self.bs
         if len(contents) < n_blocks:
-            spec = task.spec
-            n_prefix = spec.prefix_tokens // bs  # (j + 1) * bs <= prefix_tokens  <=>  j < n_prefix
-            key, seed = spec.prefix_key, spec.seed
-            contents.extend([mix(key if j < n_prefix else seed, j) for j in range(len(contents), n_blocks)])
+            contents.extend(block_contents(task.spec, len(contents), n_blocks, bs))
         parent = hashes[-1] if hashes else _ROOT
         for c in contents[len(hashes):n_blocks]:
             parent = repeated_block_hash(parent, c, bs)

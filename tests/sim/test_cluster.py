@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from taskplane.scheduler.hashing import ROOT, chain_hashes
+from taskplane.scheduler.hashing import ROOT, chain_hashes, repeated_block_hash
 from taskplane.scheduler.types import Action, CallRequest, Decision, ReplicaView
-from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, block_hash, round_robin, simulate
+from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, round_robin, simulate
 from taskplane.sim.workloads.agents import AgentWorkloadConfig, generate_agent_tasks
 from taskplane.sim.workloads.mooncake import load_mooncake
 from taskplane.store.records import Outcome, TaskStatus
@@ -25,8 +25,8 @@ def _agents(n: int = 40, rate: float = 0.5, seed: int = 3, **kw: Any) -> Any:
 
 def test_block_hash_is_chain_hashes_of_constant_blocks() -> None:
     for bs in (16, 256):
-        h1 = block_hash(ROOT, 42, bs)
-        h2 = block_hash(h1, 7, bs)
+        h1 = repeated_block_hash(ROOT, 42, bs)
+        h2 = repeated_block_hash(h1, 7, bs)
         assert [h1, h2] == chain_hashes([42] * bs + [7] * bs, bs)
 
 
