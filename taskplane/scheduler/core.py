@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from taskplane.scheduler.admission import AdmissionQueue, AdmissionSettings, band_rank
+from taskplane.scheduler.arrays import ZERO
 from taskplane.scheduler.framework import (
     REGISTRY,
-    ZERO,
     CycleState,
     Filter,
     Kind,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import numpy as np
 
 from taskplane.errors import ConfigError
+from taskplane.scheduler.arrays import ONE, ZERO, num
 from taskplane.scheduler.metrics import FILTERED, PLUGIN_SCORE
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
@@ -251,23 +252,6 @@ def build_params(cls: type, params: Mapping[str, Any], where: str) -> Any:
 
 
 # --------------------------------------------------------------------------- cycle state
-
-
-def num(x: float) -> np.ndarray:
-    """``x`` as a 0-d float64 array, to combine with the pool's arrays. Numpy converts a
-    Python number operand on every operation, which costs about as much as the arithmetic on
-    a 500-replica array; a 0-d array operand gives the same values without that."""
-    return np.array(x, dtype=np.float64)
-
-
-def constant(x: float) -> np.ndarray:
-    """``num(x)``, read-only: a constant shared by every decision."""
-    arr = num(x)
-    arr.flags.writeable = False
-    return arr
-
-
-ZERO, ONE = constant(0.0), constant(1.0)
 
 
 class CycleState:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from taskplane.scheduler.arrays import ZERO
 from taskplane.scheduler.types import ReplicaView
 
 
@@ -36,8 +37,6 @@ GPU_PRIORS: dict[str, GpuTiming] = {
     "cpu": GpuTiming(250.0, 80.0, 2.0, 20.0),
 }
 DEFAULT_GPU = "h100"
-_ZERO = np.zeros(())
-_ZERO.flags.writeable = False
 
 
 @dataclass(slots=True)
@@ -209,7 +208,7 @@ class LatencyModel:
         )
         rate, base, per_seq, cold_s = cols
         # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
-        cold_ms = _ZERO if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
+        cold_ms = ZERO if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
         completion = np.array(completion_tokens)
         times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion)
         return Prediction(*times, idle=(cold_ms, base, per_seq, completion))

@@ -8,7 +8,8 @@ from typing import Literal
 import numpy as np
 from prometheus_client import Histogram
 
-from taskplane.scheduler.framework import ONE, CycleState, Scorer, param, register
+from taskplane.scheduler.arrays import ONE
+from taskplane.scheduler.framework import CycleState, Scorer, param, register
 from taskplane.scheduler.metrics import SCORE_BUCKETS
 
 MATCH_RATIO = Histogram(

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taskplane.scheduler.arrays import constant
 from taskplane.scheduler.framework import (
     CycleState,
     Scorer,
-    constant,
     minmax_low_is_better,
     param,
     ratio_low_is_better,
@@ -17,7 +17,7 @@ from taskplane.scheduler.framework import (
 )
 from taskplane.scheduler.workflow import call_budget_ms
 
-_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see framework.num
+_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see scheduler.arrays
 
 
 @dataclass(slots=True)

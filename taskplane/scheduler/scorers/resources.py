@@ -7,9 +7,8 @@ from typing import Literal
 
 import numpy as np
 
+from taskplane.scheduler.arrays import ONE, ZERO
 from taskplane.scheduler.framework import (
-    ONE,
-    ZERO,
     CycleState,
     Scorer,
     param,
