@@ -34,7 +34,6 @@ NO_REPLICA is retried after a second. A replica outage aborts its calls (recorde
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import time
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from taskplane.scheduler.hashing import RepeatedBlocks, repeated_block_hash
+from taskplane.scheduler.hashing import ROOT, RepeatedBlocks, repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
@@ -60,34 +59,7 @@ _PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 # event kinds, in the order they are handled at equal times: arrivals first, so calls that
 # arrive together start in the same engine step
 _ARRIVAL, _OUTAGE, _WAKE, _TICK = 0, 1, 2, 3
-_INF = math.inf
-_heappush = heapq.heappush
 
-# enum members as module constants: an Enum attribute lookup costs ~70 ns on Python 3.11,
-# and the loop below compares actions and outcomes several times per call
-_PLACE, _QUEUE, _SHED, _UNMEETABLE = Action.PLACE, Action.QUEUE, Action.SHED, Action.UNMEETABLE
-_SUCCESS, _ERROR, _TIMEOUT = Outcome.SUCCESS, Outcome.ERROR, Outcome.TIMEOUT
-
-
-def _require_field_order(cls: type, names: tuple[str, ...]) -> None:
-    """Fail at import if ``cls`` no longer starts with ``names``, in that order.
-
-    The simulator builds CallRequest, CallOutcome and SimRequest (one or more per call)
-    with positional arguments: keywords cost ~2.5x as much for a dataclass of ~20 fields."""
-    got = tuple(f.name for f in dataclasses.fields(cls))[: len(names)]
-    if got != names:
-        raise TypeError(f"{cls.__name__} fields changed: expected {names}, got {got}")
-
-
-_require_field_order(CallRequest, (
-    "model", "prompt_tokens", "max_tokens", "block_hashes", "tenant", "priority", "session_id", "task_id", "step",
-    "steps_remaining", "budget_ms", "sunk_cost_usd", "allow_fallback", "now_s", "agent", "call_id", "block_size",
-    "tokenized", "avoid_replicas"))
-_require_field_order(CallOutcome, (
-    "replica", "ok", "gpu", "prompt_tokens", "cached_tokens", "completion_tokens", "queue_s", "ttft_s", "total_s",
-    "batch_size"))
-_require_field_order(SimRequest, (
-    "req_id", "prompt_tokens", "output_tokens", "block_hashes", "output_block_hashes", "token_ids", "tag"))
 
 
 # ------------------------------------------------------------------ inputs
@@ -408,7 +380,7 @@ class ClusterSim:
     # ---------------------------------------------------------------- loop
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq = seq = self._seq + 1
-        _heappush(self._heap, (t, kind, seq, payload))
+        heapq.heappush(self._heap, (t, kind, seq, payload))
 
     def run(self) -> ClusterResult:
         if self._ran:
@@ -483,10 +455,10 @@ class ClusterSim:
     def _schedule_wake(self, i: int) -> None:
         """Arm replica ``i``'s next wake-up; an entry armed earlier goes stale (skipped)."""
         nt = self.engines[i].next_event_time()
-        if nt < _INF:
+        if nt < math.inf:
             self._seq = seq = self._seq + 1
             self._wake_seq[i] = seq
-            _heappush(self._heap, (nt, _WAKE, seq, i))
+            heapq.heappush(self._heap, (nt, _WAKE, seq, i))
         else:
             self._wake_seq[i] = 0
 
@@ -498,7 +470,7 @@ class ClusterSim:
         bs = self.bs
         if len(contents) < n_blocks:
             contents.extend(block_contents(task.spec, len(contents), n_blocks, bs))
-        parent = hashes[-1] if hashes else _ROOT
+        parent = hashes[-1] if hashes else ROOT
         for c in contents[len(hashes):n_blocks]:
             parent = repeated_block_hash(parent, c, bs)
             hashes.append(parent)
@@ -526,21 +498,21 @@ class ClusterSim:
             n_total = (prompt + cs.output_tokens) // bs
             self._extend_hashes(task, n_total)
             hashes, contents = task.hashes, task.contents
-        call = _Call(task, k, prompt, max(1, cs.output_tokens), n_prompt, n_total, f"{spec.task_id}:{k}:1",
-                     hashes, contents)  # positional: keywords cost ~2.5x
+        call = _Call(task=task, step=k, prompt_tokens=prompt, output_tokens=max(1, cs.output_tokens),
+                     n_prompt_blocks=n_prompt, n_total_blocks=n_total, key=f"{spec.task_id}:{k}:1",
+                     hashes=hashes, contents=contents)
         self._offer(call, t)
 
     def _request(self, call: _Call, t: float) -> CallRequest:
         task, spec = call.task, call.task.spec
         budget = None if task.deadline_abs is None else (task.deadline_abs - t) * 1000.0
-        # positional, in CallRequest's field order (checked at import): model, prompt_tokens,
-        # max_tokens, block_hashes, tenant, priority, session_id, task_id, step,
-        # steps_remaining, budget_ms, sunk_cost_usd, allow_fallback, now_s, agent, call_id,
-        # block_size, tokenized, avoid_replicas
         return CallRequest(
-            spec.model, call.prompt_tokens, call.output_tokens, call.hashes[: call.n_prompt_blocks], spec.tenant,
-            spec.priority, spec.session_id or spec.task_id, spec.task_id, call.step, len(spec.calls) - call.step - 1,
-            budget, task.cost, spec.allow_fallback, t, spec.agent, call.key, self.bs, True, call.avoid,
+            model=spec.model, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens,
+            block_hashes=call.hashes[: call.n_prompt_blocks], tenant=spec.tenant, priority=spec.priority,
+            session_id=spec.session_id or spec.task_id, task_id=spec.task_id, step=call.step,
+            steps_remaining=len(spec.calls) - call.step - 1, budget_ms=budget, sunk_cost_usd=task.cost,
+            allow_fallback=spec.allow_fallback, now_s=t, agent=spec.agent, call_id=call.key, block_size=self.bs,
+            tokenized=True, avoid_replicas=call.avoid,
         )
 
     def _snapshot_views(self) -> None:
@@ -587,9 +559,9 @@ class ClusterSim:
 
     def _apply(self, call: _Call, d: Decision, t: float) -> None:
         a = d.action
-        if a == _PLACE:
+        if a == Action.PLACE:
             self._dispatch(call, d, t)
-        elif a == _QUEUE:
+        elif a == Action.QUEUE:
             if self._release is not None:  # the policy hands it out later, by call id
                 self._calls_by_id[call.key] = call
             else:
@@ -598,14 +570,14 @@ class ClusterSim:
                 self._seq += 1
                 heapq.heappush(self._own_queue, (_PRIO.get(spec.priority, 2), dl, self._seq, call))  # type: ignore[misc]
             self._ensure_tick(t)
-        elif a == _SHED:
+        elif a == Action.SHED:
             self._record_failure(call, t, Outcome.SHED, "overloaded")
             self._retry_or_fail(call, t, d.retry_after_s or self.retry_after_s, "overloaded")
-        elif a == _UNMEETABLE:
-            self._record_failure(call, t, _ERROR, "deadline_unmeetable")
+        elif a == Action.UNMEETABLE:
+            self._record_failure(call, t, Outcome.ERROR, "deadline_unmeetable")
             self._fail_call(call, t, "deadline_unmeetable")
         else:  # NO_REPLICA
-            self._record_failure(call, t, _ERROR, "no_replica")
+            self._record_failure(call, t, Outcome.ERROR, "no_replica")
             self._retry_or_fail(call, t, 1.0, "no_replica")
 
     def _dispatch(self, call: _Call, d: Decision, t: float) -> None:
@@ -616,7 +588,7 @@ class ClusterSim:
         call.dispatched_s = t
         call.model_served = d.model or call.task.spec.model
         if not self._healthy[i]:
-            self._record_failure(call, t, _ERROR, "replica_error", replica=i)
+            self._record_failure(call, t, Outcome.ERROR, "replica_error", replica=i)
             self._retry_or_fail(call, t, 0.0, "replica_error", avoid=self.views[i].name)
             return
         hashes, n_prompt = call.hashes, call.n_prompt_blocks
@@ -625,10 +597,9 @@ class ClusterSim:
         # the contents list is shared, not copied: a task's list only grows (past this
         # call's blocks, which the engine never reads beyond)
         tokens = RepeatedBlocks(call.contents, self.bs, call.prompt_tokens + call.output_tokens) if self._on_kv else None
-        # positional, in SimRequest's field order (checked at import): req_id, prompt_tokens,
-        # output_tokens, block_hashes, output_block_hashes, token_ids, tag
-        sim = SimRequest(call.key, call.prompt_tokens, call.output_tokens, prompt_hashes,
-                         hashes[n_prompt: call.n_total_blocks], tokens, call)
+        sim = SimRequest(req_id=call.key, prompt_tokens=call.prompt_tokens, output_tokens=call.output_tokens,
+                         block_hashes=prompt_hashes, output_block_hashes=hashes[n_prompt: call.n_total_blocks],
+                         token_ids=tokens, tag=call)
         self.engines[i].submit(sim, t)
         self._dirty.add(i)
         self._schedule_wake(i)
@@ -654,17 +625,16 @@ class ClusterSim:
         call: _Call = ev.tag
         cost = ev.gpu_seconds * self.prices[i] / 3600.0
         ok = ev.error is None
-        self._record(call, ev.time, _SUCCESS if ok else _ERROR, None if ok else "replica_error", i, ev, cost)
+        self._record(call, ev.time, Outcome.SUCCESS if ok else Outcome.ERROR, None if ok else "replica_error", i, ev, cost)
         if self._observe is not None and call.request is not None:
             view = self.views[i]
             sent = call.dispatched_s or ev.arrival
-            # positional, in CallOutcome's field order (checked at import): replica, ok, gpu,
-            # prompt_tokens, cached_tokens, completion_tokens, queue_s, ttft_s, total_s, batch_size
             outcome = CallOutcome(
-                view.name, ok, view.gpu, ev.prompt_tokens, ev.cached_tokens, ev.output_tokens,
-                (call.dispatched_s or call.offered_s) - call.offered_s,
-                None if ev.first_token is None else ev.first_token - sent, ev.time - sent,
-                self.engines[i].num_running + 1)
+                replica=view.name, ok=ok, gpu=view.gpu, prompt_tokens=ev.prompt_tokens,
+                cached_tokens=ev.cached_tokens, completion_tokens=ev.output_tokens,
+                queue_s=(call.dispatched_s or call.offered_s) - call.offered_s,
+                ttft_s=None if ev.first_token is None else ev.first_token - sent, total_s=ev.time - sent,
+                batch_size=self.engines[i].num_running + 1)
             self._observe(call.request, outcome, ev.time)
         if not ok:
             self._retry_or_fail(call, ev.time, 0.0, "replica_error", avoid=self.views[i].name)
@@ -747,12 +717,14 @@ class ClusterSim:
         else:
             cached, completion, admitted, first_token, gpu_s = (
                 ev.cached_tokens, ev.output_tokens, ev.admitted, ev.first_token, ev.gpu_seconds)
-        # positional, in CallRecord's field order (keywords cost ~3x for its 24 fields)
         self.records.append(CallRecord(
-            call.key, spec.task_id, call.step, call.attempt, spec.session_id or spec.task_id, spec.tenant,
-            spec.agent, spec.priority, spec.model, call.model_served, name, gpu, call.prompt_tokens,
-            cached, completion, call.offered_s, call.dispatched_s, admitted, first_token, t, gpu_s, cost, outcome,
-            error,
+            attempt_key=call.key, task_id=spec.task_id, step=call.step, attempt=call.attempt,
+            session_id=spec.session_id or spec.task_id, tenant=spec.tenant, agent=spec.agent,
+            priority=spec.priority, model_requested=spec.model, model_served=call.model_served, replica=name,
+            gpu=gpu, prompt_tokens=call.prompt_tokens, cached_tokens=cached, completion_tokens=completion,
+            offered_s=call.offered_s, dispatched_s=call.dispatched_s, admitted_s=admitted,
+            first_token_s=first_token, finished_s=t, gpu_seconds=gpu_s, cost_usd=cost, outcome=outcome,
+            error_type=error,
         ))
         self._calls_by_id.pop(call.key, None)
         task.attempts += 1
@@ -783,7 +755,7 @@ class ClusterSim:
                 call = self._calls_by_id.get(req.call_id or "")
                 if call is None:
                     continue
-                if d.action == _QUEUE:
+                if d.action == Action.QUEUE:
                     continue
                 self._apply(call, d, t)
             if getattr(self._policy, "queued", 0):
@@ -797,7 +769,7 @@ class ClusterSim:
                 continue
             if t > dl:
                 heapq.heappop(q)
-                self._record_failure(call, t, _TIMEOUT, "deadline_exceeded")
+                self._record_failure(call, t, Outcome.TIMEOUT, "deadline_exceeded")
                 self._fail_call(call, t, "deadline_exceeded")
                 continue
             heapq.heappop(q)
@@ -807,7 +779,7 @@ class ClusterSim:
             t0 = time.perf_counter_ns()
             d = self._decide(req, self._replicas, t)
             self.decision_ns.append(time.perf_counter_ns() - t0)
-            if d.action == _QUEUE:
+            if d.action == Action.QUEUE:
                 self._seq += 1
                 heapq.heappush(q, (_PRIO.get(call.task.spec.priority, 2), dl, self._seq, call))  # type: ignore[misc]
                 break
@@ -857,15 +829,6 @@ class ClusterSim:
                 for i, v in enumerate(self.views)]
         return ClusterResult(calls=self.records, tasks=tasks, replicas=reps, end_s=end, decision_ns=self.decision_ns,
                              policy_calls=len(self.decision_ns))
-
-
-def _root() -> int:
-    from taskplane.scheduler.hashing import ROOT
-
-    return ROOT
-
-
-_ROOT = _root()
 
 
 def simulate(cluster: ClusterSpec, workload: Workload, policy: Policy, **kw: Any) -> ClusterResult:
