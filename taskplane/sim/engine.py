@@ -292,7 +292,7 @@ class SimEngine:
 
     def _flush_kv(self, t: float) -> None:
         if self.kv.events:
-            self._emit(KVEvents(t, self.kv.take_events()))
+            self._emit(KVEvents(time=t, events=self.kv.take_events()))
 
     def _decode_only(self) -> bool:
         """True when the next steps are pure decode until the next completion."""
@@ -434,7 +434,7 @@ class SimEngine:
                 r.first_token = t1
                 self.stats.generation_tokens += 1
                 if self.emit_first_token:
-                    self._out.append(FirstToken(r.spec.req_id, t1, r.cached, r.spec.tag))
+                    self._out.append(FirstToken(req_id=r.spec.req_id, time=t1, cached_tokens=r.cached, tag=r.spec.tag))
                 if r.spec.output_tokens <= 1:
                     r.join = dec.counter
                     self._complete(r, t1)
