@@ -68,6 +68,7 @@ from taskplane.sim.roofline import StepCosts, decode_span, decode_steps_by
 
 __all__ = ["EngineEvent", "EngineStats", "Finished", "FirstToken", "KVEvents", "SimEngine", "SimRequest"]
 
+
 class SimEngine:
     """One simulated vLLM replica. See the module docstring for the model."""
 

@@ -37,4 +37,3 @@ class ClusterSpec:
             for i in range(int(count or 1)):
                 reps.append(ReplicaSpec(name=f"{gpu}-{i}", gpu=gpu, model=model, kv_blocks=kv_blocks, **kw))
         return cls(reps)
-

@@ -151,4 +151,3 @@ class ClusterResult:
             "end_s": self.end_s, "fleet_cost_usd": self.fleet_cost_usd,
             "attempt_cost_usd": sum(c.cost_usd for c in self.calls),
         }
-
