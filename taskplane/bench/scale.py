@@ -46,7 +46,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from taskplane.bench.command import machine_info
+from taskplane.bench.machine import machine_info
 from taskplane.bench.runner import TimedScheduler
 from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.engines.kv_events import BlockRemoved, BlockStored
