@@ -31,7 +31,9 @@ from taskplane.bench.ceiling import prompt_hit_ceiling
 from taskplane.bench.machine import machine_info
 from taskplane.bench.real_client import Target, TaskRun, run_workload
 from taskplane.bench.real_metrics import (
+    Histogram,
     group_cpu_seconds,
+    histograms,
     machine_busy_seconds,
     router_metrics,
     self_cpu_seconds,
@@ -241,42 +243,27 @@ def run_router(
     return metrics, tasks
 
 
-def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Any]:
-    """Cumulative figures from the gateway's /metrics: its own TTFT (sum, count) and the
-    scheduler's decision-time histogram (bucket bound -> count, sum, count)."""
-    ttft_sum = ttft_count = dec_sum = dec_count = 0.0
-    buckets: dict[float, float] = {}
-    for line in client.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        if name.startswith("taskplane_gateway_ttft_seconds_sum"):
-            ttft_sum += float(value)
-        elif name.startswith("taskplane_gateway_ttft_seconds_count"):
-            ttft_count += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_sum"):
-            dec_sum += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_count"):
-            dec_count += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_bucket"):
-            le = name.split('le="', 1)[1].split('"', 1)[0]
-            bound = float("inf") if le == "+Inf" else float(le)
-            buckets[bound] = buckets.get(bound, 0.0) + float(value)
-    return {"ttft": (ttft_sum, ttft_count), "decision": (dec_sum, dec_count), "buckets": buckets}
+#: the gateway's own histograms read before and after each run of taskplane's gateway
+TTFT, DECISION = "taskplane_gateway_ttft_seconds", "taskplane_scheduler_decision_seconds"
 
 
-def _gateway_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Histogram]:
+    """Cumulative figures from the gateway's /metrics: its own TTFT and the scheduler's decision time."""
+    return histograms(client.get(f"{url}/metrics").text, (TTFT, DECISION))
+
+
+def _gateway_figures(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, Any]:
     """The gateway's own TTFT mean (from sending upstream: the rest of the client's TTFT is
     the proxy and the client) and the scheduler's decision time over the run."""
     out: dict[str, Any] = {}
-    (t0, n0), (t1, n1) = before["ttft"], after["ttft"]
-    if n1 > n0:
-        out["gateway_ttft_mean_ms"] = round((t1 - t0) / (n1 - n0) * 1000, 1)
-    (d0, c0), (d1, c1) = before["decision"], after["decision"]
-    if c1 > c0:
-        out["decision_mean_us"] = round((d1 - d0) / (c1 - c0) * 1e6, 1)
-        counts = {b: after["buckets"][b] - before["buckets"].get(b, 0.0) for b in sorted(after["buckets"])}
-        total = counts.get(float("inf"), c1 - c0)
+    t0, t1 = before[TTFT], after[TTFT]
+    if t1.count > t0.count:
+        out["gateway_ttft_mean_ms"] = round((t1.sum - t0.sum) / (t1.count - t0.count) * 1000, 1)
+    d0, d1 = before[DECISION], after[DECISION]
+    if d1.count > d0.count:
+        out["decision_mean_us"] = round((d1.sum - d0.sum) / (d1.count - d0.count) * 1e6, 1)
+        counts = {b: d1.buckets[b] - d0.buckets.get(b, 0.0) for b in sorted(d1.buckets)}
+        total = counts.get(float("inf"), d1.count - d0.count)
         bound = next((b for b, n in counts.items() if n >= 0.99 * total), None)
         if bound is not None and bound != float("inf"):
             out["decision_p99_us"] = round(bound * 1e6, 1)  # upper bound: the histogram's bucket edge

@@ -12,8 +12,8 @@ count (``vllm:iteration_tokens_total`` observations).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,34 @@ def parse_counters(text: str, model: str | None = None) -> dict[str, float]:
             if model is not None and s.labels.get("model_name") not in (None, model):
                 continue
             out[key] += s.value
+    return out
+
+
+@dataclass(slots=True)
+class Histogram:
+    """One Prometheus histogram at one moment, summed over its label sets."""
+
+    sum: float = 0.0
+    count: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)  # upper bound (le) -> cumulative count
+
+
+def histograms(text: str, names: Iterable[str]) -> dict[str, Histogram]:
+    """The named histograms of a ``/metrics`` page (taskplane's own: the gateway's TTFT and
+    admission wait, the scheduler's decision time); an absent one reads as empty."""
+    out = {name: Histogram() for name in names}
+    for fam in text_string_to_metric_families(text):
+        h = out.get(fam.name)
+        if h is None:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_sum"):
+                h.sum += s.value
+            elif s.name.endswith("_count"):
+                h.count += s.value
+            elif s.name.endswith("_bucket"):
+                bound = float(s.labels["le"])
+                h.buckets[bound] = h.buckets.get(bound, 0.0) + s.value
     return out
 
 

@@ -188,3 +188,34 @@ def test_refusals_come_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown router"):
         run_real_bench(tmp_path, replicas=2, policies="bogus", seed=1, tasks=None, time_scale=1.0)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_gateway_histograms_are_read_over_every_label_set() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import Histogram as PromHistogram
+
+    from taskplane.bench.real import DECISION, TTFT, _gateway_figures
+    from taskplane.bench.real_metrics import histograms
+
+    reg = CollectorRegistry()
+    ttft = PromHistogram(TTFT, "ttft", ["model"], registry=reg, buckets=(0.1, 1.0))
+    decision = PromHistogram(DECISION, "decision", ["policy"], registry=reg, buckets=(50e-6, 100e-6, 1e-3))
+
+    def page() -> str:
+        return generate_latest(reg).decode()
+
+    before = histograms(page(), (TTFT, DECISION))
+    assert before[TTFT].count == 0 and before[DECISION].buckets == {}  # no label set observed yet
+    ttft.labels("a").observe(0.2)
+    ttft.labels("b").observe(0.4)
+    for _ in range(99):
+        decision.labels("taskplane").observe(40e-6)
+    decision.labels("other").observe(500e-6)
+    after = histograms(page(), (TTFT, DECISION))
+    assert after[TTFT].count == 2 and after[TTFT].sum == pytest.approx(0.6)
+    assert after[DECISION].buckets[50e-6] == 99 and after[DECISION].buckets[float("inf")] == 100
+    figures = _gateway_figures(before, after)
+    assert figures["gateway_ttft_mean_ms"] == 300.0
+    assert figures["decision_mean_us"] == pytest.approx((99 * 40 + 500) / 100, abs=0.1)
+    assert figures["decision_p99_us"] == 50.0  # 99 of 100 within the 50 µs bucket
+    assert histograms("", [TTFT])[TTFT].count == 0
