@@ -111,7 +111,7 @@ def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
     for r in replicas:
         core = cores[r.index % len(cores)]
         placed[r.index] = core
-        for pid in _group_pids(r.pid):
+        for pid in proc.group_members(r.pid):
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:
@@ -122,18 +122,6 @@ def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
                 except OSError:
                     pass
     return placed
-
-
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def _lost_port_race(work: Path) -> bool:

@@ -99,7 +99,7 @@ def histograms(text: str, names: Iterable[str]) -> dict[str, Histogram]:
 
 def group_cpu_seconds(pgid: int) -> float:
     """User + system CPU seconds of every live process in process group ``pgid``."""
-    return sum(int(f[11]) + int(f[12]) for f in group_members(pgid)) / _CLK_TCK  # utime + stime
+    return sum(int(f[11]) + int(f[12]) for f in group_members(pgid).values()) / _CLK_TCK  # utime + stime
 
 
 def machine_busy_seconds() -> float:
