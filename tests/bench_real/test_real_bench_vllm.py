@@ -82,5 +82,5 @@ def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
     # taskplane's gateway names the replica that served each call; a task stays on one.
     tp = [json.loads(line) for line in (tmp_path / "calls-taskplane.jsonl").read_text().splitlines()]
     for task in tp:
-        assert len({c["replica"] for c in task["calls"]}) == 1, task["task_id"]
-        assert task["calls"][0]["replica"] in {"replica-0", "replica-1"}
+        served = {c["replica"] for c in task["calls"] if c["ok"]}  # a refused call has none
+        assert len(served) == min(1, sum(c["ok"] for c in task["calls"])) and served <= {"replica-0", "replica-1"}, task["task_id"]
