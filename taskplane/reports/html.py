@@ -13,7 +13,7 @@ import threading
 
 from taskplane.reports import plots
 from taskplane.reports.compute import Report
-from taskplane.reports.render import count, pct, usd, window_text
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 _PLOT_LOCK = threading.Lock()
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from taskplane.reports.compute import GroupRow, Report
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
 
@@ -37,32 +38,6 @@ CSV_COLUMNS = (
     "cost_per_successful_task_usd",
     "cache_hit_ratio",
 )
-
-
-def usd(value: float | None) -> str:
-    """Money for people: cents for large sums, micro-dollars for small ones."""
-    if value is None:
-        return "n/a"
-    if abs(value) >= 1000:
-        return f"${value:,.2f}"
-    if abs(value) >= 1:
-        return f"${value:,.4f}"
-    return f"${value:.6f}"
-
-
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
-def count(value: int) -> str:
-    return f"{value:,}"
-
-
-def window_text(report: Report) -> str:
-    since = report.since.isoformat() if report.since else "the beginning"
-    until = report.until.isoformat() if report.until else "now"
-    scope = f"tenant {report.tenant}" if report.tenant else "all tenants"
-    return f"{since} to {until}, {scope}"
 
 
 # ---- JSON ----------------------------------------------------------------------------
@@ -197,7 +172,7 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return render_csv(report)
     if fmt == "html":
-        from taskplane.reports.html import render_html
+        from taskplane.reports.html import render_html  # matplotlib: only when asked for
 
         return render_html(report)
     if fmt == "table":
