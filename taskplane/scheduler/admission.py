@@ -28,21 +28,10 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from taskplane.context import Priority
-from taskplane.scheduler.types import CallRequest
+from taskplane.scheduler.types import CallRequest, Priority
 from taskplane.scheduler.workflow import task_value
 
-BANDS: tuple[str, ...] = tuple(p.value for p in Priority)  # most urgent first
-_RANK = {name: i for i, name in enumerate(BANDS)}
-
-
-_STANDARD = _RANK[Priority.STANDARD.value]
-
-
-def band_rank(priority: str) -> int:
-    """0 for critical ... 3 for batch; unknown names count as standard."""
-    rank = _RANK.get(priority)  # the usual case: a band's name as given (or a Priority)
-    return rank if rank is not None else _RANK.get(str(priority).lower(), _STANDARD)
+band_rank = Priority.rank_of  # 0 for critical ... 3 for batch; unknown names count as standard
 
 
 def check_priority_cap(requested: str, max_priority: str) -> bool:
@@ -130,7 +119,7 @@ class AdmissionQueue:
         else:
             self._weight = weight_of
         self.fair_unit = fair_unit
-        self._bands = [_Band() for _ in BANDS]
+        self._bands = [_Band() for _ in Priority]
         self._entries: dict[int, QueuedCall] = {}  # id(call) -> entry
         self._seq = 0
 
@@ -144,7 +133,7 @@ class AdmissionQueue:
         return id(call) in self._entries
 
     def depths(self) -> dict[str, int]:
-        return {name: self._bands[i].size for i, name in enumerate(BANDS)}
+        return {p.value: self._bands[p.rank].size for p in Priority}
 
     # -- in
 

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from taskplane.scheduler.admission import AdmissionQueue, AdmissionSettings, band_rank
-from taskplane.scheduler.arrays import ZERO
 from taskplane.scheduler.framework import (
     REGISTRY,
     CycleState,
@@ -492,7 +491,7 @@ class Scheduler:
                 if weight:
                     term = s if weight == 1.0 else weight * s  # 1.0 * s is s: skip the product
                     if totals is None:
-                        totals = term + ZERO  # what adding it to zeros gives (-0.0 becomes 0.0)
+                        totals = term + 0.0  # a copy (term may be shared), as adding it to zeros gives
                     else:
                         totals += term
                 scored.append((scorer, s))

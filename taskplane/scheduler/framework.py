@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import numpy as np
 
 from taskplane.errors import ConfigError
-from taskplane.scheduler.arrays import ONE, ZERO, num
 from taskplane.scheduler.metrics import FILTERED, PLUGIN_SCORE
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
@@ -282,16 +281,16 @@ class CycleState:
         self._start = int(rows[0]) if n and int(rows[-1]) - int(rows[0]) + 1 == n else -1
         cols = table.columns(rows)  # read-only from here on
         self.free = cols[:, 0]
-        self.total = np.maximum(cols[:, 1], ONE)
+        self.total = np.maximum(cols[:, 1], 1.0)
         self.running = cols[:, 2]
         self.waiting = cols[:, 3]
         self.inflight_prefill = cols[:, 4]
         self.inflight_decode = cols[:, 5]
         self.cost_per_hour = cols[:, 6]
-        self.max_seqs = np.maximum(cols[:, 7], ONE)
-        self.block_size = np.maximum(cols[:, 8], ONE)
-        self.healthy = cols[:, 9] > ZERO
-        self.loaded = cols[:, 10] > ZERO
+        self.max_seqs = np.maximum(cols[:, 7], 1.0)
+        self.block_size = np.maximum(cols[:, 8], 1.0)
+        self.healthy = cols[:, 9] > 0.0
+        self.loaded = cols[:, 10] > 0.0
         self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = scheduler.rng
@@ -387,13 +386,13 @@ class CycleState:
 
     def uncached_tokens(self, source: str = "auto") -> np.ndarray:
         req = self.request
-        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, ZERO)
+        return np.maximum(req.prompt_tokens - self.matched(source) * req.block_size, 0.0)
 
     def new_blocks_needed(self) -> np.ndarray:
         """KV blocks this call will allocate on each replica (prompt suffix + completion)."""
         if self._needed is None:
             need_tokens = self.request.prompt_tokens + self.completion_tokens
-            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), ZERO)
+            self._needed = np.maximum(np.ceil(need_tokens / self.block_size) - self.matched(), 0.0)
         return self._needed
 
     # -- predictions
@@ -673,6 +672,6 @@ def ratio_low_is_better(values: np.ndarray, floor: float = 1e-9, lowest: float |
     """
     if values.size == 0:
         return values
-    v = np.maximum(values, num(floor))
+    v = np.maximum(values, floor)
     best = v.min() if lowest is None else max(lowest, floor)
-    return num(best) / v
+    return best / v

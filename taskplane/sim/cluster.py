@@ -46,7 +46,7 @@ from typing import Any
 
 from taskplane.scheduler.hashing import RepeatedBlocks, repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
-from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
+from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, Priority, ReplicaView
 from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.workloads.base import TaskSpec, Workload
@@ -55,7 +55,6 @@ from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStat
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
-_PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 
 # event kinds, in the order they are handled at equal times: arrivals first, so calls that
 # arrive together start in the same engine step
@@ -596,7 +595,7 @@ class ClusterSim:
                 spec = call.task.spec
                 dl = call.task.deadline_abs if call.task.deadline_abs is not None else math.inf
                 self._seq += 1
-                heapq.heappush(self._own_queue, (_PRIO.get(spec.priority, 2), dl, self._seq, call))  # type: ignore[misc]
+                heapq.heappush(self._own_queue, (Priority.rank_of(spec.priority), dl, self._seq, call))  # type: ignore[misc]
             self._ensure_tick(t)
         elif a == _SHED:
             self._record_failure(call, t, Outcome.SHED, "overloaded")
@@ -809,7 +808,7 @@ class ClusterSim:
             self.decision_ns.append(time.perf_counter_ns() - t0)
             if d.action == _QUEUE:
                 self._seq += 1
-                heapq.heappush(q, (_PRIO.get(call.task.spec.priority, 2), dl, self._seq, call))  # type: ignore[misc]
+                heapq.heappush(q, (Priority.rank_of(call.task.spec.priority), dl, self._seq, call))  # type: ignore[misc]
                 break
             self._apply(call, d, t)
         if q:

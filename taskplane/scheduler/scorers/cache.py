@@ -8,7 +8,6 @@ from typing import Literal
 import numpy as np
 from prometheus_client import Histogram
 
-from taskplane.scheduler.arrays import ONE
 from taskplane.scheduler.framework import CycleState, Scorer, param, register
 from taskplane.scheduler.metrics import SCORE_BUCKETS
 
@@ -43,7 +42,7 @@ class PrefixCacheScorer(Scorer):
         blocks = state.prompt_blocks
         if blocks <= 0:
             return np.zeros(len(state.sel))
-        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, ONE)
+        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
         if ratio.size and state.scheduler.metrics:
             self._ratio.observe(float(ratio.max()))
         return ratio

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.arrays import constant
 from taskplane.scheduler.framework import (
     CycleState,
     Scorer,
@@ -16,9 +15,6 @@ from taskplane.scheduler.framework import (
     register,
 )
 from taskplane.scheduler.workflow import call_budget_ms
-
-_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see scheduler.arrays
-
 
 @dataclass(slots=True)
 class GpuPriceParams:
@@ -46,7 +42,7 @@ class GpuPriceScorer(Scorer):
         if p.per_call:
             pred = state.prediction
             # over the whole pool, then restricted once (fewer copies than restricting each input)
-            cost = state.c(state.cost_per_hour / _S_PER_HOUR * ((pred.prefill_ms + pred.decode_ms) / _MS_PER_S))
+            cost = state.c(state.cost_per_hour / 3600.0 * ((pred.prefill_ms + pred.decode_ms) / 1000.0))
         else:
             cost = state.c(state.cost_per_hour)
         budget = call_budget_ms(state.request)

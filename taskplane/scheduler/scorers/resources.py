@@ -7,7 +7,6 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.arrays import ONE, ZERO
 from taskplane.scheduler.framework import (
     CycleState,
     Scorer,
@@ -28,7 +27,7 @@ class MemoryHeadroomScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         left = state.c((state.free - state.new_blocks_needed()) / state.total)  # one restriction, not three
-        return left.clip(ZERO, ONE)  # the method: np.clip only wraps it
+        return left.clip(0.0, 1.0)
 
 
 @register("weight-warmth")
