@@ -49,7 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskplane.bench.command import machine_info
 from taskplane.bench.runner import TimedScheduler
 from taskplane.bench.workloads import agent_tenants, agent_workload
-from taskplane.engines.kv_events import BlockRemoved, BlockStored
+from taskplane.scheduler.kv.events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterResult, ClusterSpec, simulate

@@ -46,7 +46,14 @@ from typing import Any
 
 from taskplane.scheduler.hashing import RepeatedBlocks, repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
-from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, Priority, ReplicaView
+from taskplane.scheduler.types import (
+    Action,
+    CallOutcome,
+    CallRequest,
+    Decision,
+    Priority,
+    ReplicaView,
+)
 from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.workloads.base import TaskSpec, Workload

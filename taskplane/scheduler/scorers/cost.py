@@ -16,6 +16,7 @@ from taskplane.scheduler.framework import (
 )
 from taskplane.scheduler.workflow import call_budget_ms
 
+
 @dataclass(slots=True)
 class GpuPriceParams:
     per_call: bool = param(
