@@ -22,12 +22,7 @@ from typing import Any
 
 import structlog
 
-from taskplane.scheduler.kv.events import AllBlocksCleared as AllBlocksCleared
-from taskplane.scheduler.kv.events import BlockRemoved as BlockRemoved
-from taskplane.scheduler.kv.events import BlockStored as BlockStored
-from taskplane.scheduler.kv.events import EventBatch as EventBatch
 from taskplane.scheduler.kv.events import KVEvent, decode_batch
-from taskplane.scheduler.kv.events import encode_batch as encode_batch
 
 log = structlog.get_logger(__name__)
 

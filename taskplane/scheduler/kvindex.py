@@ -33,6 +33,7 @@ class Source(enum.StrEnum):
     PRECISE = "precise"
     APPROXIMATE = "approximate"
 
+
 #: Up to this many replica ids, ``match_ids`` walks each id alone rather than the whole pool.
 _FEW_IDS = 4
 
