@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from taskplane.scheduler.hashing import RepeatedBlocks, repeated_block_hash
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import (
     Action,
@@ -56,6 +55,7 @@ from taskplane.scheduler.types import (
 )
 from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import gpu_profile
+from taskplane.sim.tokens import RepeatedBlocks, repeated_block_hash
 from taskplane.sim.workloads.base import TaskSpec, Workload
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
 
