@@ -14,14 +14,15 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "AdmissionSettings": "taskplane.scheduler.admission",
-    "check_priority_cap": "taskplane.scheduler.admission",
+    "AdmissionSettings": "taskplane.scheduler.flowcontrol.settings",
+    "check_priority_cap": "taskplane.scheduler.flowcontrol.settings",
+    "FlowControl": "taskplane.scheduler.flowcontrol.controller",
     "Scheduler": "taskplane.scheduler.core",
     "ROOT": "taskplane.scheduler.hashing",
     "chain_hashes": "taskplane.scheduler.hashing",
     "text_chain_hashes": "taskplane.scheduler.hashing",
-    "BatchResult": "taskplane.scheduler.kvindex",
-    "BatchStatus": "taskplane.scheduler.kvindex",
+    "BatchResult": "taskplane.scheduler.kv.precise",
+    "BatchStatus": "taskplane.scheduler.kv.precise",
     "KVIndex": "taskplane.scheduler.kvindex",
     "LatencyModel": "taskplane.scheduler.latency",
     "PRESETS": "taskplane.scheduler.policies",

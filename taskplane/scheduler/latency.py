@@ -200,10 +200,8 @@ class LatencyModel:
         same GPU (scalars broadcast: fewer array operations, the same results);
         ``queued_tokens``: prefill work ahead of the call.
         """
-        if isinstance(params, tuple):
-            rate, base, per_seq, cold_s = params
-        else:
-            rate, base, per_seq, cold_s = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
+        cols: tuple[Any, ...] = params if isinstance(params, tuple) else tuple(params[:, k] for k in range(4))
+        rate, base, per_seq, cold_s = cols
         # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
         cold_ms = 0.0 if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
         times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)

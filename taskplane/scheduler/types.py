@@ -66,7 +66,7 @@ class Priority(StrEnum):
 
     rank: int  # 0 is the most urgent band
 
-    def __new__(cls, value: str, rank: int) -> Priority:
+    def __new__(cls, value: str, rank: int = 0) -> Priority:  # (the default only for mypy's Priority(name))
         member = str.__new__(cls, value)
         member._value_ = value
         member.rank = rank

@@ -6,14 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import (
-    CycleState,
-    Scorer,
-    minmax_low_is_better,
-    param,
-    ratio_low_is_better,
-    register,
-)
+from taskplane.scheduler.framework.normalise import minmax_low_is_better, ratio_low_is_better
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -71,6 +67,10 @@ class DynamoCostScorer(Scorer):
     + this call's prompt blocks."""
 
     Params = DynamoCostParams
+
+    @property
+    def kv_source(self) -> str | None:
+        return str(self.params.source)
 
     def score(self, state: CycleState) -> np.ndarray:
         p: DynamoCostParams = self.params

@@ -7,13 +7,10 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import (
-    CycleState,
-    Scorer,
-    param,
-    ratio_low_is_better,
-    register,
-)
+from taskplane.scheduler.framework.normalise import ratio_low_is_better
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.workflow import call_budget_ms
 
 
