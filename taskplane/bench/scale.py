@@ -48,7 +48,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskplane.bench.runner import TimedScheduler
 from taskplane.bench.scale_report import CellRun, kv_index_size, markdown, summarize
 from taskplane.bench.workloads import agent_tenants, agent_workload
-from taskplane.engines.kv_events import BlockRemoved, BlockStored
+from taskplane.scheduler.kv.events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterResult, ClusterSpec, simulate

@@ -9,7 +9,8 @@ meets the request's hashes.
 
 from __future__ import annotations
 
-from taskplane.scheduler.hashing import ROOT, repeated_block_hash
+from taskplane.scheduler.hashing import ROOT
+from taskplane.sim.tokens import repeated_block_hash
 from taskplane.sim.workloads.base import TaskSpec
 
 _MASK64 = (1 << 64) - 1

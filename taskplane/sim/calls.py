@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taskplane.scheduler.hashing import RepeatedBlocks
+from taskplane.sim.tokens import RepeatedBlocks
 from taskplane.scheduler.types import CallRequest
 from taskplane.sim.blocks import extend_hashes
 from taskplane.sim.requests import Finished, SimRequest

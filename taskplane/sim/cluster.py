@@ -30,7 +30,7 @@ import heapq
 import math
 from typing import Any
 
-from taskplane.scheduler.types import Action, CallOutcome, Decision
+from taskplane.scheduler.types import Action, CallOutcome, Decision, Priority
 from taskplane.sim.blocks import block_contents, mix
 from taskplane.sim.calls import (
     SimCall,
@@ -57,7 +57,6 @@ __all__ = [
     "TaskResult", "block_contents", "mix", "round_robin", "simulate",
 ]
 
-_PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 
 
 class ClusterSim:
@@ -254,7 +253,7 @@ class ClusterSim:
         spec = call.task.spec
         deadline = call.task.deadline_abs if call.task.deadline_abs is not None else math.inf
         self._queue_seq += 1
-        heapq.heappush(self._own_queue, (_PRIO.get(spec.priority, 2), deadline, self._queue_seq, call))
+        heapq.heappush(self._own_queue, (Priority.rank_of(spec.priority), deadline, self._queue_seq, call))
 
     def _ensure_tick(self, t: float) -> None:
         if not self._tick_pending:

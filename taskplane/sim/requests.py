@@ -12,7 +12,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskplane.engines.kv_events import KVEvent
+from taskplane.scheduler.kv.events import KVEvent
 from taskplane.sim.kvcache import Holding
 
 
