@@ -39,7 +39,7 @@ log = structlog.get_logger("taskplane.worker")
 PASSTHROUGH = (
     "taskplane", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
     "typing_inspection", "structlog", "msgspec", "httpx", "httpcore", "anyio", "sniffio",
-    "h11", "idna", "certifi",
+    "h11", "idna", "certifi", "jsonschema", "jsonschema_specifications", "referencing", "rpds", "attrs",
 )
 
 EXAMPLE_MODULES = ("examples.research", "examples.coding", "examples.triage")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import types
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar, overload
 
@@ -36,6 +35,7 @@ from taskplane.sdk.errors import (
     SubAgentFailed,
 )
 from taskplane.sdk.runtime import TaskRuntime, runtime
+from taskplane.sdk.spec import DEFAULT_HISTORY_LIMIT, AgentSpec
 from taskplane.sdk.state import TaskContext, format_time, parse_time
 from taskplane.sdk.types import AgentOutput, Decision, TaskRowInput, TaskRowResult, TaskView
 
@@ -43,24 +43,6 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 #: Every agent the process has defined, by name (outside the sandbox only).
 AGENTS: dict[str, Agent] = {}
-
-DEFAULT_HISTORY_LIMIT = 10_000
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    """What ``@agent(...)`` was told."""
-
-    name: str
-    fn: Callable[..., Awaitable[Any]]
-    tenant: str | None = None
-    priority: str = "standard"
-    deadline: timedelta | None = None
-    max_cost_usd: float | None = None
-    steps: int | None = None
-    allow_fallback: bool = False
-    history_limit: int = DEFAULT_HISTORY_LIMIT
-
 
 class Agent:
     """An agent: submit it as a task, or ``await`` it inside another agent as a sub-agent."""

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from temporalio import workflow
 
 from taskplane import temporal_names as tn
 from taskplane.sdk.errors import AgentError, BudgetExceeded, DeadlineExceeded
+from taskplane.sdk.spec import AgentSpec
 from taskplane.sdk.state import TaskContext
 from taskplane.sdk.types import Decision, TaskView
-
-if TYPE_CHECKING:
-    from taskplane.sdk.agent import AgentSpec
-
 
 #: Spend and call-count search attributes are refreshed at most this often (workflow time).
 PUBLISH_INTERVAL_S = 2.0

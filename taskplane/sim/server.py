@@ -223,9 +223,11 @@ class SimReplica:
             shaped = structured_choice(body, rng)
         except SchemaError as exc:
             raise ApiError(400, str(exc), "tools" if body.get("tools") else "response_format") from None
-        if shaped is not None:
-            return shaped
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if shaped is not None:
+            if shaped.content is not None and max_tokens is not None and len(shaped.content) > max_tokens:
+                shaped.content, shaped.finish_reason = shaped.content[:max_tokens], "length"  # as vLLM cuts it
+            return shaped
         stops = body.get("stop") or []
         if isinstance(stops, str):
             stops = [stops]

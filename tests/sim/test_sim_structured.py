@@ -28,7 +28,7 @@ ANSWER = {"type": "object", "properties": {
 
 def _chat(sim: SimProc, **kw: object) -> httpx.Response:
     return httpx.post(f"{sim.url}/v1/chat/completions",
-                      json={"model": sim.model, "messages": MSGS, "max_tokens": 64, **kw}, timeout=30)
+                      json={"model": sim.model, "messages": MSGS, "max_tokens": 400, **kw}, timeout=30)
 
 
 def test_required_and_named_tool_calls_are_schema_valid_and_seeded(sim: SimProc) -> None:
@@ -69,6 +69,8 @@ def test_bad_tool_choice_is_a_400(sim: SimProc) -> None:
 
 
 def test_json_schema_and_json_object(sim: SimProc) -> None:
+    cut = _chat(sim, response_format={"type": "json_object"}, max_tokens=3).json()["choices"][0]
+    assert cut["finish_reason"] == "length" and len(cut["message"]["content"]) == 3  # vLLM cuts at max_tokens too
     for seed in range(5):
         fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
         content = _chat(sim, response_format=fmt, seed=seed).json()["choices"][0]["message"]["content"]
