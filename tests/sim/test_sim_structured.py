@@ -55,7 +55,7 @@ def test_auto_answers_in_text_after_a_tool_result_and_none_never_calls(sim: SimP
     first = _chat(sim, tools=[WEATHER], seed=1).json()["choices"][0]
     assert first["finish_reason"] == "tool_calls"
     call = first["message"]["tool_calls"][0]
-    follow = MSGS + [first["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    follow = [*MSGS, first["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
     r = httpx.post(f"{sim.url}/v1/chat/completions", timeout=30,
                    json={"model": sim.model, "messages": follow, "tools": [WEATHER], "max_tokens": 16})
     ch = r.json()["choices"][0]
