@@ -132,9 +132,11 @@ class TaskRowInput:
     finished_at: str | None = None
     cost_usd: float = 0.0  # everything, sub-agents included
     child_cost_usd: float = 0.0  # the sub-agents' part of cost_usd
-    attempts: int = 0
+    attempts: int = 0  # own attempts (the sub-agents' are child_attempts)
+    child_attempts: int = 0
     retries: int = 0
-    llm_calls: int = 0
+    llm_calls: int = 0  # own calls (the sub-agents' are child_llm_calls)
+    child_llm_calls: int = 0
     error: str | None = None
     parent_task_id: str | None = None
 
@@ -151,14 +153,20 @@ class TaskRowResult:
 
 @dataclass
 class AgentOutput:
-    """The workflow's result: the agent's return value wrapped with what it cost."""
+    """The workflow's result: the agent's return value wrapped with what it cost.
+
+    ``TaskHandle.outcome()`` returns one for every finished task; for a task that did not
+    succeed ``result`` is None and ``failure_type`` / ``error`` say why.
+    """
 
     result: Any
     task_id: str
     status: str
     cost_usd: float
-    llm_calls: int
+    llm_calls: int  # sub-agents' calls included
     attempts: int = 0
+    failure_type: str | None = None  # set when the task did not succeed
+    error: str | None = None
 
 
 @dataclass

@@ -81,7 +81,7 @@ async def bad_output(q: str) -> dict[str, Any]:
     """The engine is asked for one schema, the author validates against another: catchable."""
     try:
         await llm.chat(model=MODEL, messages=[{"role": "user", "content": q}],
-                       response_format={"type": "json_object"}, max_tokens=32)
+                       response_format={"type": "json_object"}, max_tokens=200)
         r = await llm.chat(model=MODEL, messages=[{"role": "user", "content": q}], response_format=SCHEMA,
                            max_tokens=400)
         Strict.model_validate(r.parsed)
