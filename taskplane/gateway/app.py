@@ -202,6 +202,16 @@ def build_app(
         """OpenAI completions, placed by taskplane's scheduler."""
         return await _openai("completions", request)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        """OpenAI Responses API (vLLM serves it), placed like a chat call."""
+        return await _openai("responses", request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        """OpenAI embeddings (vLLM serves them), placed like a prefill-only call."""
+        return await _openai("embeddings", request)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = []
