@@ -26,9 +26,10 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from taskplane.errors import UserError
+from taskplane.integrations import worker_extras
 from taskplane.sdk.agent import AGENTS, Agent
 from taskplane.sdk.client import connect, taskplane_client
-from taskplane.sdk.interceptors import TaskplaneInterceptor
+from taskplane.sdk.interceptors import TaskplaneClientInterceptor, TaskplaneInterceptor
 from taskplane.sdk.resolve import resolve
 from taskplane.sdk.step import STEPS, Step
 from taskplane.temporal_names import TASK_QUEUE
@@ -123,8 +124,9 @@ class OneLineActivityFailures(logging.Filter):
 _ONE_LINE = OneLineActivityFailures()
 
 
-def sandbox_runner() -> SandboxedWorkflowRunner:
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+def sandbox_runner(extra: Sequence[str] = ()) -> SandboxedWorkflowRunner:
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH, *extra))
 
 
 class TaskplaneWorker(Worker):
@@ -160,15 +162,22 @@ async def build_worker(
     if _ONE_LINE not in activity_log.filters:
         activity_log.addFilter(_ONE_LINE)
     resources = TaskplaneActivities(gateway_url, TaskRowStore(database_url, outbox_dir))
-    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps)]
+    extras = worker_extras(gateway_url)  # frameworks the agent modules use (integrations)
+    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps),
+                             *extras.activities]
+    worker_client = taskplane_client(client)
+    if extras.data_converter is not None:
+        worker_client = Client(worker_client.service_client, namespace=worker_client.namespace,
+                               data_converter=extras.data_converter, interceptors=[TaskplaneClientInterceptor()])
     try:
         return TaskplaneWorker(
-            taskplane_client(client),
+            worker_client,
             task_queue=task_queue,
             workflows=[a.workflow_cls for a in agents],
             activities=activities,
             interceptors=[TaskplaneInterceptor()],
-            workflow_runner=sandbox_runner(),
+            plugins=extras.plugins,
+            workflow_runner=sandbox_runner(extras.passthrough),
             max_concurrent_activities=max_concurrent_activities,
             resources=resources,
             agents=agents,
