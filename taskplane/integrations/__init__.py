@@ -1,7 +1,7 @@
 """Existing agent frameworks on taskplane: their own Temporal integrations, taskplane's task.
 
-``openai_agents`` (the OpenAI Agents SDK on ``temporalio.openai_agents``) and
-``pydantic_ai`` (Pydantic AI's ``TemporalAgent``). The author writes an ``@agent`` whose
+``openai_agents``: the OpenAI Agents SDK on ``temporalio.openai_agents``. (A Pydantic AI
+``TemporalAgent`` adapter would plug into the same ``MODEL_CALLS`` hook; not built yet.) The author writes an ``@agent`` whose
 body runs the framework's agent; the framework turns each model call into its own
 Temporal activity, and taskplane's interceptor makes that activity an LLM step of the
 task: budget checked, step claimed, context headers sent to the gateway, cost and
@@ -35,9 +35,4 @@ def worker_extras(gateway_url: str | None) -> WorkerExtras:
         extras.plugins.append(openai_agents.plugin(gateway_url))
         extras.activities += openai_agents.activities(gateway_url)
         extras.data_converter = openai_agents.worker_data_converter()
-    if "pydantic_ai" in sys.modules:
-        from taskplane.integrations import pydantic_ai
-
-        extras.activities += pydantic_ai.activities(gateway_url)
-        extras.passthrough += pydantic_ai.PASSTHROUGH
     return extras

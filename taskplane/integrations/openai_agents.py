@@ -61,7 +61,7 @@ class GatewayModelProvider(ModelProvider):
     def __init__(self, gateway_url: str | None = None, default_model: str = DEFAULT_MODEL) -> None:
         self.default_model = default_model
         self.client = AsyncOpenAI(base_url=gateway_base_url(gateway_url), api_key=api_key(), max_retries=0,
-                                  http_client=gateway_http_client())
+                                  http_client=gateway_http_client())  # type: ignore[arg-type]  # httpx or httpx2: both work
 
     def get_model(self, model_name: str | None) -> Model:
         return OpenAIChatCompletionsModel(model=model_name or self.default_model, openai_client=self.client)
