@@ -202,15 +202,14 @@ def build_app(
         """OpenAI completions, placed by taskplane's scheduler."""
         return await _openai("completions", request)
 
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Any:
-        """OpenAI Responses API (vLLM serves it), placed like a chat call."""
-        return await _openai("responses", request)
+    def _endpoint(kind: str) -> Any:
+        async def endpoint(request: Request) -> Any:
+            return await _openai(kind, request)
+        return endpoint
 
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Any:
-        """OpenAI embeddings (vLLM serves them), placed like a prefill-only call."""
-        return await _openai("embeddings", request)
+    # the Responses API and embeddings (vLLM serves both), placed like chat calls
+    for path, kind in (("/v1/responses", "responses"), ("/v1/embeddings", "embeddings")):
+        app.post(path, name=kind)(_endpoint(kind))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
