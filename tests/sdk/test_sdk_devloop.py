@@ -152,3 +152,22 @@ async def test_worker_command_imports_from_the_current_directory(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_run_prints_a_dataclass_result_as_json_and_one_line_per_step_retry(
+    temporal_env: Any, recorder: Recorder, tmp_path: Path
+) -> None:
+    import json
+
+    env = {**os.environ, "TASKPLANE_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+           "TASKPLANE_GATEWAY_URL": recorder.url, "TASKPLANE_DATABASE_URL": "", "TASKPLANE_STATE_DIR": str(tmp_path)}
+    here = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-m", "taskplane.cli", "run", "tp_sdk_devloop:flaky_summary",
+                           "--arg", "three little words"], env=env, cwd=here, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith("}\n")
+    result = json.loads(done.stdout)
+    assert result["words"] == 3 and isinstance(result["title"], str)  # a dataclass, as JSON
+    assert "step flaky_once attempt 1 failed: RuntimeError: transient failure" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -40,3 +40,26 @@ class Summary:
 async def summary(text: str) -> Summary:
     r = await llm.chat(model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=8)
     return Summary(title=r.text, words=len(text.split()))
+
+
+RUNS: dict[str, int] = {}
+
+
+@step(retries=2)
+async def flaky_once(key: str) -> str:
+    """Fails on its first attempt: the retry must log one line, not a traceback."""
+    RUNS[key] = RUNS.get(key, 0) + 1
+    if RUNS[key] == 1:
+        raise RuntimeError(f"transient failure of {key}")
+    return key
+
+
+@agent(name="tp_flaky_summary", tenant="acme")
+async def flaky_summary(text: str) -> Summary:
+    await flaky_once(text)
+    return await summary_body(text)
+
+
+async def summary_body(text: str) -> Summary:
+    r = await llm.chat(model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=8)
+    return Summary(title=r.text, words=len(text.split()))

@@ -6,12 +6,14 @@ on the real tier exactly as on the simulated one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
+import pytest
 from vllm_helpers import MODEL
 
-from taskplane.engines.vllm_launcher import VllmReplica
+from taskplane.engines.vllm_launcher import VllmReplica, start_replicas, stop_replicas
 
 # Finite grammars (enums, booleans): random weights cannot wander into an endless string.
 PARAMS = {"type": "object", "properties": {"city": {"enum": ["oslo", "rome", "lima"]}, "metric": {"type": "boolean"}},
@@ -23,6 +25,21 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 VERDICT = {"type": "object", "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]}},
            "required": ["ok", "level"], "additionalProperties": False}
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmReplica]:
+    """A replica as structured outputs need it: EOS in the output vocabulary (the grammar must
+    be able to stop), a tool parser set (vLLM requires one for tool_choice), no free whitespace
+    in guided JSON (random weights would fill max_tokens with it)."""
+    extra = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+             "--structured-outputs-config", json.dumps({"disable_any_whitespace": True})]
+    replicas = start_replicas(tmp_path_factory.mktemp("vllm-structured"), 1, model_name=MODEL, num_blocks=32,
+                              samples_eos=True, extra_args=extra)
+    try:
+        yield replicas[0]
+    finally:
+        stop_replicas(replicas)
 
 
 def _chat(http: httpx.Client, replica: VllmReplica, **kw: object) -> dict[str, object]:
