@@ -162,7 +162,7 @@ async def build_worker(
     if _ONE_LINE not in activity_log.filters:
         activity_log.addFilter(_ONE_LINE)
     resources = TaskplaneActivities(gateway_url, TaskRowStore(database_url, outbox_dir))
-    extras = worker_extras(gateway_url)  # frameworks the agent modules use (integrations)
+    extras = worker_extras(gateway_url, loaded)  # frameworks the agent modules use (integrations)
     activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps),
                              *extras.activities]
     worker_client = taskplane_client(client)

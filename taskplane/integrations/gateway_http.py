@@ -24,8 +24,23 @@ from taskplane.sdk.control import task_context
 
 _CHARGED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("taskplane_charged", default=None)
 
+#: The base URL models are built with at import time, before the worker knows its gateway;
+#: each request is sent to the worker's gateway instead (:func:`set_gateway`).
+PLACEHOLDER_BASE = "http://taskplane-gateway/v1"
+_GATEWAY: dict[str, str] = {}
+
+
+def set_gateway(gateway_url: str | None) -> None:
+    """Where this worker's framework model calls go (the worker's ``--gateway-url``)."""
+    if gateway_url:
+        _GATEWAY["url"] = gateway_url.rstrip("/")
+
 
 async def _add_context(request: httpx.Request) -> None:
+    if request.url.host == "taskplane-gateway":
+        target = httpx.URL(gateway_base_url(_GATEWAY.get("url")))
+        request.url = request.url.copy_with(scheme=target.scheme, host=target.host, port=target.port)
+        request.headers["host"] = target.netloc.decode()
     ctx = task_context()
     if ctx is None or not activity.in_activity():
         return

@@ -64,3 +64,34 @@ async def test_openai_agents_task_gets_row_status_attributes_and_headers(
         if ev.HasField("activity_task_scheduled_event_attributes"):
             names.append(ev.activity_task_scheduled_event_attributes.activity_type.name)
     assert "get_weather" in names and names.count("taskplane_openai_agents_model") == 2
+
+
+@pytest_asyncio.fixture(scope="module")
+async def pa_worker(temporal_env: Any, ex_cluster: LocalCluster, pg_url: str,
+                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TaskplaneWorker]:
+    worker = await build_worker(taskplane_client(temporal_env.client), ex_cluster.gateway_url, pg_url,
+                                ["examples.pydantic_ai_weather"], task_queue=f"pa-{uuid.uuid4().hex[:8]}",
+                                include_examples=False, outbox_dir=tmp_path_factory.mktemp("pa-outbox"))
+    async with worker:
+        yield worker
+
+
+async def test_pydantic_ai_task_gets_row_status_attributes_and_headers(
+    temporal_env: Any, pa_worker: TaskplaneWorker, pg_url: str
+) -> None:
+    from examples.pydantic_ai_weather import pa_weather_task
+
+    client: Client = taskplane_client(temporal_env.client)
+    handle = await taskplane.submit(pa_weather_task, "What is the weather in Rome?", client=client,
+                                    task_queue=pa_worker.task_queue)
+    answer = await handle.result()
+    assert isinstance(answer, str) and answer
+    out = await handle.outcome()
+    assert out.status == "succeeded" and out.llm_calls == 2 and out.cost_usd > 0  # tool call, then the answer
+    calls = await _rows(pg_url, "SELECT * FROM llm_calls WHERE task_id = :t ORDER BY step", t=handle.task_id)
+    assert [c["step"] for c in calls] == [0, 1]
+    assert {c["tenant"] for c in calls} == {"acme"} and {c["agent"] for c in calls} == {"pa-weather"}
+    row = (await _rows(pg_url, "SELECT * FROM tasks WHERE task_id = :t", t=handle.task_id))[0]
+    assert row["status"] == "succeeded" and row["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
+    sa = (await handle.handle.describe()).typed_search_attributes
+    assert sa.get(tn.STATUS) == "succeeded" and sa.get(tn.LLM_CALLS) == 2
