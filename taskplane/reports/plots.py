@@ -54,7 +54,11 @@ def _usd_ticks(axis) -> None:  # type: ignore[no-untyped-def]
     """Dollar tick labels as the tables print them ($0.000054, not 5.4e-05 with an offset)."""
     from matplotlib.ticker import FuncFormatter
 
-    axis.set_major_formatter(FuncFormatter(lambda v, _pos: usd(v)))
+    def short(v: float, _pos: object) -> str:
+        text = usd(v)
+        return text.rstrip("0").rstrip(".") if "." in text and abs(v) < 1 else text
+
+    axis.set_major_formatter(FuncFormatter(short))
 
 
 def _dates(ax, report: Report) -> None:  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmReplica]:
     """A replica as structured outputs need it: EOS in the output vocabulary (the grammar must
     be able to stop), a tool parser set (vLLM requires one for tool_choice), no free whitespace
     in guided JSON (random weights would fill max_tokens with it)."""
-    extra = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+    extra = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
              "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     replicas = start_replicas(tmp_path_factory.mktemp("vllm-structured"), 1, model_name=MODEL, num_blocks=32,
                               samples_eos=True, extra_args=extra)
