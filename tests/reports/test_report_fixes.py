@@ -24,7 +24,7 @@ def _report():  # type: ignore[no-untyped-def]
 
 
 def test_cancelled_column_and_failed_task_list_with_links() -> None:
-    report, tasks = _report()
+    report, _tasks = _report()
     assert sum(g.tasks_cancelled for g in report.groups_by["tenant"]) == report.tasks_cancelled > 0
     failed = {f.task_id: f for f in report.failed_tasks}
     assert "task-005" in failed and failed["task-005"].error == "LlmError: replica <gone> & more"
