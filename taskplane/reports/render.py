@@ -16,8 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from taskplane.reports.compute import GroupRow, Report
+from taskplane.reports.fmt import count, pct, usd
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
+
+__all__ = ["FORMATS", "count", "pct", "render", "usd", "window_text"]
 
 CSV_COLUMNS = (
     "scope",
@@ -37,25 +40,6 @@ CSV_COLUMNS = (
     "cost_per_successful_task_usd",
     "cache_hit_ratio",
 )
-
-
-def usd(value: float | None) -> str:
-    """Money for people: cents for large sums, micro-dollars for small ones."""
-    if value is None:
-        return "n/a"
-    if abs(value) >= 1000:
-        return f"${value:,.2f}"
-    if abs(value) >= 1:
-        return f"${value:,.4f}"
-    return f"${value:.6f}"
-
-
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
-def count(value: int) -> str:
-    return f"{value:,}"
 
 
 def window_text(report: Report) -> str:
