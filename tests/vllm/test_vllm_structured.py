@@ -50,7 +50,9 @@ def _chat(http: httpx.Client, replica: VllmReplica, **kw: object) -> dict[str, o
 
 
 def test_tool_choice_required_gives_schema_valid_calls(replica: VllmReplica, http: httpx.Client) -> None:
-    body = _chat(http, replica, tools=TOOLS, tool_choice="required")
+    # parallel_tool_calls=False: vLLM's grammar then allows one call (maxItems 1); with parallel
+    # calls allowed, random weights would keep appending calls until max_tokens
+    body = _chat(http, replica, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     message = body["choices"][0]["message"]  # type: ignore[index]
     calls = message["tool_calls"]
     assert calls, message
