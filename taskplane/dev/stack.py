@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +104,27 @@ def print_status(info: dict[str, Any]) -> None:
         console.print(f"Temporal UI: [link={info['temporal_ui_url']}]{info['temporal_ui_url']}[/link]")
 
 
-def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200) -> dict[str, Any]:
-    """Start the stack, or return the running one. On any failure, stop what was started."""
+def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200,
+       modules: Sequence[str] = ()) -> dict[str, Any]:
+    """Start the stack, or return the running one. On any failure, stop what was started.
+
+    ``modules`` are the user's agent modules the dev worker serves besides the examples;
+    naming new ones on a running stack restarts just the worker with all of them.
+    """
     state_dir = state_dir.resolve()
     current = status(state_dir)
+    modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in modules]
     if current["running"]:
         console.print("[dim]found the running dev stack[/]")
+        saved = _load(state_dir) or {}
+        served = list(saved.get("worker_modules") or [])
+        if set(modules) - set(served):
+            worker = next(p for p in saved["parts"] if p["name"] == "worker")
+            proc.stop_pid(worker.get("pid"))
+            saved["parts"].remove(worker)
+            _start_worker(saved, state_dir / "logs", [*served, *(m for m in modules if m not in served)])
+            _save(state_dir, saved)
+            return status(state_dir)
         return current
     if current["parts"]:
         down(state_dir, quiet=True)
@@ -128,7 +144,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
             _start_sim_replicas(info, ports, replicas, logs)
         _save(state_dir, info)
         _start_gateway(state_dir, info, ports, logs)
-        _start_worker(info, logs)
+        _start_worker(info, logs, modules)
         _save(state_dir, info)
     except BaseException:
         _save(state_dir, info)
@@ -234,23 +250,32 @@ def _start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int],
     proc.wait_until(proc.http_ok(f"{url}/healthz"), "gateway", 60, pid, log_file)
 
 
-def _start_worker(info: dict[str, Any], logs: Path) -> None:
+def _start_worker(info: dict[str, Any], logs: Path, modules: Sequence[str] = ()) -> None:
+    """The dev worker: the examples plus ``modules``, importable from the current directory."""
     log_file = logs / "worker.log"
+    offset = log_file.stat().st_size if log_file.exists() else 0
     env = {
         "TASKPLANE_TEMPORAL_ADDRESS": info["temporal_address"],
         "TASKPLANE_GATEWAY_URL": info["gateway_url"],
         "TASKPLANE_DATABASE_URL": info["database_url"],
         "TASKPLANE_STATE_DIR": info["state_dir"],
     }
-    pid = proc.spawn([*_py(), "worker"], log_file, env=env)
-    _part(info, "worker", pid, f"task queue taskplane @ {info['temporal_address']}")
-    console.print("starting the worker")
+    flags = [x for m in modules for x in ("--module", m)]
+    pid = proc.spawn([*_py(), "worker", *flags], log_file, env=env, cwd=Path.cwd())
+    info["worker_modules"] = list(modules)
+    served = f" + {', '.join(modules)}" if modules else ""
+    _part(info, "worker", pid, f"task queue taskplane @ {info['temporal_address']} (examples{served})")
+    console.print("starting the worker" + (f" for the examples and {', '.join(modules)}" if modules else ""))
     time.sleep(1.0)
-    proc.wait_until(lambda: _worker_ready(log_file), "worker", 60, pid, log_file)
+    proc.wait_until(lambda: _worker_ready(log_file, offset), "worker", 60, pid, log_file)
 
 
-def _worker_ready(log_file: Path) -> bool:
-    return log_file.exists() and "worker_started" in log_file.read_text(errors="replace")
+def _worker_ready(log_file: Path, offset: int = 0) -> bool:
+    if not log_file.exists():
+        return False
+    with open(log_file, "rb") as f:
+        f.seek(offset)
+        return b"worker_started" in f.read()
 
 
 def restart_part(state_dir: Path, name: str) -> None:

@@ -202,6 +202,15 @@ def build_app(
         """OpenAI completions, placed by taskplane's scheduler."""
         return await _openai("completions", request)
 
+    def _endpoint(kind: str) -> Any:
+        async def endpoint(request: Request) -> Any:
+            return await _openai(kind, request)
+        return endpoint
+
+    # the Responses API and embeddings (vLLM serves both), placed like chat calls
+    for path, kind in (("/v1/responses", "responses"), ("/v1/embeddings", "embeddings")):
+        app.post(path, name=kind)(_endpoint(kind))
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = []

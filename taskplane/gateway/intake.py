@@ -32,10 +32,10 @@ from taskplane.context import (
     parse_headers,
 )
 from taskplane.engines.registry import ReplicaRegistry
-from taskplane.engines.tokenize import chat_tokens, tokenize
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
-from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
+from taskplane.gateway.openai_extra import REQUEST_MODELS, prompt_tokens
+from taskplane.gateway.requests import parse_body
 from taskplane.scheduler.hashing import chain_hashes
 from taskplane.scheduler.types import CallRequest
 
@@ -89,17 +89,12 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
     tenant_cfg = config.tenant(ctx.tenant)
     if config.auth or tenant_cfg is not None:
         auth.enforce_priority_cap(tenant_cfg, ctx.priority)
-    model_cls = ChatRequest if kind == "chat" else CompletionRequest
-    typed, body = parse_body(raw, model_cls)
+    typed, body = parse_body(raw, REQUEST_MODELS.get(kind, REQUEST_MODELS["chat"]))  # type: ignore[arg-type]
     pool = config.pool_for(typed.model)
     if pool is None:
         known = ", ".join(p.model for p in config.pools)
         raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
-    if isinstance(typed, ChatRequest):
-        tokens = chat_tokens(message_dicts(typed))
-    else:
-        assert isinstance(typed, CompletionRequest)
-        tokens = tokenize(typed.prompt_text)
+    tokens = prompt_tokens(typed)
     max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
     if max_tokens > config.limits.max_tokens:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {config.limits.max_tokens}")

@@ -31,6 +31,7 @@ from taskplane.gateway import lost
 from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink, response_headers
 from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.gateway.openai_extra import PATHS, reply_usage
 from taskplane.gateway.placement import Placer
 from taskplane.gateway.streaming import StreamRelay
 from taskplane.gateway.upstream import (
@@ -208,7 +209,7 @@ class Gateway:
     async def _attempt(self, call: Call, decision: Decision, replica: ReplicaState, try_index: int, queue_ms: float) -> Any:
         """One upstream attempt. Returns a response, or a TaskplaneError when a retry elsewhere may help."""
         model = decision.model or call.pool.model
-        path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
+        path = PATHS.get(call.kind, PATHS["chat"])
         url = replica.config.url + path
         started_wall = datetime.now(UTC)
         t0 = time.monotonic()
@@ -284,11 +285,7 @@ class Gateway:
         try:
             raw = await resp.aread()
             data = json.loads(raw)
-            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-                raise ValueError("not an OpenAI completion object")
-            usage = data.get("usage") or {}
-            if not isinstance(usage, dict):
-                raise ValueError("usage is not an object")
+            usage = reply_usage(call.kind, data)
         except asyncio.CancelledError:
             await resp.aclose()
             await self.ledger.record_cancelled(attempt, finish())

@@ -20,6 +20,8 @@ from taskplane.reports.formatting import count, pct, usd, window_text
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
 
+__all__ = ["FORMATS", "count", "pct", "render", "usd", "window_text"]
+
 CSV_COLUMNS = (
     "scope",
     "key",
@@ -132,6 +134,7 @@ def table_renderable(report: Report) -> RenderableType:
         (report.group_by, "left"),
         ("succeeded", "right"),
         ("failed", "right"),
+        ("cancelled", "right"),
         ("calls", "right"),
         ("cost", "right"),
         ("cost / successful task", "right"),
@@ -143,6 +146,7 @@ def table_renderable(report: Report) -> RenderableType:
             row.key,
             count(row.tasks_succeeded),
             count(row.tasks_failed),
+            count(row.tasks_cancelled),
             count(row.calls),
             usd(row.total_cost_usd),
             usd(row.cost_per_successful_task_usd),
@@ -155,7 +159,18 @@ def table_renderable(report: Report) -> RenderableType:
     if report.calls == 0 and report.tasks_total == 0:
         parts.append(Text("No LLM calls or tasks in this window.", style="dim"))
         return Group(*parts)
-    return Group(*parts, waste, groups)
+    return Group(*parts, waste, groups, *_failed_table(report))
+
+
+def _failed_table(report: Report) -> list[RenderableType]:
+    if not report.failed_tasks:
+        return []
+    t = Table(title="Tasks that did not succeed (latest first)", title_justify="left")
+    for col in ("task", "agent", "status", "cost", "error"):
+        t.add_column(col, justify="right" if col == "cost" else "left", overflow="fold")
+    for f in report.failed_tasks[:20]:
+        t.add_row(f.task_id, f.agent, f.status, usd(f.cost_usd), " ".join((f.error or "").split())[:120])
+    return [t]
 
 
 def render_table(report: Report, width: int = 110) -> str:
@@ -172,7 +187,7 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return render_csv(report)
     if fmt == "html":
-        from taskplane.reports.html import render_html  # matplotlib: only when asked for
+        from taskplane.reports.html import render_html
 
         return render_html(report)
     if fmt == "table":
