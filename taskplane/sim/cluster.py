@@ -5,7 +5,7 @@ the same scheduler core as the gateway run under one ``heapq`` event loop: no so
 no sleeping, no wall clock. The same inputs and seed give bit-identical records.
 
 The placement policy is either a plain callable ``place(request, replicas) -> Decision``
-or an object with the :class:`taskplane.scheduler.core.Scheduler` interface, whose
+or an object with the :class:`taskplane.scheduler.flowcontrol.controller.FlowControl` interface, whose
 optional parts are used when present:
 
 - ``decide(request, replicas, now_s)`` instead of calling the object;
