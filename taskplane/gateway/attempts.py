@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.registry import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import costing, lost
 from taskplane.gateway.intake import Call
@@ -54,17 +54,25 @@ class AttemptSink:
 
 @dataclass
 class Attempt:
-    """One try of a call on one replica: what its row and the placer's feedback need."""
+    """One try of a call on one replica: what its row and the placer's feedback need.
+    Made by ``AttemptLifecycle.begin``, settled once by ``succeeded``/``failed``/``cancelled``."""
 
     call: Call
     decision: Decision
     replica: ReplicaState
+    lease: Lease  # the attempt's place in the replica's in-flight counts
     try_index: int
     queue_ms: float
     model: str  # the model asked of the replica (a fallback, or the pool's)
     started: datetime  # wall clock, for the row
     t0: float  # monotonic, for its durations
-    batch_start: int  # calls in flight on the replica once this one was added
+    ttft_ms: float | None = None  # set when the first token came back
+    settled: bool = False
+
+    @property
+    def batch_start(self) -> int:
+        """Calls in flight on the replica once this one was added."""
+        return self.lease.batch_start
 
     def elapsed_ms(self) -> float:
         return (time.monotonic() - self.t0) * 1000.0
@@ -147,7 +155,6 @@ class AttemptLedger:
         rec.completion_tokens = token_count(usage.get("completion_tokens"))
         rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
         self.charge(rec, replica, total_ms, a.batch_start, batch_end)
-        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
         self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
         self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
         self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
@@ -165,19 +172,6 @@ class AttemptLedger:
         self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
         self.metrics.attempts.labels(replica=a.replica.name, outcome=rec.outcome.value).inc()
         return rec
-
-    async def record_failed(self, a: Attempt, err: TaskplaneError, batch_end: int, timeout: bool = False) -> None:
-        """Write a failed attempt's row and tell the placer (a retry elsewhere may follow)."""
-        total_ms = a.elapsed_ms()
-        rec = self.failure(a, Outcome.TIMEOUT if timeout else Outcome.ERROR, err.error_type, total_ms, batch_end)
-        await self.write(rec)
-        self.completed(a.call, a.decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
-
-    async def record_cancelled(self, a: Attempt, batch_end: int) -> None:
-        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
-        still spent, so the attempt is recorded — shielded from the cancellation itself."""
-        rec = self.failure(a, Outcome.CANCELLED, ErrorType.REPLICA_ERROR, a.elapsed_ms(), batch_end)
-        await self.write(rec)
 
     async def record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
         """A call no replica took (shed, unmeetable, none left): a row without cost."""
