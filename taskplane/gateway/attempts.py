@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
@@ -22,7 +23,7 @@ from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_M
 from taskplane.engines.registry import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import costing, lost
-from taskplane.gateway.intake import Call
+from taskplane.gateway.intake import INT32_MAX, Call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.scheduler.types import Decision
@@ -38,7 +39,7 @@ def token_count(value: Any) -> int:
         return 0
     if isinstance(value, float) and not value.is_integer():
         return 0
-    return int(value)
+    return min(int(value), INT32_MAX)  # the column is int32: a bogus count must not dead-letter the row
 
 
 class AttemptSink:
@@ -78,11 +79,18 @@ class Attempt:
         return (time.monotonic() - self.t0) * 1000.0
 
 
+def attempt_key(tenant: str, call_id: str, attempt: int, try_index: int) -> str:
+    """The row's idempotency key, scoped to the tenant: a call id is the client's to choose,
+    so another tenant sending the same id first must not make this call's row a duplicate.
+    The tenant is percent-encoded, so no tenant and call id pair reads as another."""
+    return f"{quote(tenant, safe='')}/{call_id}:{attempt}:{try_index}"
+
+
 def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
                started: datetime) -> AttemptRecord:
     """The row of one attempt, with what is known before it ran; its key is the idempotency key."""
     return AttemptRecord(
-        attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
+        attempt_key=attempt_key(call.ctx.tenant, call.call_id, call.ctx.attempt, try_index),
         task_id=call.ctx.task_id,
         step=call.ctx.step,
         attempt=call.ctx.attempt,

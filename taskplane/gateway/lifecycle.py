@@ -81,6 +81,11 @@ class Tries:
         self.index += 1
 
 
+def _call_key(call: Call) -> str:
+    """A client's call id within its tenant (ids are the clients' to choose)."""
+    return f"{call.ctx.tenant}/{call.ctx.call_id}"
+
+
 class AttemptLifecycle:
     """Intake, admission, placement and the settling of attempts (see the module docstring)."""
 
@@ -130,7 +135,7 @@ class AttemptLifecycle:
     # ---- placement -----------------------------------------------------
     def tries(self, call: Call) -> Tries:
         """A fresh try sequence; a client's retry avoids the replica its earlier attempt used."""
-        previous = self._last_replica.get(call.ctx.call_id) if call.ctx.attempt > 1 and call.ctx.call_id else None
+        previous = self._last_replica.get(_call_key(call)) if call.ctx.attempt > 1 and call.ctx.call_id else None
         return Tries(previous=previous, exclude={previous} if previous else set())
 
     async def _place(self, call: Call, exclude: set[str]) -> tuple[Decision, float]:
@@ -186,8 +191,9 @@ class AttemptLifecycle:
     def _remember_replica(self, call: Call, replica: str) -> None:
         if not call.ctx.call_id:
             return
-        self._last_replica[call.ctx.call_id] = replica
-        self._last_replica.move_to_end(call.ctx.call_id)
+        key = _call_key(call)
+        self._last_replica[key] = replica
+        self._last_replica.move_to_end(key)
         while len(self._last_replica) > 100_000:
             self._last_replica.popitem(last=False)
 
