@@ -10,7 +10,6 @@ mid-attempt still leaves its row to the next one (``lost``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from taskplane.gateway import costing, lost
 from taskplane.gateway.intake import INT32_MAX, Call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
+from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.types import Decision
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
 
@@ -66,7 +66,7 @@ class Attempt:
     queue_ms: float
     model: str  # the model asked of the replica (a fallback, or the pool's)
     started: datetime  # wall clock, for the row
-    t0: float  # monotonic, for its durations
+    t0: float  # stalls.CLOCK time, for its durations
     ttft_ms: float | None = None  # set when the first token came back
     settled: bool = False
 
@@ -76,7 +76,8 @@ class Attempt:
         return self.lease.batch_start
 
     def elapsed_ms(self) -> float:
-        return (time.monotonic() - self.t0) * 1000.0
+        """Milliseconds since the attempt began, less any stall of the gateway's own (``stalls``)."""
+        return (CLOCK.now() - self.t0) * 1000.0
 
 
 def attempt_key(tenant: str, call_id: str, attempt: int, try_index: int) -> str:

@@ -45,6 +45,7 @@ from taskplane.gateway.failures import Failure, ReplicaFault
 from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
+from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.types import Action, Decision
 from taskplane.store.records import AttemptRecord, Outcome
 
@@ -210,7 +211,7 @@ class AttemptLifecycle:
                                       decode_tokens=call.max_tokens)
         attempt = Attempt(call=call, decision=decision, replica=replica, lease=lease, try_index=try_index,
                           queue_ms=queue_ms, model=decision.model or call.pool.model, started=datetime.now(UTC),
-                          t0=time.monotonic())
+                          t0=CLOCK.now())
         self._gauge(replica)
         try:
             await self.ledger.note_open(attempt)
