@@ -10,6 +10,7 @@ mid-attempt still leaves its row to the next one (``lost``).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -128,11 +129,15 @@ class AttemptLedger:
         self.placer = placer
         self.request_timeout_s = request_timeout_s
         self._notes_failing = False
+        self.journal = os.environ.get("TASKPLANE_INFLIGHT_JOURNAL", "1") not in ("0", "false", "no")
 
     async def note_open(self, a: Attempt) -> None:
         """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
         leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
-        written costs that insurance, not the call."""
+        written costs that insurance, not the call. ``TASKPLANE_INFLIGHT_JOURNAL=0`` turns
+        it off (docs/reliability.md measures what it costs)."""
+        if not self.journal:
+            return
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
                          started=a.started)
         rec.error_type, rec.queue_ms = GATEWAY_LOST, a.queue_ms

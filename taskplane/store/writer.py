@@ -424,6 +424,7 @@ class CostWriter:
     async def _heartbeat(self) -> None:
         """While attempts are in flight and nothing else committed lately, stamp the outbox
         as alive: a crash then leaves their estimated end at most ``heartbeat_s`` early."""
+        beat_failing = False
         while True:
             due = self._last_commit + self.heartbeat_s - time.monotonic()
             if not self._open or due > 0:
@@ -432,7 +433,11 @@ class CostWriter:
             try:
                 await self._io(self.outbox.beat)
             except Exception as exc:  # a failed beat only shortens a crash estimate
-                log.warning("outbox heartbeat failed", error=str(exc)[:200])
+                if not beat_failing:  # once per outage, not once a second
+                    log.warning("outbox heartbeat failed", error=str(exc)[:200])
+                beat_failing = True
+            else:
+                beat_failing = False
             self._last_commit = time.monotonic()
 
     async def _send_loop(self) -> None:
