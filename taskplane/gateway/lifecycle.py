@@ -5,7 +5,7 @@ picker both drive the same object, so every decision and every count is made in 
 place. The steps, in order::
 
     call = lifecycle.prepare(kind, raw_body, headers)      # intake: 4xx TaskplaneError, nothing counted
-    lifecycle.admit(call)                                  # the tenant's concurrency slot (or shed row + raise)
+    await lifecycle.admit(call)                            # the tenant's concurrency slot (or shed row + raise)
     tries = lifecycle.tries(call)                          # replicas to avoid (a client retry's previous one)
     choice = await lifecycle.choose(call, tries)           # a replica, or the refusal (its row written)
     attempt = await lifecycle.begin(call, choice.decision, choice.replica,
