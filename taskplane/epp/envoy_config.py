@@ -236,7 +236,10 @@ def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
         "max_request_headers_kb": 64,
         "common_http_protocol_options": {"idle_timeout": "60s", "headers_with_underscores_action": "ALLOW"},
         "route_config": {"name": "taskplane", "virtual_hosts": [{"name": "taskplane", "domains": ["*"], "routes": routes}]},
-        "http_filters": [ext_proc_filter(config), lua_filter(),
+        # Lua before ext_proc: on the way back Envoy runs them in reverse, so the Lua
+        # filter sees the headers only once the picker has released them, and its body
+        # edits cannot reach a header block that is still held.
+        "http_filters": [lua_filter(), ext_proc_filter(config),
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

@@ -36,6 +36,11 @@ local function drop_usage_event(s)
   return table.concat(out)
 end
 
+local function put(h, key, value)
+  -- fetched anew each time: objects from before a yield (bodyChunks) are out of scope
+  h:streamInfo():dynamicMetadata():set("taskplane", key, value)
+end
+
 function envoy_on_request(h)
 end
 
@@ -45,7 +50,6 @@ function envoy_on_response(h)
     return
   end
   local hide = md["hide_usage"] and true or false
-  local dm = h:streamInfo():dynamicMetadata()
   local first = nil
   local carry = ""
   for chunk in h:bodyChunks() do
@@ -54,24 +58,24 @@ function envoy_on_response(h)
       local s = chunk:getBytes(0, n)
       if first == nil and (string.find(s, '"content"', 1, true) or string.find(s, '"text"', 1, true)) then
         first = now_ms(h)
-        dm:set("taskplane", "first_token_ms", first)
+        put(h, "first_token_ms", first)
       end
       local scan = carry .. s
       if string.find(scan, '"usage"', 1, true) then
         local p = string.match(scan, '"prompt_tokens":%s*(%d+)')
         local c = string.match(scan, '"completion_tokens":%s*(%d+)')
         local k = string.match(scan, '"cached_tokens":%s*(%d+)')
-        if p then dm:set("taskplane", "prompt_tokens", tonumber(p)) end
-        if c then dm:set("taskplane", "completion_tokens", tonumber(c)) end
-        if k then dm:set("taskplane", "cached_tokens", tonumber(k)) end
+        if p then put(h, "prompt_tokens", tonumber(p)) end
+        if c then put(h, "completion_tokens", tonumber(c)) end
+        if k then put(h, "cached_tokens", tonumber(k)) end
         if hide and string.find(s, '"usage"', 1, true) then
           chunk:setBytes(drop_usage_event(s))
         end
       end
       if string.find(scan, "data: [DONE]", 1, true) then
-        dm:set("taskplane", "done", true)
+        put(h, "done", true)
       elseif string.find(scan, 'data: {"error"', 1, true) then
-        dm:set("taskplane", "stream_error", true)
+        put(h, "stream_error", true)
       end
       carry = string.sub(s, -64)
     end
