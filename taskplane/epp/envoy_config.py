@@ -235,7 +235,8 @@ def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
         "stream_idle_timeout": _dur(limits.request_timeout_s),
         "max_request_headers_kb": 64,
         "common_http_protocol_options": {"idle_timeout": "60s", "headers_with_underscores_action": "ALLOW"},
-        "route_config": {"name": "taskplane", "virtual_hosts": [{"name": "taskplane", "domains": ["*"], "routes": routes}]},
+        "route_config": {"name": "taskplane", "virtual_hosts": [{"name": "taskplane", "domains": ["*"], "routes": routes,
+                                                                       "include_attempt_count_in_response": True}]},
         # Lua before ext_proc: on the way back Envoy runs them in reverse, so the Lua
         # filter sees the headers only once the picker has released them, and its body
         # edits cannot reach a header block that is still held.

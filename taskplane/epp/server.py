@@ -249,17 +249,27 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                                       dynamic_metadata=metadata)]
 
     # ---- response ---------------------------------------------------------------
-    def _served_endpoint(self, req: pb.ProcessingRequest) -> str | None:
-        served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY)
-        return str(served) if served else P.attribute(req, "upstream.address")
+    def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> str | None:
+        """Who answered: the protocol's ``x-gateway-destination-endpoint-served`` metadata,
+        else Envoy's ``upstream.address`` attribute; an Envoy that sends neither is
+        taken at its attempt count (``x-envoy-attempt-count``), else the first choice."""
+        served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY) or P.attribute(req, "upstream.address")
+        if served:
+            return self.book.replica(str(served))
+        if headers.get(":status", "").startswith("5") and "x-envoy-upstream-service-time" not in headers:
+            return None  # Envoy's own reply: no replica answered
+        count = headers.get("x-envoy-attempt-count", "1")
+        index = int(count) - 1 if count.isdigit() and int(count) >= 1 else 0
+        return picked.order[min(index, len(picked.order) - 1)].name
 
     async def _response_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         picked = ex.picked
-        status = int(dict(P.header_pairs(req.response_headers)).get(":status", "0") or 0)
+        response = dict(P.header_pairs(req.response_headers))
+        status = int(response.get(":status", "0") or 0)
         ex.status = status
         if picked is None:
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
-        served = await picked.served_by(self.book.replica(self._served_endpoint(req)))
+        served = await picked.served_by(self._served_replica(req, picked, response))
         call = picked.call
         if served is None:  # Envoy answered itself: every endpoint it tried failed
             failure = failures.unreachable(picked.order[-1].name, f"Envoy answered {status}", timeout=False)
