@@ -10,21 +10,22 @@ mid-attempt still leaves its row to the next one (``lost``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
 from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.registry import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import costing, lost
-from taskplane.gateway.intake import Call
+from taskplane.gateway.intake import INT32_MAX, Call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
+from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.types import Decision
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
 
@@ -38,7 +39,7 @@ def token_count(value: Any) -> int:
         return 0
     if isinstance(value, float) and not value.is_integer():
         return 0
-    return int(value)
+    return min(int(value), INT32_MAX)  # the column is int32: a bogus count must not dead-letter the row
 
 
 class AttemptSink:
@@ -54,27 +55,43 @@ class AttemptSink:
 
 @dataclass
 class Attempt:
-    """One try of a call on one replica: what its row and the placer's feedback need."""
+    """One try of a call on one replica: what its row and the placer's feedback need.
+    Made by ``AttemptLifecycle.begin``, settled once by ``succeeded``/``failed``/``cancelled``."""
 
     call: Call
     decision: Decision
     replica: ReplicaState
+    lease: Lease  # the attempt's place in the replica's in-flight counts
     try_index: int
     queue_ms: float
     model: str  # the model asked of the replica (a fallback, or the pool's)
     started: datetime  # wall clock, for the row
-    t0: float  # monotonic, for its durations
-    batch_start: int  # calls in flight on the replica once this one was added
+    t0: float  # stalls.CLOCK time, for its durations
+    ttft_ms: float | None = None  # set when the first token came back
+    settled: bool = False
+
+    @property
+    def batch_start(self) -> int:
+        """Calls in flight on the replica once this one was added."""
+        return self.lease.batch_start
 
     def elapsed_ms(self) -> float:
-        return (time.monotonic() - self.t0) * 1000.0
+        """Milliseconds since the attempt began, less any stall of the gateway's own (``stalls``)."""
+        return (CLOCK.now() - self.t0) * 1000.0
+
+
+def attempt_key(tenant: str, call_id: str, attempt: int, try_index: int) -> str:
+    """The row's idempotency key, scoped to the tenant: a call id is the client's to choose,
+    so another tenant sending the same id first must not make this call's row a duplicate.
+    The tenant is percent-encoded, so no tenant and call id pair reads as another."""
+    return f"{quote(tenant, safe='')}/{call_id}:{attempt}:{try_index}"
 
 
 def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
                started: datetime) -> AttemptRecord:
     """The row of one attempt, with what is known before it ran; its key is the idempotency key."""
     return AttemptRecord(
-        attempt_key=f"{call.call_id}:{call.ctx.attempt}:{try_index}",
+        attempt_key=attempt_key(call.ctx.tenant, call.call_id, call.ctx.attempt, try_index),
         task_id=call.ctx.task_id,
         step=call.ctx.step,
         attempt=call.ctx.attempt,
@@ -147,7 +164,6 @@ class AttemptLedger:
         rec.completion_tokens = token_count(usage.get("completion_tokens"))
         rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
         self.charge(rec, replica, total_ms, a.batch_start, batch_end)
-        replica.served_tokens += rec.prompt_tokens + rec.completion_tokens
         self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
         self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
         self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
@@ -165,19 +181,6 @@ class AttemptLedger:
         self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
         self.metrics.attempts.labels(replica=a.replica.name, outcome=rec.outcome.value).inc()
         return rec
-
-    async def record_failed(self, a: Attempt, err: TaskplaneError, batch_end: int, timeout: bool = False) -> None:
-        """Write a failed attempt's row and tell the placer (a retry elsewhere may follow)."""
-        total_ms = a.elapsed_ms()
-        rec = self.failure(a, Outcome.TIMEOUT if timeout else Outcome.ERROR, err.error_type, total_ms, batch_end)
-        await self.write(rec)
-        self.completed(a.call, a.decision, ok=False, ttft_ms=None, total_ms=total_ms, cached=0)
-
-    async def record_cancelled(self, a: Attempt, batch_end: int) -> None:
-        """The client went away mid-attempt (e.g. its activity timed out): the GPU time was
-        still spent, so the attempt is recorded — shielded from the cancellation itself."""
-        rec = self.failure(a, Outcome.CANCELLED, ErrorType.REPLICA_ERROR, a.elapsed_ms(), batch_end)
-        await self.write(rec)
 
     async def record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:
         """A call no replica took (shed, unmeetable, none left): a row without cost."""

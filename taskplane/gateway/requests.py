@@ -78,6 +78,61 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: Deepest nesting of objects and arrays a body may have. OpenAI bodies need about ten
+#: (a tool's JSON schema a few more); engines fail with 500 on a few hundred, which would
+#: let one tenant's requests take every replica out.
+MAX_DEPTH = 64
+#: JSON integers anywhere in a body must fit a signed 64-bit integer (what engines parse
+#: them into); typed fields have their own tighter bounds.
+INT64 = 2**63
+
+
+def check_document(data: Any) -> None:
+    """Refuse what JSON allows but nothing downstream can take: nesting beyond ``MAX_DEPTH``,
+    integers beyond 64 bits, and lone UTF-16 surrogates (``"\\ud800"``) in any string or key
+    (they cannot be encoded as UTF-8: not for the engine, the tokenizer, nor Postgres)."""
+    stack: list[tuple[Any, int, str, object]] = [(data, 1, "body", None)]
+    while stack:
+        value, depth, parent, key = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _has_surrogate(value):
+                raise _refuse(parent, key, "holds a lone UTF-16 surrogate (not valid Unicode)")
+        elif isinstance(value, bool) or value is None or isinstance(value, float):
+            continue
+        elif isinstance(value, int):
+            if not -INT64 <= value < INT64:
+                raise _refuse(parent, key, "is an integer beyond 64 bits")
+        elif depth > MAX_DEPTH:
+            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"request body is nested deeper than {MAX_DEPTH} levels")
+        else:
+            where = _path(parent, key)
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if not k.isascii() and _has_surrogate(k):
+                        raise _refuse(where, None, "has a key with a lone UTF-16 surrogate (not valid Unicode)")
+                    stack.append((v, depth + 1, where, k))
+            else:
+                stack.extend((v, depth + 1, where, i) for i, v in enumerate(value))
+
+
+def _path(parent: str, key: object) -> str:
+    if key is None:
+        return parent
+    return f"{parent}[{key}]" if isinstance(key, int) else f"{parent}.{str(key)[:40]}"
+
+
+def _refuse(parent: str, key: object, why: str) -> TaskplaneError:
+    return TaskplaneError(ErrorType.INVALID_REQUEST, f"{_path(parent, key)} {why}")
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]]:
     """Decode and validate a request body; return the typed view and the raw dict to forward."""
     try:
@@ -94,6 +149,7 @@ def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise TaskplaneError(ErrorType.INVALID_REQUEST, "request body must be a JSON object")
+    check_document(data)
     try:
         typed = kind.model_validate(data)
     except ValidationError as exc:

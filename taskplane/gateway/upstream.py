@@ -1,6 +1,7 @@
 """The gateway's HTTP side toward replicas: pooled clients, the body a replica is sent, a
-send that gives up once the replica is marked down, and an engine's refusal (4xx)
-translated into the contract's errors.
+send that gives up once the replica is marked down, and what a response says
+(``open_response``, ``read_completion``), turned into ``failures.Failure``s: the only
+httpx-specific part of an attempt.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import httpx
 
 from taskplane.engines.registry import ReplicaState
-from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import failures
+from taskplane.gateway.failures import Failure
 from taskplane.gateway.intake import Call
 
 UPSTREAM_POOLS = 8  # upstream connection pools per replica (see UpstreamClients.client_for)
@@ -84,12 +86,46 @@ async def send_unless_down(client: httpx.AsyncClient, req: httpx.Request, replic
     return send.result()
 
 
-def engine_client_error(status: int, body: bytes) -> TaskplaneError:
-    """An engine's 4xx as the contract's error: the request itself was refused, so a retry
-    elsewhere would be refused too."""
+class AttemptFailed(Exception):
+    """An upstream attempt failed; ``failure`` says how (``failures``)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+
+
+async def open_response(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+    """Send the attempt and return the replica's successful response, its body still to
+    read; any other ending raises ``AttemptFailed`` (the response already closed)."""
     try:
-        msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
-    except (ValueError, AttributeError):
-        msg = body[:200].decode("utf-8", "replace")
-    etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
-    return TaskplaneError(etype, f"the engine refused the request: {msg}")
+        resp = await send_unless_down(client, req, replica)
+    except (httpx.HTTPError, OSError, ReplicaDown) as exc:
+        raise AttemptFailed(failures.unreachable(replica.name, type(exc).__name__,
+                                                 timeout=isinstance(exc, httpx.TimeoutException))) from None
+    replica.saw_progress()
+    if resp.status_code < 400:
+        return resp
+    try:
+        body = await resp.aread()
+    except (httpx.HTTPError, OSError) as exc:
+        raise AttemptFailed(failures.broken_response(replica.name, type(exc).__name__)) from None
+    finally:
+        await resp.aclose()
+    raise AttemptFailed(failures.from_status(replica.name, resp.status_code, body))
+
+
+async def read_completion(resp: httpx.Response, replica: ReplicaState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A unary answer's completion object and its usage, or ``AttemptFailed`` when it is
+    not an OpenAI completion object. The response is closed either way."""
+    try:
+        data = json.loads(await resp.aread())
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError("not an OpenAI completion object")
+        usage = data.get("usage") or {}
+        if not isinstance(usage, dict):
+            raise ValueError("usage is not an object")
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        raise AttemptFailed(failures.broken_response(replica.name, type(exc).__name__)) from None
+    finally:
+        await resp.aclose()
+    return data, usage

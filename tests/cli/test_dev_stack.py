@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import free_base
 from taskplane.store import embedded
 
 
@@ -22,12 +22,7 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 
 def _base_port() -> int:
-    for _ in range(50):
-        base = random.randrange(20000, 31000, 10)  # below the ephemeral range (see taskplane/ports.py)
-        ports = [base + i for i in (0, 1, 2, 3, 10, 11, 110, 111, 1110, 1111)]
-        if not any(proc.port_in_use(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range")
+    return free_base(2)  # a whole block of the port plan, free now
 
 
 def test_dev_up_status_down(tmp_path: Path) -> None:
