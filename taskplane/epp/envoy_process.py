@@ -76,9 +76,12 @@ class EnvoyProcess:
         self.config_file.write_text(json.dumps(self.bootstrap, indent=1))
         cmd = [str(envoy_binary()), "-c", str(self.config_file), "--concurrency", str(self.concurrency),
                "--log-level", "warning", "--base-id", str(self.admin_port), "--disable-hot-restart"]
-        with open(self.log_file, "ab") as out:
+        out = self.log_file.open("ab")  # start-up only: the child keeps its own copy of the descriptor
+        try:
             self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL,
                                                              preexec_fn=_die_with_parent)
+        finally:
+            out.close()
         deadline = asyncio.get_running_loop().time() + timeout_s
         async with httpx.AsyncClient(timeout=1.0) as client:
             while True:
