@@ -24,6 +24,7 @@ class EndpointBook:
         self.by_endpoint: dict[str, str] = {}
         self.by_replica: dict[str, str] = {}
         self._urls: dict[str, str] = {}
+        self.unreachable: set[str] = set()  # replicas without an endpoint (yet): never chosen
 
     def refresh(self) -> bool:
         """Re-read the registry; True when the set changed (and the EDS file was rewritten)."""
@@ -37,6 +38,7 @@ class EndpointBook:
             except OSError as exc:  # a name that does not resolve yet: left out until it does
                 log.warning("endpoint_unresolved", replica=name, url=url, error=str(exc))
         self.by_replica = by_replica
+        self.unreachable = set(urls) - set(by_replica)
         self.by_endpoint = {ep: name for name, ep in by_replica.items()}
         self._urls = urls
         if self.eds_file is not None:

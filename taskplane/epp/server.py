@@ -19,7 +19,9 @@ GIE-style full-duplex config), from the chunks themselves.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,8 +212,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             return [P.error_reply(err)]
         tries = lc.tries(call)
         tries.exclude |= outside
-        unreachable = {s.name for s in gw.registry.replicas.values() if not self.book.endpoint(s.name)}
-        tries.exclude |= unreachable
+        tries.exclude |= self.book.unreachable
         choice = await lc.choose(call, tries)
         self.decisions += 1
         if isinstance(choice, TaskplaneError):
@@ -225,11 +226,11 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     def _fallbacks(self, model: str, primary: ReplicaState, exclude: set[str]) -> list[ReplicaState]:
         """Where Envoy goes if the choice fails before anything streamed: the least loaded
-        other healthy replicas of the model, in that order."""
-        others = [s for s in self.gw.registry.for_model(model)
-                  if s.name != primary.name and s.name not in exclude and s.view().healthy]
-        others.sort(key=lambda s: (s.inflight, s.num_running + s.num_waiting, s.name))
-        return others[:MAX_FALLBACKS]
+        other healthy replicas of the model, in that order (a cheap look: no views)."""
+        now = time.monotonic()
+        others = (s for s in self.gw.registry.for_model(model)
+                  if s.healthy and now >= s.down_until and s is not primary and s.name not in exclude)
+        return heapq.nsmallest(MAX_FALLBACKS, others, key=lambda s: (s.inflight, s.num_running + s.num_waiting))
 
     def _routed(self, picked: PickedCall, ex: _Exchange) -> list[pb.ProcessingResponse]:
         call = picked.call
