@@ -146,7 +146,7 @@ def ext_proc_filter(config: GatewayConfig) -> dict[str, Any]:
 def lua_filter() -> dict[str, Any]:
     return {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
-        "default_source_code": {"inline_string": USAGE_LUA},
+        "source_codes": {"usage": {"inline_string": USAGE_LUA}},
     }}
 
 
@@ -163,9 +163,19 @@ def access_log(epp_cluster: str = EPP_CLUSTER) -> dict[str, Any]:
     }}
 
 
+def _enabled(config: dict[str, Any]) -> dict[str, Any]:
+    return {"@type": _T + "envoy.config.route.v3.FilterConfig", "disabled": False, "config": config}
+
+
+_EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
+_LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+
+
 def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
     return {
-        "match": {"path": path},
+        # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
+        "typed_per_filter_config": {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON},
+        "match": {"path": path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
         "route": {
             "cluster": REPLICA_CLUSTER,
             "timeout": "0s",  # a stream lasts as long as it lasts; idle limits guard hangs
@@ -182,15 +192,7 @@ def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
 
 
 def _app_route(prefix: str) -> dict[str, Any]:
-    return {
-        "match": {"prefix": prefix},
-        "route": {"cluster": APP_CLUSTER, "timeout": "120s"},
-        "typed_per_filter_config": {
-            "envoy.filters.http.ext_proc": {"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-                                            "disabled": True},
-            "envoy.filters.http.lua": {"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "disabled": True},
-        },
-    }
+    return {"match": {"prefix": prefix}, "route": {"cluster": APP_CLUSTER, "timeout": "120s"}}
 
 
 def _error_mapper(flags: str, status: int, error_type: str, message: str) -> dict[str, Any]:
@@ -211,6 +213,13 @@ def local_reply_config() -> dict[str, Any]:
         _error_mapper("UT,UC,UR,UMSDR", 502, "replica_error", "replica failed: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("NR", 404, "invalid_request", "no route for this path"),
         _error_mapper("DPE,UPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
+        # the HTTP/1 codec's refusals (bad request line, header characters, content-length)
+        {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": _T + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+            "expression": "response.code_details.startsWith('http1.') && response.code < 413"}}},
+         "body_format_override": {"json_format": {"error": {"type": "invalid_request",
+                                                            "message": "malformed HTTP request: %RESPONSE_CODE_DETAILS%"}},
+                                  "content_type": "application/json"}},
         {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 413, "runtime_key": "tp_413"}}}},
          "body_format_override": {"json_format": {"error": {"type": "payload_too_large", "message": "request body exceeds the limit"}},
                                   "content_type": "application/json"}},
@@ -234,13 +243,17 @@ def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
         "request_headers_timeout": _dur(limits.header_timeout_s),
         "stream_idle_timeout": _dur(limits.request_timeout_s),
         "max_request_headers_kb": 64,
+        # a malformed request gets its 400 (431, 413) answer, as the contract says, not a dropped connection
+        "http_protocol_options": {"override_stream_error_on_invalid_http_message": True},
         "common_http_protocol_options": {"idle_timeout": "60s", "headers_with_underscores_action": "ALLOW"},
         "route_config": {"name": "taskplane", "virtual_hosts": [{"name": "taskplane", "domains": ["*"], "routes": routes,
                                                                        "include_attempt_count_in_response": True}]},
         # Lua before ext_proc: on the way back Envoy runs them in reverse, so the Lua
         # filter sees the headers only once the picker has released them, and its body
         # edits cannot reach a header block that is still held.
-        "http_filters": [lua_filter(), ext_proc_filter(config),
+        # Off unless a route turns them on (the inference routes do): Envoy's own replies
+        # to malformed requests, which match no route, never wait on the picker.
+        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config), "disabled": True},
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

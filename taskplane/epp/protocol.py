@@ -33,8 +33,16 @@ def header_pairs(headers: pb.HttpHeaders) -> list[tuple[str, str]]:
 
 
 def as_headers(pairs: Iterable[tuple[str, str]]) -> Headers:
-    """A case-insensitive multi-map (with ``getlist``), the shape ``gateway.intake`` reads."""
-    return Headers(raw=[(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in pairs if not k.startswith(":")])
+    """A case-insensitive multi-map (with ``getlist``), the shape ``gateway.intake`` reads.
+    Envoy joins a repeated header with commas; a joined ``authorization`` (a bearer token
+    has no comma) is split back, so two different keys are refused as the proxy refuses them."""
+    raw = []
+    for k, v in pairs:
+        if k.startswith(":"):
+            continue
+        values = [x.strip() for x in v.split(",")] if k == "authorization" and "," in v else [v]
+        raw += [(k.encode("latin-1", "replace"), x.encode("utf-8", "surrogateescape")) for x in values]
+    return Headers(raw=raw)
 
 
 def attribute(req: pb.ProcessingRequest, name: str) -> str | None:
