@@ -41,18 +41,19 @@ log = structlog.get_logger(__name__)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the front door stops Envoy and the
-    picker first (uvicorn would re-raise SIGTERM and end the process mid-cleanup)."""
+    """uvicorn without its own signal handling: on SIGTERM the front door stops Envoy and
+    settles the picker's calls first, while the app (and its cost writer) still runs;
+    uvicorn would re-raise the signal and end the process mid-cleanup."""
+
+    stopping: asyncio.Event
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        self.stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop)
+            loop.add_signal_handler(sig, self.stopping.set)
         yield
-
-    def _stop(self) -> None:
-        self.should_exit = True
 
 
 @dataclass
@@ -105,12 +106,16 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     async with gateway_of(app) as gw:
         ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
         follow = asyncio.create_task(book.follow())
+        stopping = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
         try:
-            await ps.server.wait_for_termination()
+            await stopping.wait()
         finally:
             follow.cancel()
             await health.set_ready(ps.health, False)
             await ps.server.stop(grace=2)
+            await ps.picker.streams.abandon()
 
 
 async def run_front_door(config_path: Path, *, host: str, port: int, database_url: str | None,
@@ -139,16 +144,19 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     try:
         await envoy.start()
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
-        done, _ = await asyncio.wait({serving, envoy_exit}, return_when=asyncio.FIRST_COMPLETED)
+        stop = asyncio.create_task(server.stopping.wait(), name="signal")
+        done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
         if envoy_exit in done:
             log.error("envoy_exited", code=envoy_exit.result(), log=str(envoy.log_file))
-            server.should_exit = True
-            await serving
     finally:
         follow.cancel()
         await envoy.stop()
         await health.set_ready(ps.health, False)
         await ps.server.stop(grace=1)
+        left = await ps.picker.streams.abandon()  # Envoy is gone: no access-log entry will come
+        if left:
+            log.warning("streams_settled_without_log", streams=left)
         if not serving.done():
             server.should_exit = True
             await serving

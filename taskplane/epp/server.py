@@ -67,6 +67,16 @@ class StreamBook:
     def pop(self, key: str) -> PickedCall | None:
         return self.pending.pop(key, None)
 
+    async def abandon(self) -> int:
+        """Settle every stream still waiting for its log entry as cancelled (Envoy went away,
+        or the picker is stopping): its row is written now rather than lost."""
+        n = 0
+        while self.pending:
+            _, picked = self.pending.popitem()
+            await picked.cancelled()
+            n += 1
+        return n
+
 
 @dataclass
 class _Exchange:

@@ -160,3 +160,34 @@ async def test_retry_on_a_killed_replica(gie: GieStack, pg_url: str) -> None:
     step1 = [r for r in got if r["step"] == 1]
     assert len(step1) == tries and sum(r["outcome"] == "success" for r in step1) == 1
     gie.cluster.start_replica(gie.cluster.replicas[index])
+
+
+async def test_picker_killed_mid_stream_leaves_its_row_to_the_next(gie: GieStack, pg_url: str) -> None:
+    """SIGKILL of `taskplane epp` with a stream in flight: Envoy fails the calls closed (no
+    picker, no call), the restarted picker writes the killed attempt's row from the journal
+    (``gateway_lost``), and serves again."""
+    import asyncio
+    import os
+    import signal
+
+    task = f"gie-kill-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=gie.url, timeout=60) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=chat("long", stream=True, max_tokens=3000),
+                                 headers=tp_headers(task, 0)) as r:
+            assert r.status_code == 200
+            assert gie.epp_pid is not None
+            os.kill(gie.epp_pid, signal.SIGKILL)
+            with pytest.raises(httpx.HTTPError):
+                async for _ in r.aiter_bytes():
+                    pass
+        refused = await client.post("/v1/chat/completions", json=chat("while down"), headers=tp_headers(task, 1))
+        assert refused.status_code >= 500
+        gie.start_epp()
+        await asyncio.sleep(0.5)
+        again = await client.post("/v1/chat/completions", json=chat("after"), headers=tp_headers(task, 2))
+    assert again.status_code == 200, again.text
+    got = await rows_eventually(pg_url, task, 2)
+    by_step = {r["step"]: r for r in got}
+    assert by_step[0]["error_type"] == "gateway_lost", [(r["step"], r["outcome"], r["error_type"]) for r in got]
+    assert by_step[2]["outcome"] == "success"
+    assert len({r["attempt_key"] for r in got}) == len(got) and 1 not in by_step
