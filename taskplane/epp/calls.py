@@ -17,11 +17,13 @@ from typing import Any
 import structlog
 
 from taskplane.engines.registry import ReplicaState
+from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.attempts import Attempt, response_headers
 from taskplane.gateway.intake import Call
 from taskplane.gateway.lifecycle import AttemptLifecycle, Choice
 from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +41,7 @@ class PickedCall:
         self.first_try = first_try
         self.model = choice.decision.model or call.pool.model
         self.attempts: dict[int, Attempt] = {}
+        self.attempts_tried: set[int] = set()
         self.served: Attempt | None = None
         self.settled = False
 
@@ -47,35 +50,57 @@ class PickedCall:
         """The call's id in Envoy's dynamic metadata (the access log brings it back)."""
         return f"{self.call.call_id}:{self.call.ctx.attempt}"
 
-    async def begin(self, index: int = 0) -> Attempt:
-        """Start the attempt on ``order[index]`` (journalled before Envoy sends it)."""
-        replica = self.order[index]
+    async def begin(self, index: int = 0, replica: ReplicaState | None = None) -> Attempt:
+        """Start try ``index`` (on ``order[index]`` unless named), journalled before Envoy sends it."""
+        replica = replica or self.order[min(index, len(self.order) - 1)]
         decision = self.choice.decision
-        if index:
+        if replica is not self.choice.replica:
             decision = dataclasses.replace(decision, replica=replica.name, gpu=replica.config.gpu, cached_blocks=0)
         attempt = await self.lc.begin(self.call, decision, replica, try_index=self.first_try + index,
                                       queue_ms=self.choice.queue_ms)
         self.attempts[index] = attempt
+        self.attempts_tried.add(index)
         return attempt
 
-    async def served_by(self, replica_name: str | None) -> Attempt | None:
-        """Envoy says who answered: the attempts before it in the list failed (one row
-        each); the one that answered is begun if Envoy went past the choice."""
-        index = next((i for i, r in enumerate(self.order) if r.name == replica_name), None)
-        if index is None:
+    def _replica_of_try(self, index: int, last: ReplicaState) -> ReplicaState:
+        """Envoy walks the list in order; tries past its end went where its fallback policy
+        sent them, which the last one (the replica that answered) stands for."""
+        return self.order[index] if index < len(self.order) else last
+
+    async def served_by(self, replica: ReplicaState | None, tries: int | None) -> Attempt | None:
+        """Envoy says who answered, and (``x-envoy-attempt-count``) after how many tries:
+        the tries before failed (one row each), the last is the answer."""
+        if replica is None:
             return None
-        for i in range(index):
-            await self._fail(i, failures.unreachable(self.order[i].name, "no answer; Envoy retried elsewhere", timeout=False))
+        if tries is None:
+            tries = next((i for i, r in enumerate(self.order) if r is replica), 0) + 1
+        for i in range(tries - 1):
+            failed_on = self._replica_of_try(i, replica)
+            await self._fail(i, failures.unreachable(failed_on.name, "no answer; Envoy tried the next endpoint", timeout=False),
+                             failed_on)
             self.metrics.retries.inc()
-        if index not in self.attempts:
-            await self.begin(index)
-        self.served = self.attempts[index]
+        last = tries - 1
+        if last not in self.attempts or self.attempts[last].replica is not replica:
+            if last in self.attempts:  # begun on the list's replica, answered elsewhere
+                await self.lc.failed(self.attempts.pop(last), failures.internal(self.attempts_name(last), "superseded"))
+            await self.begin(last, replica)
+        self.served = self.attempts[last]
         self.served.replica.saw_progress()
         return self.served
 
-    async def _fail(self, index: int, failure: failures.Failure) -> None:
-        attempt = self.attempts.get(index) or await self.begin(index)
+    def attempts_name(self, index: int) -> str:
+        return self.attempts[index].replica.name if index in self.attempts else "?"
+
+    async def _fail(self, index: int, failure: failures.Failure, replica: ReplicaState | None = None) -> None:
+        attempt = self.attempts.get(index) or await self.begin(index, replica)
         await self.lc.failed(attempt, failure)
+
+    async def exhausted(self, last: TaskplaneError) -> TaskplaneError:
+        """Every try failed: the row the Python proxy writes when its next choice finds no
+        replica left (the same unplaced row), and the error the client gets."""
+        err = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last.message}", retry_after_s=1)
+        await self.lc.ledger.record_unplaced(self.call, err, Outcome.ERROR, try_index=self.first_try + len(self.attempts_tried))
+        return err
 
     def headers(self) -> dict[str, str]:
         """The X-Taskplane-* headers known when the response starts (no cost or tokens yet)."""
@@ -108,11 +133,13 @@ class PickedCall:
             await self.lc.cancelled(attempt, generated_tokens if attempt is self.served else 0)
         await self.settle()
 
-    async def all_failed(self, failure: failures.Failure, tried: int) -> None:
-        """Envoy answered the client itself: every endpoint it tried failed."""
-        for i in range(min(tried, len(self.order))):
-            await self._fail(i, failure)
+    async def all_failed(self, failure: failures.Failure, tried: int) -> TaskplaneError:
+        """Envoy answered the client itself: every try it made failed."""
+        for i in range(tried):
+            await self._fail(i, failure, self._replica_of_try(i, self.order[-1]))
+        err = await self.exhausted(failure.error)
         await self.settle()
+        return err
 
     async def settle(self) -> None:
         """Close what is still open (the gateway lost track: blame nobody) and give the

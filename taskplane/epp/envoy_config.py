@@ -204,6 +204,15 @@ def _error_mapper(flags: str, status: int, error_type: str, message: str) -> dic
     }
 
 
+def _cel_mapper(expression: str, message: str, error_type: str = "invalid_request") -> dict[str, Any]:
+    return {
+        "filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": _T + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter", "expression": expression}}},
+        "body_format_override": {"json_format": {"error": {"type": error_type, "message": message}},
+                                 "content_type": "application/json"},
+    }
+
+
 def local_reply_config() -> dict[str, Any]:
     """Envoy's own replies in the contract's ``{"error": {"type", "message"}}`` shape. The
     picker's ImmediateResponses already carry that shape and no response flag, so the
@@ -212,20 +221,17 @@ def local_reply_config() -> dict[str, Any]:
         _error_mapper("UH,UF,URX,UO,NC", 503, "no_replica", "no replica answered: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("UT,UC,UR,UMSDR", 502, "replica_error", "replica failed: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("NR", 404, "invalid_request", "no route for this path"),
-        _error_mapper("DPE,UPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("DPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("UPE", 502, "replica_error", "the replica broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
         # the HTTP/1 codec's refusals (bad request line, header characters, content-length)
-        {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
-            "@type": _T + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
-            "expression": "response.code_details.startsWith('http1.') && response.code < 413"}}},
-         "body_format_override": {"json_format": {"error": {"type": "invalid_request",
-                                                            "message": "malformed HTTP request: %RESPONSE_CODE_DETAILS%"}},
-                                  "content_type": "application/json"}},
+        _cel_mapper("response.code_details.startsWith('http1.') && response.code < 413",
+                    "malformed HTTP request: %RESPONSE_CODE_DETAILS%"),
         {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 413, "runtime_key": "tp_413"}}}},
          "body_format_override": {"json_format": {"error": {"type": "payload_too_large", "message": "request body exceeds the limit"}},
                                   "content_type": "application/json"}},
-        {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 408, "runtime_key": "tp_408"}}}},
-         "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request not received in time"}},
-                                  "content_type": "application/json"}},
+        _cel_mapper("response.code == 408 && response.code_details == 'request_header_timeout'",
+                    "request headers not received in time (%RESPONSE_CODE_DETAILS%)"),
+        _cel_mapper("response.code == 408", "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
         {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 431, "runtime_key": "tp_431"}}}},
          "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request header block too large"}},
                                   "content_type": "application/json"}},

@@ -55,6 +55,12 @@ _STRIP_PREFIXES = ("x-taskplane-",)
 _DUPLEX = (pm.ProcessingMode.FULL_DUPLEX_STREAMED, pm.ProcessingMode.STREAMED)
 
 
+def _attempt_count(headers: dict[str, str]) -> int | None:
+    """Envoy's tries for this request (``x-envoy-attempt-count``), when it says."""
+    value = headers.get("x-envoy-attempt-count", "")
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
 class StreamBook:
     """Streamed calls whose rows wait for their access-log entry (the Lua filter's usage)."""
 
@@ -260,18 +266,18 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                                       dynamic_metadata=metadata)]
 
     # ---- response ---------------------------------------------------------------
-    def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> str | None:
+    def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> ReplicaState | None:
         """Who answered: the protocol's ``x-gateway-destination-endpoint-served`` metadata,
-        else Envoy's ``upstream.address`` attribute; an Envoy that sends neither is
-        taken at its attempt count (``x-envoy-attempt-count``), else the first choice."""
+        else Envoy's ``upstream.address`` attribute; an Envoy that sends neither is taken
+        at its attempt count, else the first choice. None: Envoy answered itself."""
         served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY) or P.attribute(req, "upstream.address")
         if served:
-            return self.book.replica(str(served))
+            name = self.book.replica(str(served))
+            return self.gw.registry.replicas.get(name) if name else None
         if headers.get(":status", "").startswith("5") and "x-envoy-upstream-service-time" not in headers:
-            return None  # Envoy's own reply: no replica answered
-        count = headers.get("x-envoy-attempt-count", "1")
-        index = int(count) - 1 if count.isdigit() and int(count) >= 1 else 0
-        return picked.order[min(index, len(picked.order) - 1)].name
+            return None
+        tries = _attempt_count(headers) or 1
+        return picked.order[min(tries - 1, len(picked.order) - 1)]
 
     async def _response_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         picked = ex.picked
@@ -280,11 +286,12 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         ex.status = status
         if picked is None:
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
-        served = await picked.served_by(self._served_replica(req, picked, response))
+        tries = _attempt_count(response)
+        served = await picked.served_by(self._served_replica(req, picked, response), tries)
         call = picked.call
         if served is None:  # Envoy answered itself: every endpoint it tried failed
             failure = failures.unreachable(picked.order[-1].name, f"Envoy answered {status}", timeout=False)
-            await picked.all_failed(failure, tried=len(picked.order) if status >= 500 else 0)
+            await picked.all_failed(failure, tried=(tries or len(picked.order)) if status >= 500 else 0)
             self.gw.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
         if status >= 400:
@@ -324,7 +331,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             await picked.failed(failure)
             err = failure.error
             if failure.retry:  # Envoy ran out of retries on failing engines
-                err = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed; last: {err.message}", retry_after_s=1)
+                err = await picked.exhausted(err)
             return [self._replace_body(ex, err)]
         try:
             data = json.loads(raw)
@@ -336,7 +343,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         except ValueError as exc:
             failure = failures.broken_response(name, type(exc).__name__)
             await picked.failed(failure)
-            return [self._replace_body(ex, failure.error)]
+            return [self._replace_body(ex, await picked.exhausted(failure.error))]
         headers = await picked.succeeded(usage)
         if self.gw.response_cache is not None and picked.call.deterministic:
             self.gw.response_cache.put(self.gw._cache_key(picked.call), data)
