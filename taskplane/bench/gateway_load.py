@@ -136,20 +136,26 @@ async def run_phase(name: str, urls: list[str], calls: int, max_tokens: int, tim
     return stats, results
 
 
-def cpu_seconds(proc: psutil.Process) -> float:
-    """User + system CPU of a process and its live children (Envoy under the front door)."""
-    total = 0.0
+def cpu_by_process(proc: psutil.Process) -> dict[str, float]:
+    """User + system CPU seconds of a process (``gateway``: the picker and the HTTP app, or
+    the Python proxy) and of its live children by name (``envoy`` under the front door)."""
+    out: dict[str, float] = {}
     try:
-        procs = [proc, *proc.children(recursive=True)]
+        procs = [("gateway", proc), *((c.name(), c) for c in proc.children(recursive=True))]
     except psutil.Error:
-        return 0.0
-    for p in procs:
+        return out
+    for name, p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
         except psutil.Error:
             continue
-    return total
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU of a process and its live children (Envoy under the front door)."""
+    return sum(cpu_by_process(proc).values())
 
 
 class RssSampler:
@@ -234,11 +240,13 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     urls = [f"{url}/v1/chat/completions"]
     await run_phase(f"warmup-{name}", urls, min(50, calls), max_tokens, timeout_s, headers)
     sampler = RssSampler(pid)
-    cpu0 = cpu_seconds(sampler.proc)
+    cpu0 = cpu_by_process(sampler.proc)
     queue0 = await _queue_seconds(url)
     with sampler:
         gateway, _ = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
-    cpu_s = cpu_seconds(sampler.proc) - cpu0
+    cpu1 = cpu_by_process(sampler.proc)
+    split = {k: round((v - cpu0.get(k, 0.0)) * 1000.0 / calls, 3) for k, v in cpu1.items()}
+    cpu_s = sum(cpu1.values()) - sum(cpu0.values())
     queue1 = await _queue_seconds(url)
     added = {
         kind: {p: round(getattr(gateway, kind)[p] - getattr(direct, kind)[p], 1) for p in ("p50", "p90", "p99")
@@ -252,7 +260,7 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     return {
         "stats": asdict(gateway), "errors": gateway.errors, "refusal_samples": refusals,
         "rss_mb": {"before": round(sampler.baseline / 2**20, 1), "peak": round(sampler.peak / 2**20, 1)},
-        "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3),
+        "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
         "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
         "added_ms": added, "ratio_to_direct": ratio,
     }
@@ -329,7 +337,7 @@ def render(res: dict[str, Any]) -> str:
     ]
     for name, p in res["data_planes"].items():
         lines.append(f"{name}: RSS {p['rss_mb']['before']} MB before, peak {p['rss_mb']['peak']} MB; "
-                     f"CPU {p['cpu_ms_per_call']} ms per call (gateway process + Envoy); "
+                     f"CPU {p['cpu_ms_per_call']} ms per call {p['cpu_ms_per_call_by_process']}; "
                      f"mean admission wait {p['admission_wait_ms_mean']} ms; TTFT ratio to direct {p['ratio_to_direct']['ttft_ms']}")
     lines.append(f"{'':16}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
     rows = [("TTFT direct", d, "ttft_ms"), ("total direct", d, "total_ms")]
