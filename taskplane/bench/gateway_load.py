@@ -316,12 +316,15 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
                 assert cluster.gateway_pid is not None
                 gateways = {data_planes[0]: (cluster.gateway_url, cluster.gateway_pid)}
                 for plane in data_planes[1:]:
-                    os.environ["TASKPLANE_DATA_PLANE"] = plane
+                    # "envoy-duplex": Envoy with every streamed body through the picker (no Lua scan)
+                    os.environ["TASKPLANE_DATA_PLANE"] = "envoy" if plane == "envoy-duplex" else plane
+                    os.environ["TASKPLANE_EPP_STREAM_USAGE"] = "picker" if plane == "envoy-duplex" else "lua"
                     gateways[plane] = cluster.add_gateway()
                 res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways))
                 res["admission"] = admission
                 return res
         finally:
+            os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
             if saved is None:
                 os.environ.pop("TASKPLANE_DATA_PLANE", None)
             else:
@@ -359,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=20.0, help="sim speed-up over its GPU timing model")
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
-    p.add_argument("--data-planes", default="envoy", help="comma-separated: envoy (Envoy + picker), python (the thin proxy)")
+    p.add_argument("--data-planes", default="envoy",
+                   help="comma-separated: envoy (Envoy + picker, Lua usage scan), envoy-duplex (streamed bodies through "
+                        "the picker), python (the thin proxy); the first cannot be envoy-duplex")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args(argv)
     planes = tuple(x.strip() for x in args.data_planes.split(",") if x.strip())

@@ -113,11 +113,14 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
     }
 
 
-def ext_proc_filter(config: GatewayConfig) -> dict[str, Any]:
+def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
     """Request headers and the buffered body to the picker, response headers back to it;
     the picker asks for a unary response body itself (``mode_override``). A call held by
-    admission waits inside the picker, so the message timeout is the call's own limit."""
+    admission waits inside the picker, so the message timeout is the call's own limit.
+    ``stream_usage="picker"`` sends every response body through the picker instead
+    (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative to the Lua scan."""
     hold = config.limits.request_timeout_s + 5.0
+    duplex = stream_usage == "picker"
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -133,8 +136,8 @@ def ext_proc_filter(config: GatewayConfig) -> dict[str, Any]:
                 "request_body_mode": "BUFFERED",
                 "request_trailer_mode": "SKIP",
                 "response_header_mode": "SEND",
-                "response_body_mode": "NONE",
-                "response_trailer_mode": "SKIP",
+                "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
+                "response_trailer_mode": "SEND" if duplex else "SKIP",
             },
             "response_attributes": ["upstream.address"],
             "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]},
@@ -238,8 +241,12 @@ def local_reply_config() -> dict[str, Any]:
     ]}
 
 
-def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
-    """The whole Envoy bootstrap for one front door."""
+def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lua") -> dict[str, Any]:
+    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua`` (the Lua
+    scan + access log, the default) or ``picker`` (bodies through the picker; see
+    ``ext_proc_filter``)."""
+    if stream_usage not in ("lua", "picker"):
+        raise ValueError(f"stream_usage must be lua or picker, not {stream_usage!r}")
     limits = config.limits
     routes = [_inference_route(p, config) for p in INFERENCE_PATHS] + [_app_route("/")]
     hcm = {
@@ -259,7 +266,7 @@ def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
-        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config), "disabled": True},
+        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

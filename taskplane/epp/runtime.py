@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -140,7 +141,9 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     follow = asyncio.create_task(book.follow(), name="endpoints")
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
-    envoy = EnvoyProcess(bootstrap(config, door), workdir, admin_port, concurrency=envoy_concurrency)
+    # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)
+    usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", "lua")
+    envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)
     try:
         await envoy.start()
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
