@@ -88,6 +88,14 @@ async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | No
     return PickerServer(picker, logs, server, hs, bound), book
 
 
+async def expire_streams(streams: StreamBook, max_age_s: float, every_s: float = 5.0) -> None:
+    """Until cancelled: settle streams that waited too long for their access-log entry."""
+    while True:
+        await asyncio.sleep(every_s)
+        if await streams.expire(max_age_s):
+            log.warning("streams_expired_without_log")
+
+
 @contextlib.asynccontextmanager
 async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
     """The app's ``Gateway``, live for as long as the context (the app's own lifespan)."""
@@ -106,7 +114,7 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "epp"))
     async with gateway_of(app) as gw:
         ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
-        follow = asyncio.create_task(book.follow())
+        follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
         stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
@@ -138,7 +146,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
         await asyncio.sleep(0.05)
     gw: Gateway = app.state.taskplane["gateway"]
     ps, book = await start_picker(gw, host="127.0.0.1", port=epp_port or 0, eds_file=workdir / "eds" / "replicas.json")
-    follow = asyncio.create_task(book.follow(), name="endpoints")
+    follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
     # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)

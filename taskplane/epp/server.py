@@ -66,19 +66,34 @@ class StreamBook:
 
     def __init__(self) -> None:
         self.pending: dict[str, PickedCall] = {}
+        self.since: dict[str, float] = {}
 
     def put(self, picked: PickedCall) -> None:
         self.pending[picked.key] = picked
+        self.since[picked.key] = time.monotonic()
 
     def pop(self, key: str) -> PickedCall | None:
+        self.since.pop(key, None)
         return self.pending.pop(key, None)
+
+    async def expire(self, max_age_s: float) -> int:
+        """Settle streams whose log entry never came (lost with an Envoy restart, say), so
+        no lease stays open for ever: failed, blaming nobody."""
+        now = time.monotonic()
+        old = [k for k, t in self.since.items() if now - t > max_age_s]
+        for key in old:
+            picked = self.pop(key)
+            if picked is not None:
+                await picked.settle()
+        return len(old)
 
     async def abandon(self) -> int:
         """Settle every stream still waiting for its log entry as cancelled (Envoy went away,
         or the picker is stopping): its row is written now rather than lost."""
         n = 0
         while self.pending:
-            _, picked = self.pending.popitem()
+            key, picked = self.pending.popitem()
+            self.since.pop(key, None)
             await picked.cancelled()
             n += 1
         return n
