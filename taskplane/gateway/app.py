@@ -26,7 +26,7 @@ from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
 from taskplane.gateway.attempts import AttemptSink
-from taskplane.gateway.http11 import MAX_HEADER_BYTES
+from taskplane.gateway.http11 import MAX_HEADER_BYTES, install_accept_guard
 from taskplane.gateway.metrics import GatewayMetrics, exposition
 from taskplane.gateway.service import Gateway, error_response
 
@@ -139,6 +139,7 @@ def build_app(
             start_kv_subscriptions,
         )
 
+        install_accept_guard(asyncio.get_running_loop())
         sink: AttemptSink = await build_sink(config, database_url, outbox_dir)
         placer = placer_factory(registry) if placer_factory else build_placer(config, registry)
         gw = Gateway(config, registry, placer, sink, metrics, build_response_cache(config))

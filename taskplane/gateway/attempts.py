@@ -10,6 +10,7 @@ mid-attempt still leaves its row to the next one (``lost``).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.types import Decision
-from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome
+from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome, Stored
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +46,12 @@ def token_count(value: Any) -> int:
 class AttemptSink:
     """Where attempt records go (the durable cost writer); a no-op when none is set."""
 
-    async def record_attempt(self, rec: AttemptRecord) -> None:  # pragma: no cover - interface
+    async def record_attempt(self, rec: AttemptRecord) -> Stored | None:  # pragma: no cover - interface
+        """Store the row; where it went. ``RowNotStored`` when it could be stored nowhere."""
+        return None
+
+    def refusing(self) -> str | None:  # pragma: no cover - interface
+        """Why rows cannot be stored right now (calls are then refused), else None."""
         return None
 
     async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
@@ -122,11 +128,16 @@ class AttemptLedger:
         self.metrics = metrics
         self.placer = placer
         self.request_timeout_s = request_timeout_s
+        self._notes_failing = False
+        self.journal = os.environ.get("TASKPLANE_INFLIGHT_JOURNAL", "1") not in ("0", "false", "no")
 
     async def note_open(self, a: Attempt) -> None:
         """Journal the attempt (fsynced) before it is sent, so a SIGKILL mid-attempt still
         leaves its row to the next gateway (gateway/lost.py). A journal that cannot be
-        written costs that insurance, not the call."""
+        written costs that insurance, not the call. ``TASKPLANE_INFLIGHT_JOURNAL=0`` turns
+        it off (docs/reliability.md measures what it costs)."""
+        if not self.journal:
+            return
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
                          started=a.started)
         rec.error_type, rec.queue_ms = GATEWAY_LOST, a.queue_ms
@@ -135,7 +146,11 @@ class AttemptLedger:
         try:
             await self.sink.open_attempt(rec.attempt_key, note.model_dump_json())
         except Exception as exc:
-            log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
+            if not self._notes_failing:  # once per outage, not once per attempt
+                log.warning("inflight_note_failed", attempt_key=rec.attempt_key, error=str(exc)[:200])
+            self._notes_failing = True
+        else:
+            self._notes_failing = False
 
     async def write(self, rec: AttemptRecord) -> None:
         """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
@@ -144,7 +159,16 @@ class AttemptLedger:
         log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
                   replica=rec.replica, error_type=rec.error_type)
         # counted and logged first, then shielded: a client that goes away cannot drop the row
-        await asyncio.shield(self.sink.record_attempt(rec))
+        try:
+            stored = await asyncio.shield(self.sink.record_attempt(rec))
+        except Exception as exc:  # RowNotStored, or a bug: a row that cannot be stored must not fail the call it bills
+            self.metrics.rows_lost.inc()
+            self.metrics.outbox_unwritable.set(1)
+            log.error("cost_row_not_stored", error=str(exc)[:300], row=rec.model_dump_json())
+            return
+        self.metrics.outbox_unwritable.set(1 if stored is Stored.DIRECT else 0)
+        if stored is Stored.DIRECT:
+            self.metrics.rows_direct.inc()
 
     def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
         """Price the attempt's share of the replica's batch (see ``costing``)."""

@@ -112,7 +112,11 @@ class AttemptLifecycle:
             raise
 
     async def admit(self, call: Call) -> None:
-        """Take one of the tenant's concurrent-call slots, or write the shed row and raise 429."""
+        """Take one of the tenant's concurrent-call slots, or write the shed row and raise 429;
+        503 while the cost writer can store rows nowhere (outbox and Postgres both failing)."""
+        refusing = self.ledger.sink.refusing()
+        if refusing is not None:  # serving it would leave the call unbilled
+            raise TaskplaneError(ErrorType.NO_REPLICA, f"cost rows cannot be recorded now: {refusing}", retry_after_s=5)
         tenant_cfg = self.config.tenant(call.ctx.tenant)
         limit = tenant_cfg.max_concurrent if tenant_cfg else DEFAULT_TENANT_CONCURRENCY
         if self._tenant_inflight.get(call.ctx.tenant, 0) >= limit:

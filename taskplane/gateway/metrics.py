@@ -43,6 +43,9 @@ class GatewayMetrics:
             "to Postgres, or calls are refused with 503 if that fails too)", registry=r)
         self.rows_direct = Counter("taskplane_gateway_rows_direct_total",
                                    "Attempt rows written straight to Postgres because the outbox was unwritable", registry=r)
+        self.rows_lost = Counter("taskplane_gateway_rows_not_stored_total",
+                                 "Attempt rows neither the outbox nor Postgres took (logged as cost_row_not_stored)",
+                                 registry=r)
 
 
 class _WithoutTenants(Collector):
