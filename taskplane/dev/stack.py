@@ -243,12 +243,16 @@ def _start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int],
     port = ports["gateway"]
     log_file = logs / "gateway.log"
     env = {"TASKPLANE_DATABASE_URL": info["database_url"], "TASKPLANE_STATE_DIR": str(state_dir)}
-    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port)], log_file, env=env)
+    epp_port = ports_plan(info["base_port"], len(info["replicas"])).slot("epp")
+    # Envoy listens on the gateway port; the endpoint picker (gRPC) beside it on the epp slot
+    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)],
+                     log_file, env=env)
     url = f"http://127.0.0.1:{port}"
-    _part(info, "gateway", pid, url)
+    _part(info, "gateway", pid, url, epp_address=f"127.0.0.1:{epp_port}")
     info["gateway_url"] = url
+    info["epp_address"] = f"127.0.0.1:{epp_port}"
     info["gateway_config"] = str(cfg_file)
-    console.print(f"starting the gateway on {url}")
+    console.print(f"starting the gateway on {url} (Envoy; endpoint picker on {info['epp_address']})")
     proc.wait_until(proc.http_ok(f"{url}/healthz"), "gateway", 60, pid, log_file)
 
 

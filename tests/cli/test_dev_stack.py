@@ -25,6 +25,21 @@ def _base_port() -> int:
     return free_base(2)  # a whole block of the port plan, free now
 
 
+def _assert_data_plane(info: dict[str, object]) -> None:
+    """Envoy answers on the gateway port; the endpoint picker's gRPC health says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    chat = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = httpx.post(f"{info['gateway_url']}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 200 and r.headers["server"] == "envoy", r.text
+    with grpc.insecure_channel(str(info["epp_address"])) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            got = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert got.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
 def test_dev_up_status_down(tmp_path: Path) -> None:
     state = tmp_path / "state"
     base = _base_port()
@@ -40,6 +55,7 @@ def test_dev_up_status_down(tmp_path: Path) -> None:
         assert {p["name"] for p in info["parts"]} == {"temporal", "postgres", "replica-0", "replica-1", "gateway", "worker"}
         assert all(p["alive"] for p in info["parts"])
         assert httpx.get(f"{info['gateway_url']}/healthz", timeout=5).json()["healthy_replicas"] == 2
+        _assert_data_plane(info)
         assert httpx.get(info["temporal_ui_url"], timeout=10).status_code == 200
         for r in info["replicas"]:
             assert "vllm:num_requests_running" in httpx.get(r["metrics_url"], timeout=5).text
