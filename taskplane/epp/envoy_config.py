@@ -26,9 +26,10 @@ from typing import Any
 
 from taskplane.config import GatewayConfig
 from taskplane.epp.lua import USAGE_LUA
+from taskplane.gateway.openai_extra import PATHS
 
 #: The inference paths the picker decides (kind per path, as ``gateway.intake`` names them).
-INFERENCE_PATHS: dict[str, str] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+INFERENCE_PATHS: dict[str, str] = {path: kind for kind, path in PATHS.items()}
 EPP_CLUSTER = "taskplane_epp"
 REPLICA_CLUSTER = "taskplane_replicas"
 APP_CLUSTER = "taskplane_app"

@@ -39,6 +39,7 @@ from taskplane.epp.envoy_config import DEST_HEADER, INFERENCE_PATHS, LB_NAMESPAC
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.intake import Call
+from taskplane.gateway.openai_extra import reply_usage
 from taskplane.gateway.service import Gateway
 from taskplane.gateway.streaming import filter_usage_event
 from taskplane.gateway.upstream import upstream_body
@@ -350,11 +351,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             return [self._replace_body(ex, err)]
         try:
             data = json.loads(raw)
-            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-                raise ValueError("not an OpenAI completion object")
-            usage = data.get("usage") or {}
-            if not isinstance(usage, dict):
-                raise ValueError("usage is not an object")
+            usage = reply_usage(picked.call.kind, data)
         except ValueError as exc:
             failure = failures.broken_response(name, type(exc).__name__)
             await picked.failed(failure)
