@@ -214,7 +214,7 @@ def db_upgrade(
     state_dir: StateDir = Path(".taskplane"),
 ) -> None:
     """Run the Alembic migrations up to head."""
-    from taskplane.store.migrate import upgrade_cli
+    from taskplane.dev.stack import upgrade_cli
 
     upgrade_cli(database_url=database_url, state_dir=state_dir)
 

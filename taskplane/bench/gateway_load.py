@@ -29,9 +29,11 @@ from typing import Any
 import httpx
 import psutil
 
+from taskplane.bench.real_metrics import histograms
 from taskplane.dev.local import LocalCluster
 
 MODEL = "llama-3.1-8b"
+QUEUE = "taskplane_gateway_queue_seconds"
 
 
 @dataclass
@@ -244,13 +246,8 @@ async def _queue_seconds(gateway_url: str) -> tuple[float, float]:
     """(sum, count) of the gateway's admission-queue histogram."""
     async with httpx.AsyncClient(trust_env=False) as client:
         text = (await client.get(f"{gateway_url}/metrics")).text
-    total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith("taskplane_gateway_queue_seconds_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("taskplane_gateway_queue_seconds_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return total, count
+    queue = histograms(text, [QUEUE])[QUEUE]
+    return queue.sum, queue.count
 
 
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,

@@ -331,3 +331,16 @@ def resolve_database_url(database_url: str | None, state_dir: Path | None = None
     if not url.startswith("postgresql+asyncpg://"):
         raise UserError(f"TASKPLANE_DATABASE_URL must be a postgresql+asyncpg:// URL, not {url.split(':', 1)[0]}://...")
     return url
+
+
+def upgrade_cli(database_url: str | None, state_dir: Path) -> None:
+    """``taskplane db upgrade``: find the database (flag, env, dev stack), migrate, say so.
+
+    Here rather than in :mod:`taskplane.store.migrate`: finding the dev stack's database is
+    this module's job, and the store layer must not import the dev stack that uses it."""
+    from taskplane.store.db import describe_url
+    from taskplane.store.migrate import upgrade
+
+    url = database_url if database_url is not None else resolve_database_url(None, state_dir)
+    upgrade(url)
+    console.print(f"database {describe_url(url)} is at the latest schema", highlight=False, soft_wrap=True)

@@ -375,7 +375,7 @@ def _is_our_replica(replica: VllmReplica) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    return any(fields[0] != "Z" for fields in group_members(pgid))
+    return any(fields[0] != "Z" for fields in group_members(pgid).values())
 
 
 def _reap(pid: int, timeout_s: float) -> bool:

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from taskplane.reports import plots
 from taskplane.reports.compute import Report
-from taskplane.reports.render import count, pct, usd, window_text
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 _PLOT_LOCK = threading.Lock()
 

@@ -12,7 +12,7 @@ import re
 from datetime import timedelta
 
 from taskplane.reports.compute import GroupRow, Report
-from taskplane.reports.fmt import usd
+from taskplane.reports.formatting import usd
 
 COLORS = {"main": "#2563eb", "accent": "#16a34a", "warn": "#dc2626", "muted": "#94a3b8", "amber": "#d97706"}
 

@@ -16,11 +16,9 @@ from rich.table import Table
 from rich.text import Text
 
 from taskplane.reports.compute import GroupRow, Report
-from taskplane.reports.fmt import count, pct, usd
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
-
-__all__ = ["FORMATS", "count", "pct", "render", "usd", "window_text"]
 
 CSV_COLUMNS = (
     "scope",
@@ -40,13 +38,6 @@ CSV_COLUMNS = (
     "cost_per_successful_task_usd",
     "cache_hit_ratio",
 )
-
-
-def window_text(report: Report) -> str:
-    since = report.since.isoformat() if report.since else "the beginning"
-    until = report.until.isoformat() if report.until else "now"
-    scope = f"tenant {report.tenant}" if report.tenant else "all tenants"
-    return f"{since} to {until}, {scope}"
 
 
 # ---- JSON ----------------------------------------------------------------------------
@@ -194,7 +185,7 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return render_csv(report)
     if fmt == "html":
-        from taskplane.reports.html import render_html
+        from taskplane.reports.html import render_html  # matplotlib: only when asked for
 
         return render_html(report)
     if fmt == "table":

@@ -1,0 +1,39 @@
+"""What a cluster simulation is given: the replicas of the fleet, their GPUs and outages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskplane.sim.gpus import gpu_profile
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    name: str
+    gpu: str = "h100"
+    model: str = "llama-3.1-8b"
+    kv_blocks: int | None = None  # default: what vLLM would allocate on this GPU for this model
+    cost_per_hour_usd: float | None = None  # default: the GPU's list price (taskplane.sim.gpus)
+    model_loaded: bool = True
+    cold_start_s: float | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    outages: list[tuple[float, float | None]] = field(default_factory=list)  # (down_at_s, up_at_s)
+
+
+@dataclass(slots=True)
+class ClusterSpec:
+    replicas: list[ReplicaSpec]
+
+    @classmethod
+    def fleet(cls, spec: str = "h100:16", *, model: str = "llama-3.1-8b", kv_blocks: int | None = None,
+              **kw: Any) -> ClusterSpec:
+        """``"h100:8,l40s:8"`` -> 16 replicas named ``h100-0``.. ``l40s-7``."""
+        reps: list[ReplicaSpec] = []
+        for part in spec.split(","):
+            gpu, _, count = part.strip().partition(":")
+            gpu_profile(gpu)  # validate
+            for i in range(int(count or 1)):
+                reps.append(ReplicaSpec(name=f"{gpu}-{i}", gpu=gpu, model=model, kv_blocks=kv_blocks, **kw))
+        return cls(reps)
