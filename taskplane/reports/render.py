@@ -20,8 +20,6 @@ from taskplane.reports.formatting import count, pct, usd, window_text
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
 
-__all__ = ["FORMATS", "count", "pct", "render", "usd", "window_text"]
-
 CSV_COLUMNS = (
     "scope",
     "key",
