@@ -5,12 +5,12 @@ picker both drive the same object, so every decision and every count is made in 
 place. The steps, in order::
 
     call = lifecycle.prepare(kind, raw_body, headers)      # intake: 4xx TaskplaneError, nothing counted
-    lifecycle.admit(call)                                  # the tenant's concurrency slot (or shed row + raise)
+    await lifecycle.admit(call)                            # the tenant's concurrency slot (or shed row + raise)
     tries = lifecycle.tries(call)                          # replicas to avoid (a client retry's previous one)
     choice = await lifecycle.choose(call, tries)           # a replica, or the refusal (its row written)
     attempt = await lifecycle.begin(call, choice.decision, choice.replica,
                                     try_index=tries.index, queue_ms=choice.queue_ms)
-        # -> the replica's lease taken, the in-flight note journalled; send the request now
+        # -> the replica's lease taken, the in-flight note on its way to disk; send the request now
     lifecycle.first_token(attempt)                         # (streams) TTFT; the prefill is done
     rec = await lifecycle.succeeded(attempt, usage)        # row written, scheduler told
     failure = await lifecycle.failed(attempt, failure)     # released, replica marked, row, scheduler
@@ -205,7 +205,7 @@ class AttemptLifecycle:
     # ---- attempts ------------------------------------------------------
     async def begin(self, call: Call, decision: Decision, replica: ReplicaState, *, try_index: int,
                     queue_ms: float) -> Attempt:
-        """Count the attempt on the replica (its lease) and journal it; send it after this returns.
+        """Count the attempt on the replica (its lease) and journal it; send it once this returns.
 
         The prefill the replica must do is the prompt less the blocks it holds in its prefix
         cache, until the first token shows it done (as the simulator and the scheduler count
@@ -217,11 +217,7 @@ class AttemptLifecycle:
                           queue_ms=queue_ms, model=decision.model or call.pool.model, started=datetime.now(UTC),
                           t0=CLOCK.now())
         self._gauge(replica)
-        try:
-            await self.ledger.note_open(attempt)
-        except BaseException:  # cancelled while journalling: the attempt still ends once
-            await self.cancelled(attempt)
-            raise
+        self.ledger.note_open(attempt)  # committed while the request goes out
         return attempt
 
     def first_token(self, attempt: Attempt, ttft_ms: float | None = None) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType
@@ -86,6 +84,7 @@ async def test_failure_settles_once_and_says_retry() -> None:
     sink = MemorySink()
     lc = _lifecycle(sink)
     call, tries, choice, attempt = await _begun(lc)
+    await asyncio.sleep(0)  # the note joins the next commit while the request goes out
     assert lc.registry.inflight_total() == 1 and len(sink.notes) == 1
     failure = await lc.failed(attempt, failures.from_status(choice.replica.name, 503, b"busy"))
     assert failure.retry and failure.error.error_type is ErrorType.REPLICA_ERROR
@@ -133,10 +132,21 @@ async def test_success_row_and_counters() -> None:
     assert lc.registry.inflight_total() == 0
 
 
-async def test_cancelled_while_journalling_leaks_nothing() -> None:
-    sink = MemorySink(fail_open=asyncio.CancelledError())
+async def test_a_journal_that_fails_costs_the_note_not_the_attempt() -> None:
+    sink = MemorySink(fail_open=OSError("database or disk is full"))
     lc = _lifecycle(sink)
-    with pytest.raises(asyncio.CancelledError):
-        await _begun(lc)
-    assert [r.outcome for r in sink.rows] == [Outcome.CANCELLED]
+    _call, _tries, _choice, attempt = await _begun(lc)
+    await lc.succeeded(attempt, {"completion_tokens": 2})
+    assert [r.outcome for r in sink.rows] == [Outcome.SUCCESS] and not sink.notes
     assert lc.registry.inflight_total() == 0
+
+
+async def test_a_row_waits_for_its_note() -> None:
+    """The note is committed while the request goes out; an attempt that ends at once still
+    closes its note (the row never precedes it)."""
+    sink = MemorySink()
+    lc = _lifecycle(sink)
+    _call, _tries, _choice, attempt = await _begun(lc)
+    await lc.cancelled(attempt)  # no await between begin and the end
+    assert [r.outcome for r in sink.rows] == [Outcome.CANCELLED]
+    assert not sink.notes, "the note was opened after its row closed it"
