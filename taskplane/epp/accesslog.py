@@ -56,7 +56,7 @@ async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTP
     if md.get("done"):
         await picked.succeeded(stream_usage(md))
     elif client_left(entry):
-        await picked.cancelled(int(md.get("completion_tokens", 0)))
+        await picked.cancelled(int(md.get("completion_tokens") or md.get("events") or 0))
     else:
         what = "reported an error" if md.get("stream_error") else "ended the stream before it finished"
         await picked.failed(failures.broken_stream(served.replica.name, what, transport=not md.get("stream_error")))

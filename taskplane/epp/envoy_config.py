@@ -237,7 +237,7 @@ def local_reply_config() -> dict[str, Any]:
                     "request headers not received in time (%RESPONSE_CODE_DETAILS%)"),
         _cel_mapper("response.code == 408", "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
         {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 431, "runtime_key": "tp_431"}}}},
-         "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request header block too large"}},
+         "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request header block exceeds the 64 KiB limit"}},
                                   "content_type": "application/json"}},
     ]}
 

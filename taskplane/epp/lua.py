@@ -52,6 +52,7 @@ function envoy_on_response(h)
   local hide = md["hide_usage"] and true or false
   local first = nil
   local carry = ""
+  local events = 0
   for chunk in h:bodyChunks() do
     local n = chunk:length()
     if n > 0 then
@@ -59,6 +60,12 @@ function envoy_on_response(h)
       if first == nil and (string.find(s, '"content"', 1, true) or string.find(s, '"text"', 1, true)) then
         first = now_ms(h)
         put(h, "first_token_ms", first)
+      end
+      local _, nc = string.gsub(s, '"content"', "")
+      local _, nt = string.gsub(s, '"text"', "")
+      if nc + nt > 0 then
+        events = events + nc + nt
+        put(h, "events", events)  -- content events so far: the tokens of a stream the client left
       end
       local scan = carry .. s
       if string.find(scan, '"usage"', 1, true) then

@@ -116,6 +116,7 @@ class _Exchange:
     sse_buf: bytes = b""
     usage: dict[str, Any] = field(default_factory=dict)
     stream_done: bool = False
+    generated: int = 0  # content events relayed (a duplex stream the client left: its tokens)
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
@@ -140,7 +141,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             picked = ex.picked
             if picked is not None and not picked.settled and picked.key not in self.streams.pending:
                 # the client (or Envoy) went away before the answer settled
-                await asyncio.shield(picked.cancelled())
+                await asyncio.shield(picked.cancelled(ex.generated))
 
     async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         which = req.WhichOneof("request")
@@ -386,7 +387,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         outs = []
         for event in events:
             out = filter_usage_event(event, ex.usage, picked.call.client_wants_usage)
-            if picked.served.ttft_ms is None and (b'"content"' in event or b'"text"' in event):
+            if b'"content"' in event or b'"text"' in event:
+                ex.generated += 1
                 picked.lc.first_token(picked.served)
             if event.strip() == b"data: [DONE]":
                 ex.stream_done = True
