@@ -53,6 +53,7 @@ from taskplane.sim.gpus import (
     gpu_profile,
     model_profile,
 )
+from taskplane.sim.hosttier import ReplicaTiers
 from taskplane.sim.kvcache import KVCache
 from taskplane.sim.requests import (
     EngineEvent,
@@ -86,6 +87,7 @@ class SimEngine:
         emit_kv_events: bool = True,
         emit_first_token: bool = True,
         removed_per_block: bool = True,
+        tiers: ReplicaTiers | None = None,
     ) -> None:
         self.gpu = gpu_profile(gpu)
         self.model_name = model
@@ -99,6 +101,11 @@ class SimEngine:
         self.emit_first_token = emit_first_token
         self.kv = KVCache(self.num_blocks, block_size, emit_events=emit_kv_events,
                           removed_per_block=removed_per_block)
+        # host / remote KV tiers (vLLM's CPU offloading): None keeps the GPU-only engine
+        self.tiers = tiers
+        if tiers is not None:
+            self.kv.spill = tiers.spill
+        self._load_s = 0.0  # tier -> GPU transfer time the next step pays
         self.slow_factor = 1.0  # fault injection: >1 slows every step down
         self.stats = EngineStats()
 
@@ -235,6 +242,8 @@ class SimEngine:
         self._dec.clear()
         self._pend_prefill = self._pend_out = 0
         self.kv.reset()
+        if self.tiers is not None:
+            self.tiers.reset()
         self._flush_kv(now)
         self._t = max(self._t, now)
 
@@ -293,7 +302,10 @@ class SimEngine:
 
     def _flush_kv(self, t: float) -> None:
         if self.kv.events:
-            self._emit(KVEvents(time=t, events=self.kv.take_events()))
+            events = self.kv.take_events()
+            if self.tiers is not None:
+                events += self.tiers.take_events()
+            self._emit(KVEvents(time=t, events=events))
 
     def _decode_only(self) -> bool:
         """True when the next steps are pure decode until the next completion."""
@@ -402,6 +414,9 @@ class SimEngine:
             p += n
             attn += n * (r.computed + n / 2)
         dur = self._costs.step(p, d, dec.context, attn, self.slow_factor)
+        if self._load_s:  # blocks loaded from a KV tier: the transfer competes with compute
+            dur += self._load_s
+            self._load_s = 0.0
         t1 = t0 + dur
         share = dur / (p + d) if p + d else 0.0
         self.stats.steps += 1
@@ -453,6 +468,8 @@ class SimEngine:
         r.held = kv.acquire(held if type(held) is list else list(held))  # (a list slice is a copy)
         kv.allocate(need)
         r.hits = hits
+        if self.tiers is not None:
+            hits = self._load_from_tiers(r, hits)
         r.cached = hits * self.block_size
         r.computed = r.cached
         self._pend_prefill -= r.cached
@@ -465,6 +482,20 @@ class SimEngine:
         st.prefix_hits += r.cached
         st.prompt_tokens += s.prompt_tokens
         return True
+
+    def _load_from_tiers(self, r: EngineRequest, hits: int) -> int:
+        """Extend a GPU hit of ``hits`` blocks by the blocks the host / remote tiers hold
+        next (vLLM's offloading connector loads them into the blocks just allocated);
+        returns the blocks not to recompute."""
+        assert self.tiers is not None and r.held is not None
+        s = r.spec
+        limit = min(len(s.block_hashes), (s.prompt_tokens - 1) // self.block_size)
+        n, secs = self.tiers.load(s.block_hashes, hits, limit)
+        if not n:
+            return hits
+        r.n_stored += self.kv.store(s.block_hashes, hits, hits + n, s.token_ids, r.held)
+        self._load_s += secs
+        return hits + n
 
     def _complete_decoders(self, t: float) -> None:
         """Complete the decoders whose last token came with the step ending at ``t``."""

@@ -32,7 +32,7 @@ blocks are its own without touching their ``ref`` entries. Stamps are otherwise 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
 from typing import Any
@@ -58,7 +58,7 @@ class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
     __slots__ = ("_active", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
-                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
+                 "n_evictable", "num_blocks", "ref", "removed_per_block", "spill", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -85,6 +85,8 @@ class KVCache:
         self._plan = (-1, 0, 0, 0)
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
+        # called with every run of newly stored blocks (a KV tier writes them through)
+        self.spill: Callable[[list[int]], None] | None = None
 
     # -- queries -------------------------------------------------------------------
     def match(self, hashes: Sequence[int], limit: int) -> int:
@@ -306,6 +308,8 @@ class KVCache:
         self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
         offset: int, parent: int | None,
     ) -> None:
+        if self.spill is not None:
+            self.spill(run)
         if not self.emit:
             return
         bs = self.block_size

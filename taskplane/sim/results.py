@@ -87,6 +87,11 @@ class ReplicaResult:
     prefix_queries: int
     prefix_hits: int
     finished: int
+    # KV tiers below the GPU (zero without them): tokens served from and moved between tiers
+    host_hit_tokens: int = 0
+    remote_hit_tokens: int = 0
+    loaded_tokens: int = 0
+    offloaded_tokens: int = 0
 
 
 @dataclass
