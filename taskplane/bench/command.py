@@ -42,6 +42,7 @@ from taskplane.bench.workloads import (
     tasks_for,
 )
 from taskplane.errors import UserError
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.sim.cluster import ClusterSpec
 from taskplane.sim.hosttier import TierSpec
 from taskplane.sim.workloads.base import Workload
@@ -156,7 +157,7 @@ def run_point(
             if progress is not None and task_id is not None:
                 progress.update(task_id, completed=min(done, total))
 
-        run = run_policy(make(), point.workload, cluster, seed=seed, progress=tick)
+        run = run_policy(make(), point.workload, cluster, seed=seed, progress=tick, kv_lifetimes=lifetimes_for(name))
         lat = call_latencies(run.result)
         point.policies[name] = policy_metrics(run.result, hit_ceiling=point.ceiling, decision_ns=run.decision_ns,
                                               wall_s=round(run.wall_s, 2), latencies=lat,
@@ -166,6 +167,14 @@ def run_point(
         if progress is not None and task_id is not None:
             progress.update(task_id, completed=total)
     return point
+
+
+def lifetimes_for(name: str) -> LifetimePlanner | None:
+    """The KV-lifetime planner of a preset that has one (a fresh one per run)."""
+    from taskplane.scheduler.policies import PRESETS
+
+    preset = PRESETS.get(name)
+    return LifetimePlanner() if preset is not None and preset.kv_lifetimes else None
 
 
 def _describe(names: Iterable[str]) -> dict[str, dict[str, str]]:

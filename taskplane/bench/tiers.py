@@ -43,6 +43,8 @@ def tier_metrics(result: ClusterResult, workload: Workload) -> dict[str, Any]:
         "remote_tier_hit_share": remote / hits if hits else 0.0,
         "tier_moved_tokens": sum(r.loaded_tokens + r.offloaded_tokens for r in reps),
         "tier_loaded_tokens": sum(r.loaded_tokens for r in reps),
+        "tier_prefetched_tokens": sum(r.prefetched_tokens for r in reps),
+        "kv_lifetimes": result.kv_lifetimes or None,
         "tool_gap_calls": len(after_gap),
         "tool_gap_ttft_p50_ms": percentile(gap_a, 50, 1000.0),
         "tool_gap_ttft_p99_ms": percentile(gap_a, 99, 1000.0),

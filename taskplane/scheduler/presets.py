@@ -20,6 +20,9 @@ class Preset:
     picker: Any = "max-score"
     admission: bool = False
     sticky: bool = False  # a pinned session's call is decided over its replica first
+    # KV lifetimes across tool gaps (keep / host + prefetch / drop: scheduler/kv/lifetimes.py),
+    # carried out where KV tiers exist (the simulator)
+    kv_lifetimes: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,6 +110,7 @@ PRESETS: dict[str, Preset] = {
             ),
             admission=True,
             sticky=True,
+            kv_lifetimes=True,
         ),
     )
 }

@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from taskplane.sim.decoding import DecodeBatch
 from taskplane.sim.gpus import (
@@ -106,6 +106,8 @@ class SimEngine:
         if tiers is not None:
             self.kv.spill = tiers.spill
         self._load_s = 0.0  # tier -> GPU transfer time the next step pays
+        self._prefetch_s = 0.0  # prefetch transfers in flight, and when they end: a step
+        self._prefetch_end = 0.0  # starting before that end shares the link with them
         self.slow_factor = 1.0  # fault injection: >1 slows every step down
         self.stats = EngineStats()
 
@@ -253,6 +255,36 @@ class SimEngine:
         ok = self.kv.clear_unused()
         self._flush_kv(now)
         return ok
+
+    def prefetch(self, hashes: Sequence[int], token_ids: Sequence[int] | None, now: float) -> int:
+        """Bring the blocks of ``hashes`` the KV tiers hold back into the GPU cache ahead of
+        the call that will need them (cached, unreferenced, most recently used); the transfer
+        is charged to a step that starts while it runs. Returns the blocks loaded (0 when
+        they do not fit without evicting referenced blocks)."""
+        if self.tiers is None:
+            return 0
+        self._run_until(now, strict=True)
+        kv = self.kv
+        hits = kv.match(hashes, len(hashes))
+        n = self.tiers.depth(hashes, hits, len(hashes))
+        if not n or not kv.can_allocate(hashes, hits, n):
+            return 0
+        hold = kv.acquire(list(hashes[:hits]))
+        kv.allocate(n)
+        n, secs = self.tiers.load(hashes, hits, hits + n, prefetch=True)
+        stored = kv.store(hashes, hits, hits + n, token_ids, hold)
+        kv.release(hold, n - stored)
+        self._prefetch_s += secs
+        self._prefetch_end = max(self._prefetch_end, max(now, self._t) + secs)
+        self._flush_kv(now)
+        return n
+
+    def drop(self, hashes: Sequence[int], now: float) -> int:
+        """Evict these blocks from the GPU now if unreferenced (a finished session)."""
+        self._run_until(now, strict=True)
+        n = self.kv.discard(hashes)
+        self._flush_kv(now)
+        return n
 
     def advance(self, now: float) -> list[EngineEvent]:
         """Run the engine up to ``now``; return the events that happened by then, in order."""
@@ -417,6 +449,10 @@ class SimEngine:
         if self._load_s:  # blocks loaded from a KV tier: the transfer competes with compute
             dur += self._load_s
             self._load_s = 0.0
+        if self._prefetch_s:  # a prefetch still in flight when this step starts competes too
+            if t0 < self._prefetch_end:
+                dur += self._prefetch_s
+            self._prefetch_s = 0.0
         t1 = t0 + dur
         share = dur / (p + d) if p + d else 0.0
         self.stats.steps += 1

@@ -119,6 +119,7 @@ class TierStats:
     remote_hit_tokens: int = 0  # ... from the remote store
     loaded_tokens: int = 0  # host/remote -> GPU
     offloaded_tokens: int = 0  # GPU -> host (write-through)
+    prefetched_tokens: int = 0  # host/remote -> GPU ahead of a call (part of loaded_tokens)
     load_s: float = 0.0  # transfer time added to steps
 
 
@@ -145,9 +146,21 @@ class ReplicaTiers:
         if self.remote is not None:
             self.remote.put(hashes, self.block_size)
 
-    def load(self, hashes: Sequence[int], start: int, limit: int) -> tuple[int, float]:
+    def depth(self, hashes: Sequence[int], start: int, limit: int) -> int:
+        """How many blocks past ``start`` the tiers hold in a row (nothing is touched)."""
+        n = start
+        limit = min(limit, len(hashes))
+        for store in (self.host, self.remote):
+            if store is not None:
+                blocks = store.blocks
+                while n < limit and hashes[n] in blocks:
+                    n += 1
+        return n - start
+
+    def load(self, hashes: Sequence[int], start: int, limit: int, *, prefetch: bool = False) -> tuple[int, float]:
         """Blocks past the GPU hit (``start``) found in the tiers, host first then remote,
-        and the seconds their transfer to the GPU takes."""
+        and the seconds their transfer to the GPU takes. ``prefetch``: ahead of the call
+        (counted as prefetched, not as a hit: the call will hit them on GPU)."""
         n_host = self.host.match(hashes, start, limit) if self.host is not None else 0
         n_rem = self.remote.match(hashes, start + n_host, limit) if self.remote is not None else 0
         n = n_host + n_rem
@@ -155,8 +168,11 @@ class ReplicaTiers:
             return 0, 0.0
         secs = self.block_bytes * (n_host / self.pcie_bw + n_rem / self.net_bw)
         st, bs = self.stats, self.block_size
-        st.host_hit_tokens += n_host * bs
-        st.remote_hit_tokens += n_rem * bs
+        if prefetch:
+            st.prefetched_tokens += n * bs
+        else:
+            st.host_hit_tokens += n_host * bs
+            st.remote_hit_tokens += n_rem * bs
         st.loaded_tokens += n * bs
         st.load_s += secs
         return n, secs

@@ -371,6 +371,33 @@ class KVCache:
         hold.blocks = run
         return len(run)
 
+    def discard(self, hashes: Iterable[int]) -> int:
+        """Evict these cached blocks now if nobody references them (a session the control
+        plane lets go); returns how many left. Blocks held or counted stay."""
+        ref, active, live = self.ref, self._active, self._live
+        removed: list[int] = []
+        for h in hashes:
+            c = ref.get(h)
+            if c is None or c > 0 or -c in active:
+                continue
+            stamp = -c
+            del ref[h]
+            removed.append(h)
+            left = live[stamp] - 1
+            if left:
+                live[stamp] = left
+            else:
+                del live[stamp], self._runs[stamp]
+                if self._head[0] == stamp:
+                    self._head = (0, 0)
+        if removed:
+            self.version += 1
+            self.n_evictable -= len(removed)
+            self.free_uncached += len(removed)
+            if self.emit:
+                self.events.append(BlockRemoved(block_hashes=removed))
+        return len(removed)
+
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
         block is in use, as vLLM refuses."""

@@ -127,4 +127,5 @@ def _tier_figures(engine: SimEngine) -> dict[str, int]:
         return {}
     st = engine.tiers.stats
     return {"host_hit_tokens": st.host_hit_tokens, "remote_hit_tokens": st.remote_hit_tokens,
-            "loaded_tokens": st.loaded_tokens, "offloaded_tokens": st.offloaded_tokens}
+            "loaded_tokens": st.loaded_tokens, "offloaded_tokens": st.offloaded_tokens,
+            "prefetched_tokens": st.prefetched_tokens}

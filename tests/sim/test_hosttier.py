@@ -111,3 +111,52 @@ def test_tier_aware_presets_credit_host_blocks() -> None:
         spec.tiers = TierSpec(host_kv_gb=64)
         res = simulate(spec, wl, build_policy(name, seed=1, metrics=False), seed=1)
         assert sum(r.host_hit_tokens for r in res.replicas) > 0, name
+
+
+def test_lifetime_planner_keeps_short_gaps_prefetches_long_ones_and_drops_finished_sessions() -> None:
+    from taskplane.scheduler.kv.lifetimes import Lifetime, LifetimePlanner, ToolHint
+
+    p = LifetimePlanner(min_samples=2)
+    for g in (0.2, 0.3, 0.25):
+        p.observe_gap("coder", "grep", g)
+    for g in (7.0, 9.0, 8.0):
+        p.observe_gap("coder", "run_tests", g)
+    assert p.plan(ToolHint("coder", "grep", 5), kv_usage=0.3, load_s=0.01).action is Lifetime.KEEP
+    assert p.plan(ToolHint("coder", "grep", 5), kv_usage=0.95, load_s=0.01).action is Lifetime.HOST  # pressure
+    long = p.plan(ToolHint("coder", "run_tests", 5), kv_usage=0.3, load_s=0.05)
+    assert long.action is Lifetime.HOST and long.prefetch_in_s is not None
+    assert 0 < long.prefetch_in_s < 8.0 - 0.05  # ahead of the expected return, by the spread and the load
+    tight = p.plan(ToolHint("coder", "run_tests", 5, slack_s=3.0), kv_usage=0.3, load_s=0.05)
+    assert tight.prefetch_in_s is not None and tight.prefetch_in_s < long.prefetch_in_s
+    assert p.plan(ToolHint("coder", None, 0), kv_usage=0.3, load_s=0.0).action is Lifetime.DROP
+
+
+def test_engine_prefetch_and_drop() -> None:
+    tiers = _tiers(1000)
+    e = SimEngine("h100", kv_blocks=100, block_size=16, tiers=tiers)
+    a, b = list(range(1, 65)), list(range(1001, 1065))
+    drive(e, [(0.0, SimRequest("a", 1024, 8, a)), (5.0, SimRequest("b", 1024, 8, b))])
+    before = e.kv.match(a, 64)
+    assert before < 64
+    assert e.prefetch(a, None, 10.0) == 64 - before
+    assert e.kv.match(a, 64) == 64 and tiers.stats.prefetched_tokens == (64 - before) * 16
+    f = finished(drive(e, [(11.0, SimRequest("a2", 1024, 8, a))]))["a2"]
+    assert f.cached_tokens == 63 * 16 and tiers.stats.host_hit_tokens == 0  # a GPU hit now
+    free = e.free_blocks()
+    assert e.drop(a[10:], 12.0) == 54 and e.free_blocks() == free  # evictable -> free: same count
+    assert e.kv.match(a, 64) == 10 and e.kv.free_uncached >= 54
+
+
+def test_taskplane_lifetimes_run_in_the_cluster_with_tiers() -> None:
+    from taskplane.scheduler.kv.lifetimes import LifetimePlanner
+
+    wl = _agents(30)
+    spec = ClusterSpec.fleet("h100:2", kv_blocks=60)
+    spec.tiers = TierSpec(host_kv_gb=64)
+    res = simulate(spec, wl, build_policy("taskplane", seed=1, metrics=False), seed=1, kv_lifetimes=LifetimePlanner())
+    c = res.kv_lifetimes
+    assert c["drop"] > 0 and c["host"] + c["keep"] > 0 and c["prefetches"] > 0
+    assert sum(r.prefetched_tokens for r in res.replicas) > 0
+    gpu_only = simulate(ClusterSpec.fleet("h100:2", kv_blocks=60), wl, build_policy("taskplane", seed=1, metrics=False),
+                        seed=1, kv_lifetimes=LifetimePlanner())
+    assert gpu_only.kv_lifetimes == {}  # nothing to carry out without tiers
