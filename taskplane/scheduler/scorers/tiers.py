@@ -15,14 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.plugin import param
 from taskplane.scheduler.framework.registry import register
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.scorers.cache import PrefixCacheParams, PrefixCacheScorer
 from taskplane.scheduler.scorers.cost import DynamoCostParams, DynamoCostScorer
 
 
 @dataclass(slots=True)
-class TieredPrefixParams:
+class TieredPrefixParams(PrefixCacheParams):
     host_weight: float | None = param(
         None,
         "fixed credit of a host-tier block against a GPU block (llm-d: 0.8); unset: the share of "
@@ -34,30 +35,22 @@ class TieredPrefixParams:
     recompute_us_per_token: float = param(
         33.0, "prefill time per token when the latency model has no estimate (an 8B model on an H100)"
     )
-    source: str = param("auto", "KV index source for the GPU prefix: auto, precise or approximate")
 
 
 @register("tiered-prefix")
-class TieredPrefixScorer(Scorer):
+class TieredPrefixScorer(PrefixCacheScorer):
     """Share of the prompt's prefill time a replica saves: GPU blocks in full, host blocks
-    past them by their credit (see :class:`TieredPrefixParams`)."""
+    past them by their credit (see :class:`TieredPrefixParams`); without a host tier, the
+    ``prefix-cache`` ratio."""
 
     Params = TieredPrefixParams
 
-    @property
-    def kv_source(self) -> str | None:
-        return str(self.params.source)
-
-    def score(self, state: CycleState) -> np.ndarray:
-        blocks = state.prompt_blocks
-        if blocks <= 0:
-            return np.zeros(len(state.sel))
+    def ratio(self, state: CycleState, blocks: int) -> np.ndarray:
         gpu = state.c(state.matched(self.params.source))
         host = state.c(state.tier_matched(self.params.source)) - gpu
         if not host.any():  # GPU only (no host tier reported): the plain prefix ratio
             return np.minimum(gpu / blocks, 1.0)
-        credit = self.host_credit(state)
-        return np.minimum((gpu + credit * host) / blocks, 1.0)
+        return np.minimum((gpu + self.host_credit(state) * host) / blocks, 1.0)
 
     def host_credit(self, state: CycleState) -> np.ndarray | float:
         """What one host block is worth against one GPU block, per candidate."""
