@@ -160,3 +160,15 @@ def test_taskplane_lifetimes_run_in_the_cluster_with_tiers() -> None:
     gpu_only = simulate(ClusterSpec.fleet("h100:2", kv_blocks=60), wl, build_policy("taskplane", seed=1, metrics=False),
                         seed=1, kv_lifetimes=LifetimePlanner())
     assert gpu_only.kv_lifetimes == {}  # nothing to carry out without tiers
+
+
+def test_bench_refuses_tiers_for_real_engines_and_negative_sizes(tmp_path: Any) -> None:
+    import pytest
+
+    from taskplane.bench.command import run_bench
+    from taskplane.errors import UserError
+
+    with pytest.raises(UserError, match="--engine sim"):
+        run_bench(out=tmp_path, workload="agents", engine="vllm", host_kv_gb=8.0)
+    with pytest.raises(UserError, match=">= 0"):
+        run_bench(out=tmp_path, workload="agents", host_kv_gb=-1.0)
