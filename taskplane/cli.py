@@ -214,13 +214,15 @@ def bench(
     fleet: Annotated[str | None, typer.Option(help="GPU mix, e.g. h100:8,l40s:8")] = None,
     duration_s: Annotated[float | None, typer.Option(help="mooncake: replay only the first S seconds of the trace; agents: arrival window in seconds (default 1200)")] = None,
     cells: Annotated[int, typer.Option(min=1, help="scale: split fleet and tasks into cells, one scheduler and process each")] = 1,
+    host_kv_gb: Annotated[float, typer.Option("--host-kv-gb", help="a host (CPU) KV tier of G GB per replica, vLLM CPU offloading (sim)")] = 0.0,
+    remote_kv_gb: Annotated[float, typer.Option("--remote-kv-gb", help="a remote KV store of R GB shared by the fleet (sim)")] = 0.0,
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
 
     run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
               time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
-              cells=cells)
+              cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb)
 
 
 @app.command()

@@ -30,6 +30,7 @@ from taskplane.bench.metrics import call_latencies, policy_metrics
 from taskplane.bench.render import rich_table, write_results
 from taskplane.bench.runner import run_policy
 from taskplane.bench.targets import evaluate
+from taskplane.bench.tiers import tier_metrics
 from taskplane.bench.workloads import (
     DEFAULT_WINDOW_S,
     AgentWorkloadConfig,
@@ -41,7 +42,9 @@ from taskplane.bench.workloads import (
     tasks_for,
 )
 from taskplane.errors import UserError
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.sim.cluster import ClusterSpec
+from taskplane.sim.hosttier import TierSpec
 from taskplane.sim.workloads.base import Workload
 
 WORKLOADS = ("agents", "mooncake")
@@ -78,10 +81,12 @@ def parse_loads(spec: str | None) -> list[float]:
     return sorted(set(loads))
 
 
-def build_cluster(replicas: int, fleet: str | None) -> tuple[ClusterSpec, str]:
+def build_cluster(replicas: int, fleet: str | None, tiers: TierSpec | None = None) -> tuple[ClusterSpec, str]:
     spec = fleet or f"h100:{replicas}"
     try:
         cluster = ClusterSpec.fleet(spec)
+        if tiers is not None:
+            cluster.tiers = tiers
     except ValueError as exc:
         raise UserError(f"--fleet {spec!r}: {exc} (format: gpu:count,gpu:count, e.g. h100:8,l40s:8)") from None
     if not cluster.replicas:
@@ -152,15 +157,24 @@ def run_point(
             if progress is not None and task_id is not None:
                 progress.update(task_id, completed=min(done, total))
 
-        run = run_policy(make(), point.workload, cluster, seed=seed, progress=tick)
+        run = run_policy(make(), point.workload, cluster, seed=seed, progress=tick, kv_lifetimes=lifetimes_for(name))
         lat = call_latencies(run.result)
         point.policies[name] = policy_metrics(run.result, hit_ceiling=point.ceiling, decision_ns=run.decision_ns,
                                               wall_s=round(run.wall_s, 2), latencies=lat,
                                               decision_cpu_ns=run.decision_cpu_ns, cpu_s=run.cpu_s)
+        point.policies[name].update(tier_metrics(run.result, point.workload))
         point.ttfts[name] = lat[0]
         if progress is not None and task_id is not None:
             progress.update(task_id, completed=total)
     return point
+
+
+def lifetimes_for(name: str) -> LifetimePlanner | None:
+    """The KV-lifetime planner of a preset that has one (a fresh one per run)."""
+    from taskplane.scheduler.policies import PRESETS
+
+    preset = PRESETS.get(name)
+    return LifetimePlanner() if preset is not None and preset.kv_lifetimes else None
 
 
 def _describe(names: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -252,6 +266,10 @@ def run_suite(
         "targets": evaluate(workload, head.policies),
         "workload_info": info,
     }
+    if cluster.tiers.enabled:
+        results["kv_tiers"] = {"host_kv_gb": cluster.tiers.host_kv_gb, "remote_kv_gb": cluster.tiers.remote_kv_gb,
+                               "pcie_gb_per_s": cluster.tiers.pcie_bytes_per_s / 1e9,
+                               "network_gb_per_s": cluster.tiers.network_bytes_per_s / 1e9}
     if capacity is not None:
         results["capacity"] = capacity.as_dict()
         results["sweep"] = [p.as_dict() for p in points]
@@ -341,6 +359,8 @@ def run_bench(
     fleet: str | None = None,
     duration_s: float | None = None,
     cells: int = 1,
+    host_kv_gb: float = 0.0,
+    remote_kv_gb: float = 0.0,
 ) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
     if workload not in (*WORKLOADS, "scale"):
@@ -350,6 +370,8 @@ def run_bench(
                           cells=cells)
     if cells != 1:
         raise UserError("--cells splits the fleet for --workload scale only")
+    if engine == "vllm" and (host_kv_gb or remote_kv_gb):
+        raise UserError("--host-kv-gb / --remote-kv-gb model KV tiers in the simulator: use them with --engine sim")
     if engine == "vllm":
         from taskplane.bench import real  # httpx, the vLLM launcher: only for --engine vllm
 
@@ -368,7 +390,9 @@ def run_bench(
         raise UserError("--tasks must be at least 1")
     names = parse_policies(policies)
     loads = parse_loads(load) if workload == "agents" else []
-    cluster, fleet_spec = build_cluster(replicas, fleet)
+    if host_kv_gb < 0 or remote_kv_gb < 0:
+        raise UserError("--host-kv-gb and --remote-kv-gb must be >= 0")
+    cluster, fleet_spec = build_cluster(replicas, fleet, TierSpec(host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb))
     tenants = agent_tenants() if workload == "agents" else None
     factories = preset_factories(names, seed, tenants)
 

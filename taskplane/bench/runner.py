@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.scheduler.types import CallOutcome, CallRequest, Decision, ReplicaView
 from taskplane.sim.cluster import ClusterResult, ClusterSpec, simulate
 from taskplane.sim.workloads.base import Workload
@@ -118,6 +119,7 @@ def run_policy(
     *,
     seed: int = 0,
     progress: Progress | None = None,
+    kv_lifetimes: LifetimePlanner | None = None,
 ) -> Run:
     """Simulate ``workload`` on ``cluster`` placed by ``policy``; returns records and timings."""
     timed = wrap(policy, progress)
@@ -130,7 +132,7 @@ def run_policy(
     c0 = time.process_time()
     t0 = time.perf_counter()
     try:
-        result = simulate(cluster, workload, timed, seed=seed)
+        result = simulate(cluster, workload, timed, seed=seed, kv_lifetimes=kv_lifetimes)
     finally:
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0

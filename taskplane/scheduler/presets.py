@@ -20,6 +20,9 @@ class Preset:
     picker: Any = "max-score"
     admission: bool = False
     sticky: bool = False  # a pinned session's call is decided over its replica first
+    # KV lifetimes across tool gaps (keep / host + prefetch / drop: scheduler/kv/lifetimes.py),
+    # carried out where KV tiers exist (the simulator)
+    kv_lifetimes: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,6 +72,27 @@ PRESETS: dict[str, Preset] = {
             scorers=(_s("dynamo-cost"),),
         ),
         Preset(
+            "llm-d-tiered",
+            "llm-d-scorers with the prefix scorer crediting host-tier (CPU) blocks past the GPU prefix 0.8 of a GPU block",
+            "llm-d inference scheduler, tiered prefix-cache scoring (GPU 1.0, CPU 0.8) with vLLM CPU offloading",
+            scorers=(_s("tiered-prefix", 3.0, host_weight=0.8), _s("queue", 2.0), _s("kv-usage", 2.0)),
+        ),
+        Preset(
+            "dynamo-kvbm",
+            "dynamo-cost with the overlap counting host-tier blocks 0.75 (disk 0.25) of a GPU block",
+            "NVIDIA Dynamo KV router with the KV block manager (G2 host 0.75, G3 disk 0.25)",
+            scorers=(_s("dynamo-kvbm-cost"),),
+        ),
+        Preset(
+            "continuum-ttl",
+            "a session stays pinned to its replica for a TTL drawn from its agent's tool-gap distribution "
+            "(mean + k std), then tier-aware prefix (saved prefill time) and load",
+            "Continuum (TTL across tool calls); the pin is a routing pin: the simulated engine keeps no "
+            "KV pinned on GPU",
+            scorers=(_s("tiered-prefix", 3.0), _s("session-affinity", 3.0), _s("queue", 1.0), _s("kv-usage", 1.0)),
+            sticky=True,
+        ),
+        Preset(
             "taskplane",
             "all seven axes: filters (health, tenant GPUs, memory headroom, latency budget), scorers "
             "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1), "
@@ -76,7 +100,7 @@ PRESETS: dict[str, Preset] = {
             "this project",
             filters=("healthy", "tenant-gpu", "memory-headroom", "latency-budget"),
             scorers=(
-                _s("prefix-cache", 3.0),
+                _s("tiered-prefix", 3.0),
                 _s("session-affinity", 2.0),
                 _s("latency", 2.0),
                 _s("memory-headroom", 1.0),
@@ -86,6 +110,7 @@ PRESETS: dict[str, Preset] = {
             ),
             admission=True,
             sticky=True,
+            kv_lifetimes=True,
         ),
     )
 }

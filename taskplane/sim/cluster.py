@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import asdict
 from typing import Any
 
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.scheduler.types import Action, CallOutcome, Decision, Priority
 from taskplane.sim.blocks import block_contents, mix
 from taskplane.sim.calls import (
@@ -44,6 +46,7 @@ from taskplane.sim.calls import (
 from taskplane.sim.events import Event, EventQueue
 from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
 from taskplane.sim.lifecycle import Lifecycle, fail_call
+from taskplane.sim.lifetimes import Lifetimes
 from taskplane.sim.policy import Policy, PolicyHooks, round_robin
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.requests import Finished, KVEvents
@@ -73,6 +76,7 @@ class ClusterSim:
         retry_after_s: float = 1.0,
         requeue_interval_s: float = 0.5,
         until_s: float | None = None,
+        kv_lifetimes: LifetimePlanner | None = None,
     ) -> None:
         self.cluster, self.workload, self.seed = cluster, workload, seed
         self.bs = workload.block_size
@@ -84,6 +88,9 @@ class ClusterSim:
                                  table=self.policy.wants_table)
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
+        # the control plane's KV lifetimes across tool gaps (only with KV tiers)
+        self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None)
+                          if kv_lifetimes is not None and cluster.tiers.enabled else None)
         self.lifecycle = Lifecycle(self.events, max_attempts)
         self.records: list[CallRecord] = []
         self._calls_by_id: dict[str, SimCall] = {}  # calls the policy queued, by call id
@@ -120,9 +127,15 @@ class ClusterSim:
                 case Event.TICK:
                     self._tick_pending = False
                     self._release_queued(t)
+                case Event.PREFETCH:
+                    if self.lifetimes is not None and self.lifetimes.prefetch(payload, t):
+                        i = payload.replica
+                        self._engine_events(i, self.fleet.engines[i].advance(t), t)
+                        self._schedule_wake(i)
         return ClusterResult(
             calls=self.records, tasks=[task_result(task) for task in self.tasks], replicas=self.fleet.results(),
-            end_s=self._now, decision_ns=self.policy.decision_ns, policy_calls=len(self.policy.decision_ns))
+            end_s=self._now, decision_ns=self.policy.decision_ns, policy_calls=len(self.policy.decision_ns),
+            kv_lifetimes=asdict(self.lifetimes.counts) if self.lifetimes is not None else {})
 
     def _initial_events(self) -> list[tuple[float, Event, Any]]:
         """The tasks' first arrivals and the outages (the state of each task starts here)."""
@@ -155,6 +168,8 @@ class ClusterSim:
     def _issue(self, task: TaskState, k: int, t: float) -> None:
         """Call ``k`` of a task arrives."""
         if task.status is None:
+            if self.lifetimes is not None:
+                self.lifetimes.arrived(task, k)
             self._offer(new_call(task, k, self.bs), t)
 
     def _offer(self, call: SimCall, t: float) -> None:
@@ -233,6 +248,8 @@ class ClusterSim:
             self.policy.observe(call.request, outcome, ev.time)
         if ok:
             self.lifecycle.call_succeeded(call, ev.time)
+            if self.lifetimes is not None:
+                self.lifetimes.call_ended(call, i, ev.time)
         else:
             self.lifecycle.retry_or_fail(call, ev.time, 0.0, "replica_error", avoid=self.fleet.name(i))
 

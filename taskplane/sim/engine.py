@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from taskplane.sim.decoding import DecodeBatch
 from taskplane.sim.gpus import (
@@ -53,6 +53,7 @@ from taskplane.sim.gpus import (
     gpu_profile,
     model_profile,
 )
+from taskplane.sim.hosttier import ReplicaTiers
 from taskplane.sim.kvcache import KVCache
 from taskplane.sim.requests import (
     EngineEvent,
@@ -86,6 +87,7 @@ class SimEngine:
         emit_kv_events: bool = True,
         emit_first_token: bool = True,
         removed_per_block: bool = True,
+        tiers: ReplicaTiers | None = None,
     ) -> None:
         self.gpu = gpu_profile(gpu)
         self.model_name = model
@@ -99,6 +101,13 @@ class SimEngine:
         self.emit_first_token = emit_first_token
         self.kv = KVCache(self.num_blocks, block_size, emit_events=emit_kv_events,
                           removed_per_block=removed_per_block)
+        # host / remote KV tiers (vLLM's CPU offloading): None keeps the GPU-only engine
+        self.tiers = tiers
+        if tiers is not None:
+            self.kv.spill = tiers.spill
+        self._load_s = 0.0  # tier -> GPU transfer time the next step pays
+        self._prefetch_s = 0.0  # prefetch transfers in flight, and when they end: a step
+        self._prefetch_end = 0.0  # starting before that end shares the link with them
         self.slow_factor = 1.0  # fault injection: >1 slows every step down
         self.stats = EngineStats()
 
@@ -235,6 +244,8 @@ class SimEngine:
         self._dec.clear()
         self._pend_prefill = self._pend_out = 0
         self.kv.reset()
+        if self.tiers is not None:
+            self.tiers.reset()
         self._flush_kv(now)
         self._t = max(self._t, now)
 
@@ -244,6 +255,36 @@ class SimEngine:
         ok = self.kv.clear_unused()
         self._flush_kv(now)
         return ok
+
+    def prefetch(self, hashes: Sequence[int], token_ids: Sequence[int] | None, now: float) -> int:
+        """Bring the blocks of ``hashes`` the KV tiers hold back into the GPU cache ahead of
+        the call that will need them (cached, unreferenced, most recently used); the transfer
+        is charged to a step that starts while it runs. Returns the blocks loaded (0 when
+        they do not fit without evicting referenced blocks)."""
+        if self.tiers is None:
+            return 0
+        self._run_until(now, strict=True)
+        kv = self.kv
+        hits = kv.match(hashes, len(hashes))
+        n = self.tiers.depth(hashes, hits, len(hashes))
+        if not n or not kv.can_allocate(hashes, hits, n):
+            return 0
+        hold = kv.acquire(list(hashes[:hits]))
+        kv.allocate(n)
+        n, secs = self.tiers.load(hashes, hits, hits + n, prefetch=True)
+        stored = kv.store(hashes, hits, hits + n, token_ids, hold)
+        kv.release(hold, n - stored)
+        self._prefetch_s += secs
+        self._prefetch_end = max(self._prefetch_end, max(now, self._t) + secs)
+        self._flush_kv(now)
+        return n
+
+    def drop(self, hashes: Sequence[int], now: float) -> int:
+        """Evict these blocks from the GPU now if unreferenced (a finished session)."""
+        self._run_until(now, strict=True)
+        n = self.kv.discard(hashes)
+        self._flush_kv(now)
+        return n
 
     def advance(self, now: float) -> list[EngineEvent]:
         """Run the engine up to ``now``; return the events that happened by then, in order."""
@@ -293,7 +334,10 @@ class SimEngine:
 
     def _flush_kv(self, t: float) -> None:
         if self.kv.events:
-            self._emit(KVEvents(time=t, events=self.kv.take_events()))
+            events = self.kv.take_events()
+            if self.tiers is not None:
+                events += self.tiers.take_events()
+            self._emit(KVEvents(time=t, events=events))
 
     def _decode_only(self) -> bool:
         """True when the next steps are pure decode until the next completion."""
@@ -402,6 +446,13 @@ class SimEngine:
             p += n
             attn += n * (r.computed + n / 2)
         dur = self._costs.step(p, d, dec.context, attn, self.slow_factor)
+        if self._load_s:  # blocks loaded from a KV tier: the transfer competes with compute
+            dur += self._load_s
+            self._load_s = 0.0
+        if self._prefetch_s:  # a prefetch still in flight when this step starts competes too
+            if t0 < self._prefetch_end:
+                dur += self._prefetch_s
+            self._prefetch_s = 0.0
         t1 = t0 + dur
         share = dur / (p + d) if p + d else 0.0
         self.stats.steps += 1
@@ -453,6 +504,8 @@ class SimEngine:
         r.held = kv.acquire(held if type(held) is list else list(held))  # (a list slice is a copy)
         kv.allocate(need)
         r.hits = hits
+        if self.tiers is not None:
+            hits = self._load_from_tiers(r, hits)
         r.cached = hits * self.block_size
         r.computed = r.cached
         self._pend_prefill -= r.cached
@@ -465,6 +518,20 @@ class SimEngine:
         st.prefix_hits += r.cached
         st.prompt_tokens += s.prompt_tokens
         return True
+
+    def _load_from_tiers(self, r: EngineRequest, hits: int) -> int:
+        """Extend a GPU hit of ``hits`` blocks by the blocks the host / remote tiers hold
+        next (vLLM's offloading connector loads them into the blocks just allocated);
+        returns the blocks not to recompute."""
+        assert self.tiers is not None and r.held is not None
+        s = r.spec
+        limit = min(len(s.block_hashes), (s.prompt_tokens - 1) // self.block_size)
+        n, secs = self.tiers.load(s.block_hashes, hits, limit)
+        if not n:
+            return hits
+        r.n_stored += self.kv.store(s.block_hashes, hits, hits + n, s.token_ids, r.held)
+        self._load_s += secs
+        return hits + n
 
     def _complete_decoders(self, t: float) -> None:
         """Complete the decoders whose last token came with the step ending at ``t``."""

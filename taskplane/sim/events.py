@@ -23,6 +23,7 @@ class Event(enum.IntEnum):
     OUTAGE = 1  # (replica, up)
     WAKE = 2  # a replica's engine has something to do (payload: replica)
     TICK = 3  # offer queued calls again
+    PREFETCH = 4  # bring a session's KV back from the host tier (payload: lifetimes.Prefetch)
 
 
 Entry = tuple[float, Event, int, Any]  # (time, kind, push order, payload)

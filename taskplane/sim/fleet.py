@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskplane.sim.gpus import gpu_profile
+from taskplane.sim.hosttier import TierSpec
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class ReplicaSpec:
 @dataclass(slots=True)
 class ClusterSpec:
     replicas: list[ReplicaSpec]
+    tiers: TierSpec = field(default_factory=TierSpec)  # KV below GPU memory; default none
 
     @classmethod
     def fleet(cls, spec: str = "h100:16", *, model: str = "llama-3.1-8b", kv_blocks: int | None = None,

@@ -32,7 +32,7 @@ blocks are its own without touching their ``ref`` entries. Stamps are otherwise 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
 from typing import Any
@@ -58,7 +58,7 @@ class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
     __slots__ = ("_active", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
-                 "n_evictable", "num_blocks", "ref", "removed_per_block", "version")
+                 "n_evictable", "num_blocks", "ref", "removed_per_block", "spill", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -85,6 +85,8 @@ class KVCache:
         self._plan = (-1, 0, 0, 0)
         self.events: list[KVEvent] = []  # produced since the caller last took them
         self.version = 0  # bumped by every change, so callers can memoise queries
+        # called with every run of newly stored blocks (a KV tier writes them through)
+        self.spill: Callable[[list[int]], None] | None = None
 
     # -- queries -------------------------------------------------------------------
     def match(self, hashes: Sequence[int], limit: int) -> int:
@@ -306,6 +308,8 @@ class KVCache:
         self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
         offset: int, parent: int | None,
     ) -> None:
+        if self.spill is not None:
+            self.spill(run)
         if not self.emit:
             return
         bs = self.block_size
@@ -366,6 +370,33 @@ class KVCache:
         run.reverse()
         hold.blocks = run
         return len(run)
+
+    def discard(self, hashes: Iterable[int]) -> int:
+        """Evict these cached blocks now if nobody references them (a session the control
+        plane lets go); returns how many left. Blocks held or counted stay."""
+        ref, active, live = self.ref, self._active, self._live
+        removed: list[int] = []
+        for h in hashes:
+            c = ref.get(h)
+            if c is None or c > 0 or -c in active:
+                continue
+            stamp = -c
+            del ref[h]
+            removed.append(h)
+            left = live[stamp] - 1
+            if left:
+                live[stamp] = left
+            else:
+                del live[stamp], self._runs[stamp]
+                if self._head[0] == stamp:
+                    self._head = (0, 0)
+        if removed:
+            self.version += 1
+            self.n_evictable -= len(removed)
+            self.free_uncached += len(removed)
+            if self.emit:
+                self.events.append(BlockRemoved(block_hashes=removed))
+        return len(removed)
 
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any

@@ -16,6 +16,8 @@ from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import ReplicaView
 from taskplane.sim.engine import SimEngine
 from taskplane.sim.fleet import ClusterSpec
+from taskplane.sim.gpus import model_profile
+from taskplane.sim.hosttier import ReplicaTiers, TierSpec, TierStore
 from taskplane.sim.results import ReplicaResult
 
 
@@ -27,6 +29,11 @@ class SimReplicas:
         self.views: list[ReplicaView] = []
         self.prices: list[float] = []
         self._index: dict[str, int] = {}
+        spec = cluster.tiers
+        remote = None
+        if spec.remote_kv_gb > 0 and cluster.replicas:
+            m = cluster.replicas[0].model
+            remote = TierStore(spec.blocks(spec.remote_kv_gb, m, block_size), medium="REMOTE", emit_events=False)
         for i, r in enumerate(cluster.replicas):
             if r.name in self._index:
                 raise ValueError(f"duplicate replica name {r.name!r}")
@@ -35,7 +42,7 @@ class SimReplicas:
                 r.gpu, r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
                 max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
                 cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=False,
-                removed_per_block=False,
+                removed_per_block=False, tiers=_tiers(spec, remote, r.model, block_size, kv_events),
             )
             price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd
             self.engines.append(eng)
@@ -96,5 +103,29 @@ class SimReplicas:
     def results(self) -> list[ReplicaResult]:
         return [ReplicaResult(name=v.name, gpu=v.gpu, cost_per_hour_usd=self.prices[i],
                               busy_s=e.stats.busy_s, steps=e.stats.steps, prefix_queries=e.stats.prefix_queries,
-                              prefix_hits=e.stats.prefix_hits, finished=e.stats.finished)
+                              prefix_hits=e.stats.prefix_hits, finished=e.stats.finished,
+                              **_tier_figures(e))
                 for i, (v, e) in enumerate(zip(self.views, self.engines, strict=True))]
+
+
+def _tiers(spec: TierSpec, remote: TierStore | None, model: str, block_size: int,
+           kv_events: bool) -> ReplicaTiers | None:
+    """One replica's KV tiers from the fleet's :class:`TierSpec` (None: GPU only)."""
+    if not spec.enabled:
+        return None
+    host = None
+    if spec.host_kv_gb > 0:
+        host = TierStore(spec.blocks(spec.host_kv_gb, model, block_size), emit_events=kv_events)
+    return ReplicaTiers(host=host, remote=remote, block_size=block_size,
+                        block_bytes=model_profile(model).kv_bytes_per_token * block_size,
+                        pcie_bytes_per_s=spec.pcie_bytes_per_s, network_bytes_per_s=spec.network_bytes_per_s)
+
+
+def _tier_figures(engine: SimEngine) -> dict[str, int]:
+    """A replica's tier counters for its :class:`ReplicaResult` (none without tiers)."""
+    if engine.tiers is None:
+        return {}
+    st = engine.tiers.stats
+    return {"host_hit_tokens": st.host_hit_tokens, "remote_hit_tokens": st.remote_hit_tokens,
+            "loaded_tokens": st.loaded_tokens, "offloaded_tokens": st.offloaded_tokens,
+            "prefetched_tokens": st.prefetched_tokens}

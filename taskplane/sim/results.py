@@ -7,7 +7,7 @@ and :meth:`ClusterResult.task_records` turn them into the rows the gateway write
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -87,6 +87,12 @@ class ReplicaResult:
     prefix_queries: int
     prefix_hits: int
     finished: int
+    # KV tiers below the GPU (zero without them): tokens served from and moved between tiers
+    host_hit_tokens: int = 0
+    remote_hit_tokens: int = 0
+    loaded_tokens: int = 0
+    offloaded_tokens: int = 0
+    prefetched_tokens: int = 0
 
 
 @dataclass
@@ -97,6 +103,7 @@ class ClusterResult:
     end_s: float  # virtual time of the last event
     decision_ns: array  # wall time of each policy call (not deterministic; not in records)
     policy_calls: int = 0
+    kv_lifetimes: dict[str, int] = field(default_factory=dict)  # lifetime plans carried out (with tiers)
 
     @property
     def fleet_gpu_seconds(self) -> float:

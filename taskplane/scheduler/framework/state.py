@@ -136,14 +136,30 @@ class CycleState:
             req = self.request
             if req.block_hashes:
                 index = self.handle.kv_index
-                ids = self.table.ids_for(index.slots)
-                ids = ids[self._start : self._start + self.n] if self._start >= 0 else ids[self.rows]
+                ids = self._ids()
                 arr = index.match_ids(
                     req.block_hashes, ids, source=source, block_size=req.block_size, tokenized=req.tokenized
                 ).astype(np.float64)
             else:
                 arr = np.zeros(self.n)
             self._matched[source] = arr
+        return arr
+
+    def _ids(self) -> np.ndarray:
+        """The pool's replica ids in the KV index."""
+        ids = self.table.ids_for(self.handle.kv_index.slots)
+        return ids[self._start : self._start + self.n] if self._start >= 0 else ids[self.rows]
+
+    def tier_matched(self, source: str = "auto") -> np.ndarray:
+        """Leading prompt blocks each pool replica holds on GPU or, past its GPU prefix, in
+        its host tier (>= ``matched``; equal when no replica reports a host tier)."""
+        key = "tier:" + source
+        arr = self._matched.get(key)
+        if arr is None:
+            gpu = self.matched(source)
+            tiers = self.handle.kv_index.precise.tiers
+            arr = tiers.depths(self.request.block_hashes, self._ids(), gpu) if tiers and self.request.block_hashes else gpu
+            self._matched[key] = arr
         return arr
 
     def uncached_tokens(self, source: str = "auto") -> np.ndarray:

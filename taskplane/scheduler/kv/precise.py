@@ -28,6 +28,7 @@ from taskplane.scheduler.kv.events import (
     stored_indexable,
 )
 from taskplane.scheduler.kv.slots import ReplicaSlots
+from taskplane.scheduler.kv.tiers import TierIndex
 from taskplane.scheduler.metrics import (
     KV_BATCHES,
     KV_BLOCKS_PRECISE,
@@ -84,6 +85,7 @@ class PreciseIndex:
         self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
         self.auth_mask = 0  # the same as a bitmask: lets a match skip the approximate view
         self._bs = np.zeros(64, dtype=np.int64)  # by replica id: block size of its events
+        self.tiers = TierIndex()  # host-tier blocks (events of medium CPU)
 
     @staticmethod
     def _grow(arr: np.ndarray, size: int) -> np.ndarray:
@@ -251,11 +253,15 @@ class PreciseIndex:
                     if stored_indexable(raw):
                         self._stored(rep, bit, raw.block_hashes or (), raw.parent_block_hash,
                                      raw.token_ids or (), int(raw.block_size or 0))
+                    elif raw.lora_id is None and raw.lora_name is None:  # a lower tier's block
+                        self.tiers.stored(self.slots.ensure(name), rep.eng2ours, raw.block_hashes or ())
                     continue
                 if kind is BlockRemoved:
                     n_removed += 1
                     if gpu_tier(raw.medium):
                         self._removed(rep, bit, raw.block_hashes or ())
+                    else:
+                        self.tiers.removed(self.slots.ensure(name), raw.block_hashes or ())
                     continue
                 ev = normalize_event(raw)
                 if isinstance(ev, Stored):
@@ -356,6 +362,8 @@ class PreciseIndex:
         rid = self.slots.get(name)
         if rid is None:
             return
+        if self.tiers:
+            self.tiers.clear(rid)
         keep = ~(1 << rid)
         owners = self.owners
         canonical = self.slots.canonical

@@ -9,10 +9,12 @@ from taskplane.scheduler.scorers.resources import (
     WeightWarmthScorer,
 )
 from taskplane.scheduler.scorers.session import SessionAffinityScorer
+from taskplane.scheduler.scorers.tiers import DynamoKvbmCostScorer, TieredPrefixScorer
 from taskplane.scheduler.scorers.workflow import WorkflowContextScorer
 
 __all__ = [
     "DynamoCostScorer",
+    "DynamoKvbmCostScorer",
     "GpuPriceScorer",
     "KvUsageScorer",
     "LatencyScorer",
@@ -21,6 +23,7 @@ __all__ = [
     "PrefixCacheScorer",
     "QueueScorer",
     "SessionAffinityScorer",
+    "TieredPrefixScorer",
     "WeightWarmthScorer",
     "WorkflowContextScorer",
     "WorkingSetScorer",

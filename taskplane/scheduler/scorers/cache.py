@@ -49,10 +49,14 @@ class PrefixCacheScorer(Scorer):
         blocks = state.prompt_blocks
         if blocks <= 0:
             return np.zeros(len(state.sel))
-        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
+        ratio = self.ratio(state, blocks)
         if ratio.size and state.handle.metrics:
             self._ratio.observe(float(ratio.max()))
         return ratio
+
+    def ratio(self, state: CycleState, blocks: int) -> np.ndarray:
+        """Per candidate, the share of the prompt's ``blocks`` it need not compute."""
+        return np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
 
 
 @dataclass(slots=True)

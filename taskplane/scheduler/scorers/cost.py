@@ -75,7 +75,11 @@ class DynamoCostScorer(Scorer):
     def score(self, state: CycleState) -> np.ndarray:
         p: DynamoCostParams = self.params
         prompt_blocks = float(state.prompt_blocks)
-        prefill_blocks = np.maximum(prompt_blocks - state.c(state.matched(p.source)), 0.0)
+        prefill_blocks = np.maximum(prompt_blocks - self.overlap(state), 0.0)
         queued_blocks = state.c(state.queued_tokens) / state.c(state.block_size)
         active = state.c(state.total) - state.c(state.free) + queued_blocks + prompt_blocks
         return minmax_low_is_better(p.overlap_weight * prefill_blocks + active)
+
+    def overlap(self, state: CycleState) -> np.ndarray:
+        """Prompt blocks each candidate need not compute: its GPU prefix."""
+        return state.c(state.matched(str(self.params.source)))

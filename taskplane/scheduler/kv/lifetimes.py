@@ -1,0 +1,103 @@
+"""KV lifetimes decided by the workflow: what happens to a session's KV while its task is in
+a tool.
+
+Only the control plane knows, from the workflow, that a session is in a tool, which tool,
+how long that tool usually takes (learned per agent and tool from the gaps seen so far),
+how many steps the task has left and how much deadline slack it has. When a call ends and
+its task goes into a tool (the SDK's "in a tool" hint), :meth:`LifetimePlanner.plan` picks:
+
+* ``KEEP``: leave the session on GPU (a short gap on a replica with room: LRU keeps it);
+* ``HOST``: let it go to the host tier (it is written through already) and *prefetch* it
+  back to GPU shortly before the next call is expected, so that call neither recomputes nor
+  waits for the load;
+* ``DROP``: the task has no step left, so its private blocks leave the GPU at once, making
+  room for sessions that will come back.
+
+Pure: no engine, no clock; the simulator (and, where vLLM allows it, the gateway) carries
+the plan out.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+
+class Lifetime(enum.StrEnum):
+    KEEP = "keep"
+    HOST = "host"
+    DROP = "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolHint:
+    """What the workflow says when a call ends: the task goes into ``tool`` (None: it ends)."""
+
+    agent: str
+    tool: str | None
+    steps_left: int
+    slack_s: float | None = None  # deadline minus now, if the task has one
+
+
+@dataclass(frozen=True, slots=True)
+class LifetimePlan:
+    action: Lifetime
+    prefetch_in_s: float | None = None  # from now; None: no prefetch
+    expected_gap_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _GapStats:
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
+
+
+class LifetimePlanner:
+    """Per-session KV lifetimes across tool gaps, from learned gap distributions."""
+
+    def __init__(self, *, keep_gap_s: float = 0.5, kv_pressure: float = 0.9, lead_std: float = 1.0,
+                 default_gap_s: float = 2.0, min_samples: int = 3) -> None:
+        self.keep_gap_s = keep_gap_s  # gaps expected shorter than this stay on GPU ...
+        self.kv_pressure = kv_pressure  # ... unless the replica's KV is fuller than this
+        self.lead_std = lead_std  # prefetch this many standard deviations before the mean gap
+        self.default_gap_s = default_gap_s
+        self.min_samples = min_samples
+        self._gaps: dict[tuple[str, str | None], _GapStats] = {}
+        self._by_agent: dict[str, _GapStats] = {}
+
+    def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
+        """A tool gap that just ended (history the next plans learn from)."""
+        self._gaps.setdefault((agent, tool), _GapStats()).add(gap_s)
+        self._by_agent.setdefault(agent, _GapStats()).add(gap_s)
+
+    def expected_gap(self, agent: str, tool: str | None) -> tuple[float, float]:
+        """(mean, standard deviation) of the gap: the tool's, else the agent's, else a default."""
+        for stats in (self._gaps.get((agent, tool)), self._by_agent.get(agent)):
+            if stats is not None and stats.n >= self.min_samples:
+                return stats.mean, stats.std
+        return self.default_gap_s, self.default_gap_s
+
+    def plan(self, hint: ToolHint, *, kv_usage: float, load_s: float) -> LifetimePlan:
+        """The session's lifetime for this gap; ``load_s``: what bringing it back from host
+        would take (the prefetch starts that much ahead)."""
+        if hint.steps_left <= 0 or hint.tool is None:
+            return LifetimePlan(Lifetime.DROP)
+        mean, std = self.expected_gap(hint.agent, hint.tool)
+        if mean <= self.keep_gap_s and kv_usage < self.kv_pressure:
+            return LifetimePlan(Lifetime.KEEP, expected_gap_s=mean)
+        lead = self.lead_std * std
+        if hint.slack_s is not None and hint.slack_s < 2 * mean:
+            lead *= 2  # little slack: a late prefetch costs the deadline, an early one only GPU room
+        return LifetimePlan(Lifetime.HOST, prefetch_in_s=max(0.0, mean - lead - load_s), expected_gap_s=mean)

@@ -1,0 +1,103 @@
+"""The simulator carrying out the control plane's KV lifetimes across tool gaps
+(:mod:`taskplane.scheduler.kv.lifetimes`): when a call ends and its task goes into a tool,
+the planner is told (the SDK's "in a tool" hint) and its plan is applied to the replica the
+session lives on: nothing (keep), a prefetch from the host tier shortly before the next
+call is expected, or the finished session's private blocks evicted at once (drop).
+
+Simulated only: vLLM has no API to prefetch a session from its CPU offload store or to
+evict chosen blocks; against real vLLM only the placement part (sending the call where its
+KV is, GPU or host) applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taskplane.scheduler.kv.lifetimes import Lifetime, LifetimePlanner, ToolHint
+from taskplane.sim.calls import SimCall, TaskState
+from taskplane.sim.events import Event, EventQueue
+from taskplane.sim.replicas import SimReplicas
+from taskplane.sim.tokens import RepeatedBlocks
+
+
+@dataclass(slots=True)
+class Prefetch:
+    """A scheduled prefetch of a session's blocks back to one replica's GPU."""
+
+    replica: int
+    task: TaskState
+    step: int  # the call it is for
+    hashes: list[int]
+    tokens: RepeatedBlocks | None
+
+
+@dataclass(slots=True)
+class LifetimeCounts:
+    keep: int = 0
+    host: int = 0
+    drop: int = 0
+    prefetches: int = 0  # carried out (blocks were loaded)
+    prefetch_late: int = 0  # the call came first
+    dropped_blocks: int = 0
+
+
+class Lifetimes:
+    """Applies a :class:`LifetimePlanner`'s plans in the cluster simulator."""
+
+    def __init__(self, planner: LifetimePlanner, fleet: SimReplicas, events: EventQueue, block_size: int,
+                 with_tokens: bool) -> None:
+        self.planner = planner
+        self.fleet = fleet
+        self.events = events
+        self.bs = block_size
+        self.with_tokens = with_tokens
+        self.counts = LifetimeCounts()
+        self._arrived: dict[str, int] = {}  # task id -> the last step that arrived
+
+    def arrived(self, task: TaskState, k: int) -> None:
+        """Call ``k`` of a closed-loop task arrives: the tool gap before it is history now."""
+        self._arrived[task.spec.task_id] = k
+        if k > 0 and not task.spec.open_loop:
+            c = task.spec.calls[k]
+            self.planner.observe_gap(task.spec.agent, c.tool, c.gap_s)
+
+    def call_ended(self, call: SimCall, i: int, t: float) -> None:
+        """A call succeeded on replica ``i`` at ``t``: plan its session's KV for the gap."""
+        task, spec = call.task, call.task.spec
+        eng = self.fleet.engines[i]
+        if spec.open_loop or eng.tiers is None:
+            return
+        k = call.step + 1
+        steps_left = len(spec.calls) - k
+        tool = spec.calls[k].tool if steps_left > 0 else None
+        slack = None if task.deadline_abs is None else task.deadline_abs - t
+        hashes = list(call.hashes[: call.n_total_blocks])
+        load_s = len(hashes) * eng.tiers.block_bytes / eng.tiers.pcie_bw
+        plan = self.planner.plan(ToolHint(agent=spec.agent, tool=tool, steps_left=steps_left, slack_s=slack),
+                                 kv_usage=eng.kv_usage(), load_s=load_s)
+        c = self.counts
+        if plan.action is Lifetime.DROP:
+            c.drop += 1
+            shared = spec.prefix_tokens // self.bs  # the agent's system prompt: others use it
+            c.dropped_blocks += eng.drop(hashes[shared:], t)
+            self.fleet.mark(i)
+        elif plan.action is Lifetime.KEEP:
+            c.keep += 1
+        else:
+            c.host += 1
+            if plan.prefetch_in_s is not None:
+                tokens = (RepeatedBlocks(call.contents, self.bs, call.prompt_tokens + call.output_tokens)
+                          if self.with_tokens else None)
+                self.events.push(t + plan.prefetch_in_s, Event.PREFETCH, Prefetch(i, task, k, hashes, tokens))
+
+    def prefetch(self, p: Prefetch, t: float) -> bool:
+        """Carry out a prefetch unless its call already came (or the task ended)."""
+        task = p.task
+        if task.status is not None or self._arrived.get(task.spec.task_id, -1) >= p.step:
+            self.counts.prefetch_late += 1
+            return False
+        if self.fleet.engines[p.replica].prefetch(p.hashes, p.tokens, t):
+            self.counts.prefetches += 1
+            self.fleet.mark(p.replica)
+            return True
+        return False
