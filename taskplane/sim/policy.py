@@ -1,7 +1,7 @@
 """The placement policy as the cluster simulator calls it.
 
 A policy is either a plain callable ``place(request, replicas) -> Decision`` or an object
-with the :class:`taskplane.scheduler.core.Scheduler` interface, whose optional parts are
+with the :class:`taskplane.scheduler.flowcontrol.controller.FlowControl` interface, whose optional parts are
 used when present:
 
 - ``decide(request, replicas, now_s)`` instead of calling the object (such a policy gets
@@ -26,7 +26,7 @@ from typing import Any
 
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 
-Policy = Any  # a callable place(request, replicas) -> Decision, or a Scheduler-like object
+Policy = Any  # a callable place(request, replicas) -> Decision, or a FlowControl-like object
 
 
 class PolicyHooks:

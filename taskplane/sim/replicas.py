@@ -2,7 +2,7 @@
 
 A policy call must see every replica as it is at that moment, but copying every engine's
 state before every call would cost O(replicas) each. So a replica whose engine changed is
-marked, and only marked views are refreshed. A Scheduler also gets the fleet as a
+marked, and only marked views are refreshed. A FlowControl also gets the fleet as a
 :class:`~taskplane.scheduler.table.ReplicaTable` (numpy columns it scores in bulk); its
 rows are rewritten only before the policy reads them, so a replica that changes several
 times between two policy calls has its row written once.

@@ -100,3 +100,17 @@ def test_pipeline_and_flow_control_name_no_plugin() -> None:
         assert not named, f"{rel} names plugin types {named}"
         assert ".scheduler." not in text.replace("taskplane.scheduler.", ""), f"{rel} reaches into a scheduler"
     assert REGISTRY.types(Kind.SCORER)["session-affinity"].__module__.endswith("scorers.session")
+
+
+def test_the_priority_enum_is_a_light_import() -> None:
+    """``taskplane.context`` (the SDK's headers) takes ``Priority`` from the scheduler's types
+    without loading numpy or the pipeline: the package's face loads names on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, taskplane.context as c; assert c.Priority.BATCH.rank == 3; "
+        "heavy = [m for m in ('numpy', 'taskplane.scheduler.core') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -101,7 +101,10 @@ class AdmissionQueue:
         deadline = now_s + call.budget_ms / 1000.0 if call.budget_ms is not None else math.inf
         cost = 1.0 if self.fair_unit == "calls" else float(max(call.prompt_tokens + call.max_tokens, 1))
         self._seq += 1
-        entry = QueuedCall(call, self._seq, band, call.tenant, now_s, deadline, task_value(call), cost, service_s)
+        entry = QueuedCall(
+            call=call, seq=self._seq, band=band, tenant=call.tenant, enqueued_s=now_s, deadline_s=deadline,
+            value=task_value(call), cost=cost, service_s=service_s,
+        )
         b = self._bands[band]
         heap = b.heaps.get(call.tenant)
         if heap is None:
