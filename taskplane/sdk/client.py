@@ -11,6 +11,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError, TimeoutError
+from temporalio.service import RPCError
 
 from taskplane import temporal_names as tn
 from taskplane.context import Priority
@@ -157,8 +158,12 @@ class TaskHandle:
         try:
             done, _ = await asyncio.wait({result, watchdog}, return_when=asyncio.FIRST_COMPLETED)
             if result not in done and (reason := watchdog.result()) is not None:
-                await self.handle.terminate(reason=reason)
-                return await self._failed_outcome("failed", "AgentNotServed", reason)
+                try:
+                    await self.handle.terminate(reason=reason)
+                except RPCError:
+                    pass  # it ended meanwhile (or was terminated by another caller): its own ending counts
+                else:
+                    return await self._failed_outcome("failed", "AgentNotServed", reason)
             return await result
         except WorkflowFailureError as exc:
             return await self._from_failure(exc)
@@ -188,7 +193,8 @@ class TaskHandle:
         if isinstance(cause, CancelledError):
             return await self._failed_outcome("cancelled", "Cancelled", "cancelled")
         if isinstance(cause, TerminatedError):
-            return await self._failed_outcome("failed", "Terminated", cause.message)
+            served = not cause.message.startswith(("no worker", "cancelled; no worker"))  # served.py's reasons
+            return await self._failed_outcome("failed", "Terminated" if served else "AgentNotServed", cause.message)
         if isinstance(cause, TimeoutError):
             return await self._failed_outcome("failed-deadline", "WorkflowTimedOut", str(cause))
         return await self._failed_outcome("failed", type(cause).__name__, str(cause))

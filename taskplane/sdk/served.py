@@ -35,15 +35,15 @@ def fix_hint(queue: str, module: str | None) -> str:
 
 
 async def _first_task(handle: WorkflowHandle[Any, Any]) -> str | None:
-    """"served" once a worker ran the task, "unregistered" if a worker lacks its agent."""
+    """"served" once a worker ran the task (or it ended), "unregistered" if a worker lacks its agent."""
+    unregistered = False
     async for ev in handle.fetch_history_events():
         if ev.event_type in _CLOSED:
             return "served"
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             message = ev.workflow_task_failed_event_attributes.failure.message
-            if "is not registered on this worker" in message:
-                return "unregistered"
-    return None
+            unregistered = unregistered or "is not registered on this worker" in message
+    return "unregistered" if unregistered else None
 
 
 async def _has_pollers(handle: WorkflowHandle[Any, Any], queue: str) -> bool:
