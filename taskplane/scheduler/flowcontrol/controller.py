@@ -224,11 +224,13 @@ class FlowControl:
         free = ~state.c(state.saturated)
         n_free = int(np.count_nonzero(free))
         room = state.room
-        if room is not None and not any_true(state.c(room)):
+        if room is not None and not any_true(state.c(room)) and settings.working_set_hold_s <= 0:
             # no replica can hold this new task's context next to the sessions in flight:
             # refuse it now (it has spent nothing) rather than let it evict theirs
             return self._shed(req, "working_set", settings.working_set_retry_after_s,
                               "no replica has KV room for a new task next to the sessions in flight")
+        # (with a hold, a new task without room waits in the queue below, like any call
+        # without a free replica: room frees when a task ends or a paused pin expires)
         pinned = state.pinned
         if (
             pinned >= 0
@@ -340,9 +342,9 @@ class FlowControl:
                     continue
                 free = ~state.c(state.saturated)
                 if not any_true(free):
-                    room = state.room
-                    if room is not None and not any_true(state.c(room)):
-                        # a new task waiting for working-set room would block the line
+                    if self._held_too_long(state, now_s - head.enqueued_s):
+                        # a new task still without working-set room after its hold: refuse
+                        # it (it has spent nothing) rather than block the line
                         queue.pop()
                         settings = self.admission or AdmissionSettings()
                         out.append((req, self._shed(req, "working_set", settings.working_set_retry_after_s,
@@ -358,6 +360,14 @@ class FlowControl:
                 _account(table, state, decision)
             self._update_depth(queue)
         return out
+
+    def _held_too_long(self, state: CycleState, held_s: float) -> bool:
+        """Has a queued new task waited out its hold without any replica having room?"""
+        room = state.room
+        if room is None or any_true(state.c(room)):
+            return False
+        settings = self.admission or AdmissionSettings()
+        return held_s >= settings.working_set_hold_s
 
     def cancel(self, request: CallRequest) -> bool:
         """Drop a queued call (its client went away)."""
