@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taskplane.sim.tokens import RepeatedBlocks
 from taskplane.scheduler.types import CallRequest
 from taskplane.sim.blocks import extend_hashes
 from taskplane.sim.requests import Finished, SimRequest
 from taskplane.sim.results import CallRecord, TaskResult
+from taskplane.sim.tokens import RepeatedBlocks
 from taskplane.sim.workloads.base import TaskSpec
 from taskplane.store.records import Outcome, TaskStatus
 
