@@ -64,12 +64,15 @@ class LoadBalanceFilter(Filter):
         if not state.starts_task:
             return None  # a later step's context is where it ran: balance only places new work
         load = state.c(replica_load(state))
-        if len(load) < 2:
+        # only replicas that can take the call now count: steering new work to an idle
+        # replica without working-set room (or a full batch) would only hold it
+        able = ~state.c(state.saturated)
+        if len(load) < 2 or int(np.count_nonzero(able)) < 2:
             return None
-        low, high = float(load.min()), float(load.max())
+        low, high = float(load[able].min()), float(load[able].max())
         if high - low <= p.abs_threshold or high < p.rel_threshold * low:
             return None  # balanced enough: affinity decides
-        return load <= low + p.abs_threshold
+        return able & (load <= low + p.abs_threshold)
 
     def keeps(self, one: OneCandidate) -> bool:
         return True  # the pinned replica of a session: see the module docstring
