@@ -38,6 +38,7 @@ class Pin:
     last_end_s: float | None  # when the session's last call finished (None: one in flight)
     inflight: int = 0
     tokens: int = 0  # context of the latest call (prompt + completion): its KV footprint
+    calls: float = 1.0  # calls still to come, the latest included (1 + steps remaining; 1 if unknown)
 
 
 class _GapStats:
@@ -81,6 +82,7 @@ class SessionPins:
         # decision reads a whole pool's working sets with one gather (working_sets_of_rows)
         self._ws_ids = ReplicaSlots()
         self._ws_arr = np.zeros(64)  # the slot past the last id (unknown names) stays 0
+        self._n_arr = np.zeros(64)  # calls still to come of the sessions pinned there, by the same ids
         # agent -> its idle sessions (no call in flight) in the order they went idle, so a
         # sweep expires a prefix per agent instead of scanning every pin
         self._idle: dict[str, dict[str, None]] = {}
@@ -131,11 +133,18 @@ class SessionPins:
         return pin.replica
 
     def placed(
-        self, session: str | None, replica: str, now_s: float, agent: str | None = None, tokens: int = 0
+        self,
+        session: str | None,
+        replica: str,
+        now_s: float,
+        agent: str | None = None,
+        tokens: int = 0,
+        calls: float = 1.0,
     ) -> None:
         """A call of ``session`` was placed on ``replica``: (re)pin it and learn the gap.
 
-        ``tokens``: the call's prompt + expected completion, the session's KV footprint now.
+        ``tokens``: the call's prompt + expected completion, the session's KV footprint now;
+        ``calls``: this call and the steps still to come (the work the pin brings its replica).
         """
         if session is None:
             return
@@ -147,7 +156,7 @@ class SessionPins:
                 self._evict_oldest()
             pin = self._pins[session] = Pin(replica, agent or "default", None, 0)
         else:
-            self._ws_add(pin.replica, -pin.tokens)
+            self._ws_add(pin.replica, -pin.tokens, -pin.calls)
             self._not_idle(session, pin)
         pin.replica = replica
         if agent:
@@ -155,7 +164,8 @@ class SessionPins:
         pin.inflight += 1
         pin.last_end_s = None
         pin.tokens = max(int(tokens), 0)
-        self._ws_add(replica, pin.tokens)
+        pin.calls = max(float(calls), 1.0)
+        self._ws_add(replica, pin.tokens, pin.calls)
 
     def end(self, session: str | None) -> bool:
         """The session's task is done (its last step finished): release its pin now."""
@@ -169,17 +179,21 @@ class SessionPins:
 
     # -- working sets
 
-    def _ws_add(self, replica: str, tokens: int) -> None:
-        if tokens:
+    def _ws_add(self, replica: str, tokens: int, calls: float = 0.0) -> None:
+        if tokens or calls:
             rid = self._ws_ids.ensure(replica)
             if rid + 1 >= len(self._ws_arr):
                 self._ws_arr = np.concatenate([self._ws_arr, np.zeros(len(self._ws_arr))])
+                self._n_arr = np.concatenate([self._n_arr, np.zeros(len(self._n_arr))])
             arr = self._ws_arr
             arr[rid] = max(arr.item(rid) + tokens, 0.0)  # a Python float: no numpy scalar arithmetic
+            if calls:
+                n = self._n_arr
+                n[rid] = max(n.item(rid) + calls, 0.0)
 
     def _drop(self, session: str, pin: Pin) -> None:
         del self._pins[session]
-        self._ws_add(pin.replica, -pin.tokens)
+        self._ws_add(pin.replica, -pin.tokens, -pin.calls)
         self._not_idle(session, pin)
 
     def _not_idle(self, session: str, pin: Pin) -> None:
@@ -218,6 +232,11 @@ class SessionPins:
         id map the table caches until either side's membership changes."""
         return self._ws_arr[table.ids_for(self._ws_ids)[rows]]
 
+    def work_of_rows(self, table: ReplicaTable, rows: np.ndarray) -> np.ndarray:
+        """Calls still to come of the sessions pinned to each replica at ``rows`` of
+        ``table`` (call ``sweep`` first): the work those pins will bring back."""
+        return self._n_arr[table.ids_for(self._ws_ids)[rows]]
+
     def working_set_of_row(self, table: ReplicaTable, row: int) -> float:
         """``working_sets_of_rows`` for one row, as a float."""
         return float(self._ws_arr[table.ids_for(self._ws_ids)[row]])
@@ -253,7 +272,7 @@ class SessionPins:
             self._not_idle(s, self._pins.pop(s))
         rid = self._ws_ids.get(replica)
         if rid is not None:
-            self._ws_arr[rid] = 0.0
+            self._ws_arr[rid] = self._n_arr[rid] = 0.0
         if victims:
             self._count(reason, len(victims))
         return len(victims)

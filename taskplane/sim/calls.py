@@ -88,6 +88,12 @@ def call_request(call: SimCall, t: float, block_size: int) -> CallRequest:
     """The call as the scheduler sees it at ``t`` (deadline budget left, cost sunk so far)."""
     task, spec = call.task, call.task.spec
     budget = None if task.deadline_abs is None else (task.deadline_abs - t) * 1000.0
+    if not spec.headers:  # a plain client: nothing but the prompt
+        return CallRequest(
+            model=spec.model, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens,
+            block_hashes=call.hashes[: call.n_prompt_blocks], tenant=spec.tenant, now_s=t, call_id=call.key,
+            block_size=block_size, tokenized=True, avoid_replicas=call.avoid,
+        )
     return CallRequest(
         model=spec.model, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens,
         block_hashes=call.hashes[: call.n_prompt_blocks], tenant=spec.tenant, priority=spec.priority,

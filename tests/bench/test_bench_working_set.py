@@ -44,7 +44,7 @@ def test_session_pins_sum_context_per_replica() -> None:
 
 
 def test_new_tasks_wait_for_room_while_tasks_in_flight_go_ahead() -> None:
-    sched = build_policy("taskplane", seed=1, metrics=False)
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=AdmissionSettings(working_set_hold_s=0))
     assert sched.admission is not None and sched.admission.working_set_limits["standard"] == 0.75
     fleet = _fleet()
     # a standard task may fill 75 % of 1,600 tokens: one 900 + 100 token task per replica
@@ -67,7 +67,8 @@ def test_new_tasks_wait_for_room_while_tasks_in_flight_go_ahead() -> None:
 
 
 def test_bands_give_way_in_order_and_an_empty_limit_turns_it_off() -> None:
-    sched = build_policy("taskplane", seed=1, metrics=False)
+    # no hold: a new task without room is refused at once (the hold: tests/scheduler/test_admission_fleet.py)
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=AdmissionSettings(working_set_hold_s=0))
     fleet = _fleet()
     # 1,000 tokens of context pinned on each replica: 62.5 % of 1,600
     for t in ("A", "B"):

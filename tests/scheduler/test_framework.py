@@ -75,7 +75,9 @@ def test_from_scheduler_config_with_overrides() -> None:
 
     s = FlowControl.from_config(cfg)
     assert [x.type_name for x in s.pipeline.scorers] == ["least-loaded"]
-    assert [x.type_name for x in s.pipeline.filters] == ["healthy", "tenant-gpu", "memory-headroom", "latency-budget"]
+    assert [x.type_name for x in s.pipeline.filters] == [
+        "healthy", "tenant-gpu", "memory-headroom", "latency-budget", "load-balance"
+    ]
     assert s.admission is None and s.pipeline.seed == 7
     assert s.response_cache is not None and s.response_cache.max_entries == 16
     with pytest.raises(ConfigError, match="scheduler scorer 'x'"):

@@ -1,7 +1,8 @@
 """Filters: drop candidate replicas that cannot (or should not) serve the call."""
 
+from taskplane.scheduler.filters.balance import LoadBalanceFilter
 from taskplane.scheduler.filters.basic import HealthyFilter, TenantGpuFilter
 from taskplane.scheduler.filters.budget import LatencyBudgetFilter
 from taskplane.scheduler.filters.memory import MemoryHeadroomFilter
 
-__all__ = ["HealthyFilter", "LatencyBudgetFilter", "MemoryHeadroomFilter", "TenantGpuFilter"]
+__all__ = ["HealthyFilter", "LatencyBudgetFilter", "LoadBalanceFilter", "MemoryHeadroomFilter", "TenantGpuFilter"]

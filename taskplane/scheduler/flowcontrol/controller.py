@@ -65,6 +65,8 @@ class FlowControl:
         self.fallbacks = dict(fallbacks or {})
         self.response_cache = ResponseCache(response_cache_entries) if response_cache_entries > 0 else None
         self._queues: dict[str, AdmissionQueue] = {}
+        # new tasks held for working-set room, apart so they never block the line of the rest
+        self._room_queues: dict[str, AdmissionQueue] = {}
         self._displaced: list[tuple[CallRequest, Decision]] = []
         self._decisions = {a: DECISIONS.labels(self.name, a.value) for a in Action}
         self._depth_gauges: dict[str, dict[str, Any]] = {}
@@ -211,6 +213,19 @@ class FlowControl:
             q = self._queues[model] = AdmissionQueue(model, weight_of=self._tenant_weight, fair_unit=settings.fair_unit)
         return q
 
+    def room_queue_for(self, model: str) -> AdmissionQueue:
+        """The queue of ``model``'s new tasks held for working-set room."""
+        q = self._room_queues.get(model)
+        if q is None:
+            settings = self.admission or AdmissionSettings()
+            q = self._room_queues[model] = AdmissionQueue(
+                f"{model}#room", weight_of=self._tenant_weight, fair_unit=settings.fair_unit
+            )
+        return q
+
+    def _all_queues(self) -> list[tuple[str, AdmissionQueue]]:
+        return [*self._queues.items(), *self._room_queues.items()]
+
     def _tenant_weight(self, tenant: str) -> float:
         t = self.pipeline.handle.tenants.get(tenant)
         return t.weight if t is not None else 1.0
@@ -225,10 +240,14 @@ class FlowControl:
         n_free = int(np.count_nonzero(free))
         room = state.room
         if room is not None and not any_true(state.c(room)):
-            # no replica can hold this new task's context next to the sessions in flight:
-            # refuse it now (it has spent nothing) rather than let it evict theirs
-            return self._shed(req, "working_set", settings.working_set_retry_after_s,
-                              "no replica has KV room for a new task next to the sessions in flight")
+            if settings.working_set_hold_s <= 0:
+                # no replica can hold this new task's context next to the sessions in flight:
+                # refuse it now (it has spent nothing) rather than let it evict theirs
+                return self._shed(req, "working_set", settings.working_set_retry_after_s,
+                                  "no replica has KV room for a new task next to the sessions in flight")
+            # hold it apart until room frees (a task ends, a paused pin expires): the calls
+            # queued for capacity alone go on past it
+            return self._enqueue(state, self.room_queue_for(state.model), band, now)
         pinned = state.pinned
         if (
             pinned >= 0
@@ -309,7 +328,7 @@ class FlowControl:
         out = self._displaced
         self._displaced = []
         table: ReplicaTable | None = None
-        for model, queue in self._queues.items():
+        for model, queue in self._all_queues():
             for entry in queue.expired(now_s):
                 d = Decision(
                     Action.UNMEETABLE,
@@ -340,9 +359,9 @@ class FlowControl:
                     continue
                 free = ~state.c(state.saturated)
                 if not any_true(free):
-                    room = state.room
-                    if room is not None and not any_true(state.c(room)):
-                        # a new task waiting for working-set room would block the line
+                    if self._held_too_long(state, now_s - head.enqueued_s):
+                        # a new task still without working-set room after its hold: refuse
+                        # it (it has spent nothing) rather than block the line
                         queue.pop()
                         settings = self.admission or AdmissionSettings()
                         out.append((req, self._shed(req, "working_set", settings.working_set_retry_after_s,
@@ -359,9 +378,17 @@ class FlowControl:
             self._update_depth(queue)
         return out
 
+    def _held_too_long(self, state: CycleState, held_s: float) -> bool:
+        """Has a queued new task waited out its hold without any replica having room?"""
+        room = state.room
+        if room is None or any_true(state.c(room)):
+            return False
+        settings = self.admission or AdmissionSettings()
+        return held_s >= settings.working_set_hold_s
+
     def cancel(self, request: CallRequest) -> bool:
         """Drop a queued call (its client went away)."""
-        for queue in self._queues.values():
+        for _, queue in self._all_queues():
             if queue.remove(request) is not None:
                 self._update_depth(queue)
                 return True
@@ -369,16 +396,21 @@ class FlowControl:
 
     @property
     def queued(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return sum(len(q) for _, q in self._all_queues())
 
     @property
     def pending(self) -> bool:
         """Can ``release`` hand anything out (calls queued, or displaced from a full queue)?"""
-        return bool(self._displaced) or any(len(q) for q in self._queues.values())
+        return bool(self._displaced) or any(len(q) for _, q in self._all_queues())
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
-        """Queued calls per pool and priority band."""
-        return {model: q.depths() for model, q in self._queues.items()}
+        """Queued calls per pool and priority band (held for working-set room included)."""
+        out: dict[str, dict[str, int]] = {}
+        for model, q in self._all_queues():
+            depths = out.setdefault(model, {})
+            for band, n in q.depths().items():
+                depths[band] = depths.get(band, 0) + n
+        return out
 
     # ------------------------------------------------------------------ feedback (the pipeline's)
 

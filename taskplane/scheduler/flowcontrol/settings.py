@@ -39,6 +39,11 @@ class AdmissionSettings:
         default_factory=lambda: {"interactive": 0.8, "standard": 0.75, "batch": 0.7}
     )
     working_set_retry_after_s: float = 30.0  # Retry-After of a task's first call refused for room
+    # A task's first call that finds no room is held in the queue this long (room frees when
+    # a task ends or a paused session's pin expires) and refused only if it is still
+    # without room then: a refusal costs the client a Retry-After, so only a fleet that
+    # cannot serve it in time refuses. 0: refuse at once.
+    working_set_hold_s: float = 30.0
     # A task whose deadline budget is shorter than this many Retry-Afters is never refused
     # for room: the wait alone would likely cost it its deadline, so it is admitted and
     # takes its chance with the engine's LRU (found on real vLLM with tasks due in 15-45 s,

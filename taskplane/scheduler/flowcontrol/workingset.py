@@ -2,8 +2,10 @@
 replicas are saturated (see ``AdmissionSettings.working_set_limits``).
 
 A task's first call is admitted on a replica only while the contexts of the sessions
-pinned there, plus its own, fit in its priority band's share of the KV cache; the state
-computes that room from the session view, with the limit this rule gives.
+pinned there, plus the blocks it would allocate there, fit in its priority band's share of
+the KV cache; the state computes that room from the session view, with the limit this rule
+gives. A call without a task or session (a plain OpenAI client) is never held for room: it
+has no later steps whose context a refusal would protect.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class WorkingSetLimit:
         self.settings = settings
 
     def __call__(self, request: CallRequest, starts_task: Callable[[], bool]) -> float | None:
+        if request.session_id is None and request.task_id is None:
+            return None  # a plain client: no session whose later steps a refusal would protect
         if not starts_task():
             return None
         settings = self.settings

@@ -36,6 +36,10 @@ class SessionsView(Protocol):
         """Context tokens pinned to each replica at ``rows`` of ``table``."""
         ...
 
+    def work_of_rows(self, table: ReplicaTable, rows: np.ndarray) -> np.ndarray:
+        """Calls still to come of the sessions pinned to each replica at ``rows`` of ``table``."""
+        ...
+
     def working_set_of_row(self, table: ReplicaTable, row: int) -> float:
         """``working_sets_of_rows`` for one row."""
         ...

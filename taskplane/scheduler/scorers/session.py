@@ -77,7 +77,8 @@ class SessionAffinityScorer(Scorer, Stateful):
                 self.pins.break_pin(session, reason)
                 decision.session_moved = True
         tokens = int(req.prompt_tokens + state.completion_tokens)
-        self.pins.placed(session, view.name, state.now_s, req.agent, tokens=tokens)
+        calls = 1.0 + (req.steps_remaining or 0)
+        self.pins.placed(session, view.name, state.now_s, req.agent, tokens=tokens, calls=calls)
 
     def _left_because(self, state: CycleState, view: ReplicaView) -> str | None:
         """Why the session left its pinned replica for ``view``, or None if it did not."""

@@ -45,6 +45,9 @@ class TaskSpec:
     prefix_tokens: int = 0  # its length in tokens
     seed: int = 0  # identity of the task's own content
     allow_fallback: bool = False
+    # False: a plain OpenAI client, without taskplane headers -- the scheduler sees no task,
+    # session, step or deadline (the records still name the task, for the report)
+    headers: bool = True
 
     @property
     def open_loop(self) -> bool:

@@ -1,0 +1,78 @@
+"""Load balance as a filter: affinity weighed against load, the way SGLang's router does it.
+
+The prefix and session scorers pull a fleet's new work toward the replica that already
+holds the shared system prompt: with nothing else in the way, ten concurrent tasks on
+three replicas put 109 of 117 calls on one replica and none on the third. When the fleet
+is imbalanced (SGLang's two thresholds: the most loaded replica is ``abs_threshold`` above
+the least loaded *and* ``rel_threshold`` times it), this filter keeps only the replicas
+within ``abs_threshold`` of the least loaded, so affinity decides among them alone; in a
+balanced fleet it keeps everyone and affinity decides as before.
+
+Load is what SGLang counts, requests, extended to sessions: the larger of the calls still
+to come of the sessions pinned to a replica (each pin's steps remaining plus one, paused
+sessions included: their next steps come back to it) and the calls it runs or queues (all
+a plain client without a session leaves behind). The relative
+threshold keeps a large fleet's small differences out; the absolute one keeps a small
+fleet's first few tasks on the shared prompt's replica. Only new work is balanced (a call
+that opens a task, or a plain call): a later step of a session stays with its context,
+whose re-prefill would cost more than the imbalance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
+
+
+@dataclass(slots=True)
+class LoadBalanceParams:
+    abs_threshold: float = param(
+        2.0, "imbalance when the most loaded replica's load (calls to come or in flight) exceeds the least loaded's by more than this"
+    )
+    rel_threshold: float = param(1.5, "... and is at least this multiple of it (SGLang's balance_rel_threshold)")
+
+    def validate(self) -> None:
+        if self.abs_threshold < 0 or self.rel_threshold < 1:
+            raise ValueError("abs_threshold must be >= 0 and rel_threshold >= 1")
+
+
+def replica_load(state: CycleState) -> np.ndarray:
+    """Per pool replica: calls to come of the sessions pinned there, or calls running and
+    queued, the larger."""
+    calls = state.running + state.waiting
+    pins = state.handle.sessions
+    if pins is None:
+        return calls
+    pins.sweep(state.now_s)
+    return np.maximum(calls, pins.work_of_rows(state.table, state.rows))
+
+
+@register("load-balance")
+class LoadBalanceFilter(Filter):
+    """Keeps only the replicas near the least loaded while the fleet is imbalanced."""
+
+    Params = LoadBalanceParams
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        p: LoadBalanceParams = self.params
+        if not state.starts_task:
+            return None  # a later step's context is where it ran: balance only places new work
+        load = state.c(replica_load(state))
+        # only replicas that can take the call now count: steering new work to an idle
+        # replica without working-set room (or a full batch) would only hold it
+        able = ~state.c(state.saturated)
+        if len(load) < 2 or int(np.count_nonzero(able)) < 2:
+            return None
+        low, high = float(load[able].min()), float(load[able].max())
+        if high - low <= p.abs_threshold or high < p.rel_threshold * low:
+            return None  # balanced enough: affinity decides
+        return able & (load <= low + p.abs_threshold)
+
+    def keeps(self, one: OneCandidate) -> bool:
+        return True  # the pinned replica of a session: see the module docstring
