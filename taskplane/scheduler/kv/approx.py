@@ -7,7 +7,7 @@ stream is out of sync.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from taskplane.scheduler.kv.slots import ReplicaSlots
 from taskplane.scheduler.metrics import KV_BLOCKS_APPROX
@@ -56,16 +56,8 @@ class ApproxIndex:
                 owners[h] = mask | bit if mask else bit
         cap = max(int(capacity_blocks), 1)
         if len(lru) > cap:
-            keep = ~bit
             popitem = lru.popitem
-            canonical = self.slots.canonical
-            for _ in range(len(lru) - cap):
-                h, _none = popitem(last=False)
-                mask = owners.get(h, 0) & keep
-                if mask:
-                    owners[h] = canonical(mask)
-                else:
-                    owners.pop(h, None)
+            self._disown((popitem(last=False)[0] for _ in range(len(lru) - cap)), ~bit)
         if self.metrics:
             KV_BLOCKS_APPROX.set(len(owners))
 
@@ -74,14 +66,18 @@ class ApproxIndex:
         rid = self.slots.get(name)
         if lru is None or rid is None:
             return
-        keep = ~(1 << rid)
+        self._disown(lru, ~(1 << rid))
+        if self.metrics:
+            KV_BLOCKS_APPROX.set(len(self.owners))
+
+    def _disown(self, hashes: Iterable[int], keep: int) -> None:
+        """Clear one replica's bit (``keep`` is every other bit) from these blocks' owner
+        masks; a block nobody owns any more leaves the index."""
         owners = self.owners
         canonical = self.slots.canonical
-        for h in lru:
+        for h in hashes:
             mask = owners.get(h, 0) & keep
             if mask:
                 owners[h] = canonical(mask)
             else:
                 owners.pop(h, None)
-        if self.metrics:
-            KV_BLOCKS_APPROX.set(len(owners))
