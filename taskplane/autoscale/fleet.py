@@ -8,6 +8,7 @@ that make cost per successful task fully loaded (idle GPU-hours included).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taskplane.autoscale.types import Generation, Phase, Plan, ReplicaState
@@ -42,8 +43,10 @@ class Actions:
 
 
 class FleetBook:
-    def __init__(self, pool: str, generations: list[Generation]) -> None:
+    def __init__(self, pool: str, generations: list[Generation],
+                 namer: Callable[[str], str] | None = None) -> None:
         self.pool = pool
+        self.namer = namer  # names a new replica of a generation (the simulator: a free slot)
         self.generations = {g.gpu: g for g in generations}
         self.replicas: dict[str, ReplicaState] = {}
         self.intervals: dict[str, FleetInterval] = {}
@@ -54,6 +57,8 @@ class FleetBook:
     # ---------------------------------------------------------------- adding
     def provision(self, gpu: str, now_s: float, *, name: str | None = None, ready: bool = False) -> str:
         """A replica paid for from ``now_s`` (``ready``: it serves at once, e.g. at boot)."""
+        if name is None and self.namer is not None:
+            name = self.namer(gpu)
         if name is None:
             self._seq += 1
             name = f"{self.pool}-{gpu}-{self._seq}"

@@ -20,7 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from taskplane.autoscale.types import AgentProfile, Generation, Phase, Plan, PoolSignals, WorkflowSignal
+from taskplane.autoscale.types import (
+    AgentProfile,
+    Generation,
+    Phase,
+    Plan,
+    PoolSignals,
+    WorkflowSignal,
+)
 from taskplane.autoscale.victims import fewest_reprefill
 
 

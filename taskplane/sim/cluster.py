@@ -60,6 +60,7 @@ _PRIO = {"critical": 0, "interactive": 1, "standard": 2, "batch": 3}
 # event kinds, in the order they are handled at equal times: arrivals first, so calls that
 # arrive together start in the same engine step
 _ARRIVAL, _OUTAGE, _WAKE, _TICK = 0, 1, 2, 3
+_CONTROL = 4  # an extension's own event (taskplane.sim.fleet: autoscaler ticks, replicas ready)
 _INF = math.inf
 _heappush = heapq.heappush
 
@@ -447,7 +448,12 @@ class ClusterSim:
             elif kind == _TICK:
                 self._tick_pending = False
                 self._release_queued(t)
+            elif kind == _CONTROL:
+                self._control(payload, t)
         return self._result()
+
+    def _control(self, payload: Any, t: float) -> None:
+        """An extension's event (pushed with kind ``_CONTROL``); the plain cluster has none."""
 
     def _initial_events(self) -> list[tuple[float, int, int, Any]]:
         """The tasks' first arrivals and the outages as heap entries, sorted.
