@@ -1,6 +1,9 @@
 """The autoscalers the field runs, as documented, to compare taskplane's against.
 
 - ``fixed-peak``: as many replicas as the peak needs, all day.
+Queues are the engines' waiting requests plus the gateway's admission queue (what llm-d's
+flow control exports), so a baseline sees the load taskplane's admission holds back.
+
 - ``hpa-queue``: the Kubernetes HPA (or KEDA) on waiting requests per replica: desired =
   ceil(ready x metric / target) with a 10 % tolerance, a 15 s sync period, scale-up at most
   doubling (or +4 pods) per period, a 300 s scale-down stabilization window; victims in
@@ -94,7 +97,7 @@ class HpaQueue:
         if not rdy:  # no metric from a pool without pods: the held calls wake it (KEDA's activation)
             want = max(cur, 1 if s.held_requests else 0)
             return resize(s, clamp(want, s), grace_s=KUBE_GRACE_S, reason="activation on held requests")
-        metric = sum(r.num_waiting for r in rdy) / len(rdy)
+        metric = (sum(r.num_waiting for r in rdy) + s.queued_requests) / len(rdy)
         ratio = metric / cfg.target_waiting_per_replica
         desired = cur if abs(ratio - 1.0) <= cfg.tolerance else math.ceil(len(rdy) * ratio)
         desired = min(desired, max(2 * cur, cur + cfg.scale_up_pods))
@@ -132,7 +135,8 @@ class DynamoPlanner:
         cur = len(s.active())
         if s.now_s - self._last_sample >= cfg.sample_s and rdy:
             self._last_sample = s.now_s
-            self._samples.append((sum(r.kv_usage for r in rdy) / len(rdy), sum(r.num_waiting for r in rdy) / len(rdy)))
+            waiting = sum(r.num_waiting for r in rdy) + s.queued_requests
+            self._samples.append((sum(r.kv_usage for r in rdy) / len(rdy), waiting / len(rdy)))
         if not rdy and s.held_requests and cur == 0:
             return resize(s, clamp(1, s), grace_s=0.0, reason="held requests on an empty pool")
         if s.now_s - self._last_adjust < cfg.adjustment_interval_s or not self._samples:
@@ -174,7 +178,7 @@ class AibrixKpa:
         if s.now_s - self._last < cfg.tick_s:
             return Plan(pool=s.pool, desired=cur)
         self._last = s.now_s
-        total = float(sum(r.inflight for r in ready(s)) + s.held_requests)
+        total = float(sum(r.inflight for r in ready(s)) + s.queued_requests)
         self._obs.append((s.now_s, total))
         while self._obs and self._obs[0][0] < s.now_s - cfg.stable_window_s:
             self._obs.popleft()

@@ -3,7 +3,7 @@
 What only the control plane sees, and what it does with it:
 
 - workflows in flight, each with its steps remaining and its agent's learned cost per step
-  (GPU-seconds, from task history) and pace (seconds per step): the GPU work the pool will
+  (work units: decode-token equivalents, from task history) and pace (seconds per step): the GPU work the pool will
   have to do over the next cold start is known before it reaches any queue;
 - new workflows' arrival rate, so demand that will arrive while a replica loads is covered;
 - deadline slack: workflows that cannot afford queueing count extra;
@@ -33,14 +33,14 @@ from taskplane.autoscale.victims import fewest_reprefill
 
 @dataclass(slots=True)
 class PlannerConfig:
-    target_busy: float = 0.75  # planned GPU busy share per replica (headroom for bursts)
+    target_load: float = 1.0  # planned share of a replica's profiled capacity (headroom for bursts)
     interval_s: float = 10.0  # how often the plan is recomputed
     scale_in_delay_s: float = 60.0  # demand must stay below capacity this long before scale-in
     hysteresis: float = 0.85  # scale in only when demand < (replicas - 1) x this
-    urgent_slack: float = 1.5  # a workflow whose budget < its expected time x this counts double
+    urgent_slack: float = 1.2  # a workflow whose budget < its expected time x this counts 1.5x
     cordon_max_s: float = 300.0  # then a cordoned replica's remaining sessions are moved
     idle_to_zero_s: float = 120.0  # no workflow, arrival or held call this long: the pool may go to 0
-    reference_gpu_seconds_per_step: float = 0.5  # prior until history teaches a profile
+    reference_work_per_step: float = 300.0  # prior until history teaches a profile
     reference_seconds_per_step: float = 5.0
 
 
@@ -57,10 +57,10 @@ class TaskplaneAutoscaler:
     # ---------------------------------------------------------------- demand
     def _profile(self, s: PoolSignals, w: WorkflowSignal) -> AgentProfile:
         p = s.profiles.get(w.agent) or s.default_profile
-        return p or AgentProfile(self.cfg.reference_gpu_seconds_per_step, self.cfg.reference_seconds_per_step)
+        return p or AgentProfile(self.cfg.reference_work_per_step, self.cfg.reference_seconds_per_step)
 
     def demand(self, s: PoolSignals, horizon_s: float) -> float:
-        """Reference-GPU seconds of work per second needed now and ``horizon_s`` from now
+        """Work units per second needed now and ``horizon_s`` from now
         (the larger): live workflows' rates, those still alive at the horizon, plus the
         workflows expected to arrive by then."""
         now_rate = at_h = 0.0
@@ -68,15 +68,15 @@ class TaskplaneAutoscaler:
             if w.steps_remaining <= 0:
                 continue
             p = self._profile(s, w)
-            rate = p.gpu_seconds_per_step / max(p.seconds_per_step, 1e-3)
+            rate = p.work_per_step / max(p.seconds_per_step, 1e-3)
             expected_s = w.steps_remaining * p.seconds_per_step
             if w.budget_s is not None and w.budget_s < expected_s * self.cfg.urgent_slack:
-                rate *= 2.0
+                rate *= 1.5
             now_rate += rate
             at_h += rate * min(1.0, expected_s / max(horizon_s, 1e-3))
-        prior = s.default_profile or AgentProfile(self.cfg.reference_gpu_seconds_per_step,
+        prior = s.default_profile or AgentProfile(self.cfg.reference_work_per_step,
                                                   self.cfg.reference_seconds_per_step)
-        at_h += s.arrivals_per_s * horizon_s * prior.gpu_seconds_per_step / max(prior.seconds_per_step, 1e-3)
+        at_h += s.arrivals_per_s * horizon_s * prior.work_per_step / max(prior.seconds_per_step, 1e-3)
         return max(now_rate, at_h)
 
     # ---------------------------------------------------------------- plan
@@ -90,7 +90,7 @@ class TaskplaneAutoscaler:
         self._last = s.now_s
         gens = [g for g in s.generations if g.meets_slo] or s.generations
         horizon = max(g.cold_start_s for g in gens) + cfg.interval_s
-        need = self.demand(s, horizon) / cfg.target_busy
+        need = self.demand(s, horizon) / cfg.target_load
         self.last_demand = need
         if s.workflows or s.arrivals_per_s > 0 or s.held_requests:
             self._busy_since = s.now_s
@@ -108,10 +108,11 @@ class TaskplaneAutoscaler:
         return plan
 
     def _speed(self, s: PoolSignals, gpu: str) -> float:
+        """One replica's capacity (work units per second within the SLO)."""
         for g in s.generations:
             if g.gpu == gpu:
-                return g.relative_speed
-        return 1.0
+                return g.capacity_per_s
+        return s.generations[0].capacity_per_s if s.generations else 1.0
 
     def _grow(self, s: PoolSignals, plan: Plan, missing: float, min_new: int, gens: list[Generation]) -> None:
         """Uncordon first (warm, already paid for), then start the cheapest work per dollar."""
@@ -125,19 +126,19 @@ class TaskplaneAutoscaler:
             min_new -= 1
             room -= 1
         counts = {g.gpu: sum(1 for r in s.replicas if r.gpu == g.gpu) for g in gens}
-        by_price = sorted(gens, key=lambda g: (g.cost_per_hour_usd / max(g.relative_speed, 1e-9), g.cold_start_s))
+        by_price = sorted(gens, key=lambda g: (g.cost_per_hour_usd / max(g.capacity_per_s, 1e-9), g.cold_start_s))
         while (missing > 1e-9 or min_new > 0) and room > 0:
             g = next((g for g in by_price if counts[g.gpu] < g.max_replicas), None)
             if g is None:
                 break
             plan.start.append(g.gpu)
             counts[g.gpu] += 1
-            missing -= g.relative_speed
+            missing -= g.capacity_per_s
             min_new -= 1
             room -= 1
         if plan.start or plan.uncordon:
             plan.reasons.append(
-                f"demand {self.last_demand:.2f} GPU/s over capacity: start {','.join(plan.start) or '-'}"
+                f"demand {self.last_demand:.2f} work/s over capacity: start {','.join(plan.start) or '-'}"
                 f" uncordon {','.join(plan.uncordon) or '-'}")
 
     def _shrink(self, s: PoolSignals, plan: Plan, need: float, capacity: float, floor: int, idle: bool) -> None:
@@ -156,7 +157,7 @@ class TaskplaneAutoscaler:
             return
         self._below_since = s.now_s  # one replica per delay
         plan.cordon.append(victim.name)
-        plan.reasons.append(f"demand {need:.2f} GPU/s fits without {victim.name}: cordon it "
+        plan.reasons.append(f"demand {need:.2f} work/s fits without {victim.name}: cordon it "
                             f"({victim.live_session_tokens} live-session tokens, {victim.live_sessions} sessions)")
 
     def _cordoned_done(self, s: PoolSignals) -> list[str]:

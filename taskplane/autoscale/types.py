@@ -52,6 +52,9 @@ class Generation:
     cost_per_hour_usd: float
     cold_start_s: float  # provisioning to first placement (weights + engine start)
     relative_speed: float = 1.0  # work per second relative to the pool's reference GPU
+    # work units (see :func:`work_units`) per second one replica serves within the SLO, for
+    # the pool's model and mix (profiled, as Dynamo's planner profiles before deployment)
+    capacity_per_s: float = 1000.0
     max_replicas: int = 1_000_000
     meets_slo: bool = True  # False: too slow for the pool's latency target (never added)
 
@@ -68,11 +71,20 @@ class WorkflowSignal:
     context_tokens: int = 0
 
 
+#: a prompt token computed costs about this many decode tokens (prefill runs ~8x faster per token)
+PREFILL_WEIGHT = 0.125
+
+
+def work_units(uncached_prompt_tokens: int, completion_tokens: int) -> float:
+    """A call's GPU work in decode-token equivalents: independent of batching, unlike GPU-seconds."""
+    return completion_tokens + PREFILL_WEIGHT * uncached_prompt_tokens
+
+
 @dataclass(slots=True)
 class AgentProfile:
     """Learned from task history: what one step of an agent costs and lasts."""
 
-    gpu_seconds_per_step: float  # on the reference GPU
+    work_per_step: float  # work units (see :func:`work_units`) per call
     seconds_per_step: float  # call + tool gap, wall time between two steps
 
 
@@ -87,6 +99,7 @@ class PoolSignals:
     min_replicas: int = 0
     max_replicas: int = 1_000_000
     held_requests: int = 0  # calls held by the gateway while the pool has no ready replica
+    queued_requests: int = 0  # calls in the gateway's admission queue (flow control), held ones included
     workflows: list[WorkflowSignal] = field(default_factory=list)
     arrivals_per_s: float = 0.0  # new workflows per second (recent rate)
     profiles: dict[str, AgentProfile] = field(default_factory=dict)

@@ -17,12 +17,21 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from taskplane.autoscale.registry import build_autoscaler
-from taskplane.autoscale.types import Generation
+from taskplane.autoscale.baselines import (
+    AibrixKpa,
+    DynamoConfig,
+    DynamoPlanner,
+    FixedPeak,
+    HpaConfig,
+    HpaQueue,
+    KpaConfig,
+)
+from taskplane.autoscale.registry import Autoscaler, build_autoscaler
+from taskplane.autoscale.types import Generation, work_units
 from taskplane.bench.metrics import policy_metrics
 from taskplane.sim.fleet import FleetResult, generation, simulate_fleet
 from taskplane.sim.workloads.base import Workload
-from taskplane.store.records import TaskStatus
+from taskplane.store.records import Outcome, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,28 +127,58 @@ def autoscaler_metrics(res: FleetResult, hit_ceiling: float) -> dict[str, Any]:
 
 def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *, generations: list[Generation],
                     min_replicas: int, max_replicas: int, fixed: int, horizon_s: float, seed: int,
-                    progress: Any = None) -> dict[str, FleetResult]:
+                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None) -> dict[str, FleetResult]:
     """Each autoscaler on the same workload, a fresh placement policy each."""
-    from taskplane.autoscale.baselines import FixedPeak
-
     out: dict[str, FleetResult] = {}
     for name in names:
         if progress is not None:
             progress(f"diurnal: {name}")
-        scaler = FixedPeak(max_replicas) if name == "fixed-peak" else build_autoscaler(name)
-        initial = max_replicas if name == "fixed-peak" else max(min_replicas, 1)
+        scaler = FixedPeak(fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
+        initial = fixed if name == "fixed-peak" else max(min_replicas, 1)
         out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=generations,
                                    min_replicas=min_replicas, max_replicas=max_replicas, initial=initial,
                                    horizon_s=horizon_s, seed=seed, model=workload.tasks[0].model if workload.tasks
                                    else "llama-3.1-8b")
-    del fixed
     return out
 
 
-def default_generations(fleet: str, model: str) -> list[Generation]:
+def default_generations(fleet: str, model: str, capacity_per_s: float) -> list[Generation]:
     """``"h100:16"`` or ``"h100:16,l40s:8"``: each generation with its slot count."""
     gens = []
     for part in fleet.split(","):
         gpu, _, count = part.strip().partition(":")
-        gens.append(generation(gpu, model, max_replicas=int(count or 1)))
+        gens.append(generation(gpu, model, max_replicas=int(count or 1), capacity_per_s=capacity_per_s))
     return gens
+
+
+def profile_fleet(workload: Workload, replicas: int, policy: Any, *, window_s: float, seed: int,
+                  model: str = "llama-3.1-8b") -> dict[str, Any]:
+    """A fixed H100 fleet of ``replicas`` on a constant-rate workload at the rate it serves
+    within its SLO: work units per replica-second (the planner's capacity figure, profiled
+    once like Dynamo's pre-deployment sweep) and the baselines' metrics at that load, which
+    become their targets (each baseline is tuned to hold exactly this fleet at this load)."""
+    gens = [generation("h100", model, max_replicas=replicas, capacity_per_s=1.0)]
+    res = simulate_fleet(workload, policy, FixedPeak(replicas), generations=gens, min_replicas=replicas,
+                         max_replicas=replicas, initial=replicas, horizon_s=window_s, seed=seed, model=model)
+    calls = res.cluster.calls
+    work = sum(work_units(c.prompt_tokens - c.cached_tokens, c.completion_tokens)
+               for c in calls if c.outcome is Outcome.SUCCESS)
+    tasks = res.cluster.tasks
+    met = sum(1 for t in tasks if t.deadline_met) / max(len(tasks), 1)
+    ms = res.stats.metric_sums
+    n = max(ms[3], 1.0)
+    return {"capacity_per_s": work / (replicas * window_s), "deadline_met_ratio": round(met, 4),
+            "tasks": len(tasks), "waiting_per_replica": ms[0] / n, "concurrency_per_replica": ms[1] / n,
+            "kv_usage": ms[2] / n}
+
+
+def tuned_baselines(profile: dict[str, Any]) -> dict[str, Autoscaler]:
+    """The baselines with their targets set from a fixed fleet's profile (see profile_fleet)."""
+    kv = min(0.95, max(0.05, profile["kv_usage"]))
+    return {
+        "hpa-queue": HpaQueue(HpaConfig(target_waiting_per_replica=max(0.05, profile["waiting_per_replica"]))),
+        "dynamo-planner": DynamoPlanner(DynamoConfig(kv_scale_up=kv, kv_scale_down=kv * 0.6,
+                                                     queue_scale_up=max(0.1, profile["waiting_per_replica"] * 1.5),
+                                                     queue_scale_down=profile["waiting_per_replica"] * 0.3)),
+        "aibrix-kpa": AibrixKpa(KpaConfig(target_concurrency=max(0.5, profile["concurrency_per_replica"]))),
+    }

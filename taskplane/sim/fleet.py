@@ -25,6 +25,7 @@ from taskplane.autoscale.types import (
     Plan,
     PoolSignals,
     WorkflowSignal,
+    work_units,
 )
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision
 from taskplane.sim.cluster import (
@@ -41,15 +42,18 @@ from taskplane.sim.workloads.base import Workload
 _REF = gpu_profile("h100")
 
 
-def generation(gpu: str, model: str, *, max_replicas: int, cold_start_s: float | None = None) -> Generation:
+def generation(gpu: str, model: str, *, max_replicas: int, capacity_per_s: float,
+               cold_start_s: float | None = None) -> Generation:
     """A GPU generation's price, cold start and speed (relative to an H100: the geometric
-    mean of its bandwidth and FLOPS ratios) from the simulator's profiles."""
+    mean of its bandwidth and FLOPS ratios) from the simulator's profiles; ``capacity_per_s``
+    is an H100's profiled capacity (work units per second), scaled by the speed."""
     p = gpu_profile(gpu)
     speed = ((p.mem_bw_gbs * p.bw_efficiency) / (_REF.mem_bw_gbs * _REF.bw_efficiency)
              * (p.peak_tflops * p.flops_efficiency) / (_REF.peak_tflops * _REF.flops_efficiency)) ** 0.5
     return Generation(gpu=gpu, cost_per_hour_usd=p.price_per_hour_usd,
                       cold_start_s=cold_start_s if cold_start_s is not None else default_cold_start_s(gpu, model),
-                      relative_speed=speed, max_replicas=max_replicas, meets_slo=gpu != "cpu")
+                      relative_speed=speed, capacity_per_s=capacity_per_s * speed, max_replicas=max_replicas,
+                      meets_slo=gpu != "cpu")
 
 
 @dataclass(slots=True)
@@ -59,6 +63,9 @@ class FleetStats:
     cold_starts: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)  # every non-empty plan
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, provisioned, ready, in flight)
+    # per-tick sums over ready replicas (a fixed fleet's profile calibrates the baselines'
+    # targets): waiting + queued, running + waiting + queued, KV usage; and tick count
+    metric_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
 
 @dataclass
@@ -153,7 +160,7 @@ class FleetSim(ClusterSim):
         self.min_replicas, self.max_replicas = min_replicas, max_replicas
         self.horizon_s, self.tick_s = horizon_s, tick_s
         self.stats = FleetStats()
-        self._gpu_s_by_agent: dict[str, float] = {}
+        self._work_by_agent: dict[str, float] = {}
         self._calls_by_agent: dict[str, int] = {}
         self._live_cursor = 0
         for i in range(len(self.engines)):
@@ -230,7 +237,7 @@ class FleetSim(ClusterSim):
 
     def _profiles(self) -> tuple[dict[str, AgentProfile], AgentProfile | None]:
         out: dict[str, AgentProfile] = {}
-        gs = self._gpu_s_by_agent
+        gs = self._work_by_agent
         for agent, (calls, secs) in self._profile_sum.items():
             if calls >= 1:
                 out[agent] = AgentProfile(gs.get(agent, 0.0) / max(self._calls_by_agent.get(agent, 1), 1),
@@ -238,7 +245,7 @@ class FleetSim(ClusterSim):
         if not out:
             return out, None
         n = len(out)
-        return out, AgentProfile(sum(p.gpu_seconds_per_step for p in out.values()) / n,
+        return out, AgentProfile(sum(p.work_per_step for p in out.values()) / n,
                                  sum(p.seconds_per_step for p in out.values()) / n)
 
     def _signals(self, t: float) -> PoolSignals:
@@ -271,7 +278,7 @@ class FleetSim(ClusterSim):
         return PoolSignals(
             pool=self.book.pool, now_s=t, replicas=list(self.book.replicas.values()), generations=self.generations,
             min_replicas=self.min_replicas, max_replicas=self.max_replicas,
-            held_requests=len(self.fleet_policy.held), workflows=workflows,
+            held_requests=len(self.fleet_policy.held), queued_requests=self.fleet_policy.queued, workflows=workflows,
             arrivals_per_s=len(self._arrivals) / 60.0, profiles=profiles, default_profile=default)
 
     # ---------------------------------------------------------------- acting
@@ -292,8 +299,15 @@ class FleetSim(ClusterSim):
             self._stop(name, t)
         for name, _kill in self.book.due(t):
             self._stop(name, t)
-        n_ready = sum(1 for r in self.book.replicas.values() if r.phase is Phase.READY)
+        rdy = [r for r in self.book.replicas.values() if r.phase is Phase.READY]
+        n_ready = len(rdy)
         inflight = sum(r.inflight for r in self.book.replicas.values())
+        if rdy:
+            ms = self.stats.metric_sums
+            ms[0] += (sum(r.num_waiting for r in rdy) + s.queued_requests) / n_ready
+            ms[1] += (inflight + s.queued_requests) / n_ready
+            ms[2] += sum(r.kv_usage for r in rdy) / n_ready
+            ms[3] += 1
         tl = self.stats.timeline
         if not tl or tl[-1][1:] != (len(self.book.replicas), n_ready, inflight) or t - tl[-1][0] >= 30.0:
             tl.append((t, len(self.book.replicas), n_ready, inflight))
@@ -330,9 +344,10 @@ class FleetSim(ClusterSim):
     def _record(self, call: Any, t: float, outcome: Any, error: str | None, replica: int = -1,
                 ev: Any = None, cost: float = 0.0) -> None:
         super()._record(call, t, outcome, error, replica, ev, cost)
-        if ev is not None:  # task history: GPU-seconds and calls per agent
+        if ev is not None:  # task history: work and calls per agent
             agent = call.task.spec.agent
-            self._gpu_s_by_agent[agent] = self._gpu_s_by_agent.get(agent, 0.0) + ev.gpu_seconds
+            work = work_units(ev.prompt_tokens - ev.cached_tokens, ev.output_tokens)
+            self._work_by_agent[agent] = self._work_by_agent.get(agent, 0.0) + work
             self._calls_by_agent[agent] = self._calls_by_agent.get(agent, 0) + 1
 
 
