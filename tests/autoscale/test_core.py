@@ -27,22 +27,22 @@ def ready(name: str, **kw: object) -> ReplicaState:
 
 def test_taskplane_scales_out_for_workflows_before_any_queue() -> None:
     # 25 live workflows x 100 work/s = 2500/s: three H100s, though no request waits yet
-    plan = TaskplaneAutoscaler().plan(sig(0.0, [ready("a")], workflows=25))
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [ready("a")], workflows=25))
     assert plan.start == ["h100", "h100"] and plan.desired == 3
     assert "demand" in plan.reasons[0]
 
 
 def test_taskplane_is_price_aware() -> None:
     # per unit of work: h100 2.5/1000, l40s 1.0/310 (dearer), b200 5.5/2400 (cheapest)
-    plan = TaskplaneAutoscaler().plan(sig(0.0, [], workflows=20, gens=[H100, L40S, B200]))
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [], workflows=20, gens=[H100, L40S, B200]))
     assert set(plan.start) == {"b200"}
     slow = Generation("cpu", 0.1, cold_start_s=5.0, capacity_per_s=100.0, meets_slo=False)
-    plan = TaskplaneAutoscaler().plan(sig(0.0, [], workflows=5, gens=[slow, H100]))
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [], workflows=5, gens=[slow, H100]))
     assert plan.start and set(plan.start) == {"h100"}  # the cheap one misses the SLO
 
 
 def test_taskplane_scale_in_cordons_the_cheapest_loss_after_a_delay() -> None:
-    a = TaskplaneAutoscaler(PlannerConfig(scale_in_delay_s=30.0))
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, scale_in_delay_s=30.0))
     reps = [ready("a", live_session_tokens=9000, live_sessions=3), ready("b", live_session_tokens=100, live_sessions=1),
             ready("c", live_session_tokens=4000, live_sessions=2)]
     assert a.plan(sig(0.0, reps, workflows=3)).cordon == []  # low demand, but not for long yet
@@ -58,14 +58,14 @@ def test_taskplane_scale_in_cordons_the_cheapest_loss_after_a_delay() -> None:
 
 def test_taskplane_uncordons_before_starting_cold() -> None:
     reps = [ready("a"), ReplicaState(name="b", gpu="h100", phase=Phase.CORDONED, live_session_tokens=50)]
-    plan = TaskplaneAutoscaler().plan(sig(0.0, reps, workflows=15))
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, reps, workflows=15))
     assert plan.uncordon == ["b"] and plan.start == []  # 1500 work/s: the warm one suffices
-    plan = TaskplaneAutoscaler().plan(sig(0.0, reps, workflows=25))
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, reps, workflows=25))
     assert plan.uncordon == ["b"] and plan.start == ["h100"]
 
 
 def test_idle_pool_goes_to_zero_and_a_held_call_wakes_it() -> None:
-    a = TaskplaneAutoscaler(PlannerConfig(idle_to_zero_s=60.0))
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, idle_to_zero_s=60.0))
     reps = [ready("a")]
     assert a.plan(sig(0.0, reps)).cordon == []
     assert a.plan(sig(61.0, reps)).cordon == ["a"]
