@@ -1,0 +1,44 @@
+"""fleet_hours rows: the provisioned replica intervals the autoscaler's fleet book records,
+so the cost report charges idle GPU-hours too (cost per successful task fully loaded)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from taskplane.autoscale.fleet import FleetInterval
+
+_UPSERT = text("""
+    INSERT INTO fleet_hours (pool, replica, gpu, cost_per_hour_usd, started_at, ready_at, stopped_at,
+                             stop_reason, killed_inflight)
+    VALUES (:pool, :replica, :gpu, :cost, :started, :ready, :stopped, :reason, :killed)
+    ON CONFLICT (replica, started_at) DO UPDATE SET ready_at = EXCLUDED.ready_at,
+        stopped_at = EXCLUDED.stopped_at, stop_reason = EXCLUDED.stop_reason,
+        killed_inflight = EXCLUDED.killed_inflight
+""")
+
+
+async def write_intervals(engine: AsyncEngine, intervals: list[FleetInterval], epoch: datetime) -> int:
+    """Upsert intervals (seconds relative to ``epoch``): a re-written open interval is closed,
+    never doubled (the key is replica + start)."""
+    def at(s: float | None) -> datetime | None:
+        return None if s is None else epoch + timedelta(seconds=s)
+
+    rows = [{"pool": iv.pool, "replica": iv.replica, "gpu": iv.gpu, "cost": iv.cost_per_hour_usd,
+             "started": at(iv.started_s), "ready": at(iv.ready_s), "stopped": at(iv.stopped_s),
+             "reason": iv.stop_reason, "killed": iv.killed_inflight} for iv in intervals]
+    if rows:
+        async with engine.begin() as conn:
+            await conn.execute(_UPSERT, rows)
+    return len(rows)
+
+
+async def fleet_report(engine: AsyncEngine) -> dict[str, Any]:
+    """The ``fleet_cost_per_successful_task`` view: provisioned, busy and idle GPU-hours,
+    fleet cost, and fleet cost per successful task."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT * FROM fleet_cost_per_successful_task"))).mappings().one()
+    return {k: (float(v) if v is not None and k != "tasks_succeeded" else v) for k, v in row.items()}
