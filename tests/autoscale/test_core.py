@@ -6,7 +6,14 @@ from taskplane.autoscale.baselines import AibrixKpa, DynamoPlanner, FixedPeak, H
 from taskplane.autoscale.fleet import FleetBook
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.autoscale.registry import autoscaler_names, parse_range
-from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSignals, ReplicaState, WorkflowSignal
+from taskplane.autoscale.types import (
+    AgentProfile,
+    Generation,
+    Phase,
+    PoolSignals,
+    ReplicaState,
+    WorkflowSignal,
+)
 
 H100 = Generation("h100", 2.5, cold_start_s=18.0, capacity_per_s=1000.0, max_replicas=8)
 L40S = Generation("l40s", 1.0, cold_start_s=25.0, capacity_per_s=310.0, max_replicas=8)
