@@ -40,6 +40,9 @@ class PlannerConfig:
     urgent_slack: float = 1.2  # a workflow whose budget < its expected time x this counts 1.5x
     cordon_max_s: float = 300.0  # then a cordoned replica's remaining sessions are moved
     idle_to_zero_s: float = 120.0  # no workflow, arrival or held call this long: the pool may go to 0
+    # live stacks: calls in flight + queued per replica above which capacity is short
+    # whatever the workflows say (requests from plain OpenAI clients carry no workflow); None: off
+    concurrency_per_replica: float | None = None
     reference_work_per_step: float = 300.0  # prior until history teaches a profile
     reference_seconds_per_step: float = 5.0
 
@@ -91,6 +94,9 @@ class TaskplaneAutoscaler:
         gens = [g for g in s.generations if g.meets_slo] or s.generations
         horizon = max(g.cold_start_s for g in gens) + cfg.interval_s
         need = self.demand(s, horizon) / cfg.target_load
+        if cfg.concurrency_per_replica and s.generations:
+            load = sum(r.inflight for r in active) + s.queued_requests
+            need = max(need, load / cfg.concurrency_per_replica * s.generations[0].capacity_per_s)
         self.last_demand = need
         if s.workflows or s.arrivals_per_s > 0 or s.held_requests:
             self._busy_since = s.now_s
