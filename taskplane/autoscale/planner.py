@@ -123,7 +123,7 @@ class TaskplaneAutoscaler:
     def _grow(self, s: PoolSignals, plan: Plan, missing: float, min_new: int, gens: list[Generation]) -> None:
         """Uncordon first (warm, already paid for), then start the cheapest work per dollar."""
         cordoned = sorted((r for r in s.replicas if r.phase is Phase.CORDONED), key=lambda r: -r.live_session_tokens)
-        room = s.max_replicas - len(s.active())
+        room = s.max_replicas - len(s.replicas)  # cordoned and draining ones still hold a slot
         for r in cordoned:
             if (missing <= 0 and min_new <= 0) or room <= 0:
                 break

@@ -105,6 +105,22 @@ async def _admin(client: httpx.AsyncClient, gateway_url: str) -> dict[str, dict[
         return {}
 
 
+async def _sheds(client: httpx.AsyncClient, gateway_url: str) -> float | None:
+    """The gateway's count of calls shed (429 overloaded) so far: demand it had no room for."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = (await client.get(f"{gateway_url}/metrics", timeout=2.0)).text
+    except httpx.HTTPError:
+        return None
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "taskplane_gateway_requests":
+            total += sum(s.value for s in fam.samples
+                         if s.name.endswith("_total") and s.labels.get("outcome") == "overloaded")
+    return total
+
+
 async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
     try:
         return (await client.get(f"{url}/health", timeout=1.0)).status_code == 200
@@ -136,40 +152,53 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
 
         engine = db.create_engine(database_url)
     seen_draining: set[str] = set()
+    shed_hist: list[tuple[float, float]] = []  # (t, shed counter): sheds of the last 10 s count as queued
     async with httpx.AsyncClient() as client:
         for _ in range(min_replicas):
             name = book.provision("h100", 0.0)
             fleet.spawn(name, "h100")
+
+        async def tick() -> None:
+            now = time.monotonic() - t0
+            for name, r in list(book.replicas.items()):
+                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url):
+                    book.mark_ready(name, now)
+            admin = await _admin(client, gateway_url)
+            for name, r in book.replicas.items():
+                a = admin.get(name, {})
+                r.num_running = max(int(a.get("inflight", 0)), int(a.get("num_running", 0)))
+                r.num_waiting = int(a.get("num_waiting", 0))
+                r.kv_usage = float(a.get("kv_usage", 0.0) or 0.0)
+                if r.phase is Phase.DRAINING and name in admin and not a.get("healthy", True):
+                    seen_draining.add(name)  # the gateway has stopped placing there
+            shed = await _sheds(client, gateway_url)
+            if shed is not None:
+                shed_hist.append((now, shed))
+                shed_hist[:] = [(t, v) for t, v in shed_hist if t >= now - 10.0]
+            recent_sheds = int(shed_hist[-1][1] - shed_hist[0][1]) if shed_hist else 0
+            s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
+                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds)
+            plan = scaler.plan(s)
+            metrics.record(scaler.name, s, plan)
+            acts = book.apply(plan, now)
+            for name, gpu in acts.start:
+                fleet.spawn(name, gpu)
+            for name, _kill in acts.stop:
+                _stopped(book, fleet, name, now, "never served")
+            for name, _kill in book.due(now):
+                if name in seen_draining:  # calls in flight done, and no new ones can come
+                    _stopped(book, fleet, name, now, "drained")
+                    seen_draining.discard(name)
+            fleet.publish(book)
+            if engine is not None:
+                await _write_fleet_hours(engine, book, epoch)
+
         try:
             while not stop.is_set():
-                now = time.monotonic() - t0
-                for name, r in list(book.replicas.items()):
-                    if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url):
-                        book.mark_ready(name, now)
-                admin = await _admin(client, gateway_url)
-                for name, r in book.replicas.items():
-                    a = admin.get(name, {})
-                    r.num_running = max(int(a.get("inflight", 0)), int(a.get("num_running", 0)))
-                    r.num_waiting = int(a.get("num_waiting", 0))
-                    r.kv_usage = float(a.get("kv_usage", 0.0) or 0.0)
-                    if r.phase is Phase.DRAINING and name in admin and not a.get("healthy", True):
-                        seen_draining.add(name)  # the gateway has stopped placing there
-                s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
-                                min_replicas=min_replicas, max_replicas=max_replicas)
-                plan = scaler.plan(s)
-                metrics.record(scaler.name, s, plan)
-                acts = book.apply(plan, now)
-                for name, gpu in acts.start:
-                    fleet.spawn(name, gpu)
-                for name, _kill in acts.stop:
-                    _stopped(book, fleet, name, now, "never served")
-                for name, _kill in book.due(now):
-                    if name in seen_draining:  # calls in flight done, and no new ones can come
-                        _stopped(book, fleet, name, now, "drained")
-                        seen_draining.discard(name)
-                fleet.publish(book)
-                if engine is not None:
-                    await _write_fleet_hours(engine, book, epoch)
+                try:
+                    await tick()
+                except Exception:  # one bad tick (a replica that died, a parse error) is logged, not fatal
+                    log.exception("autoscale_tick_failed")
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=1.0)
                 except TimeoutError:
