@@ -3,7 +3,7 @@ so the cost report charges idle GPU-hours too (cost per successful task fully lo
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -42,3 +42,23 @@ async def fleet_report(engine: AsyncEngine) -> dict[str, Any]:
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM fleet_cost_per_successful_task"))).mappings().one()
     return {k: (float(v) if v is not None and k != "tasks_succeeded" else v) for k, v in row.items()}
+
+
+_WINDOW = text("""
+    SELECT COUNT(*) AS intervals,
+           COALESCE(SUM(EXTRACT(EPOCH FROM (LEAST(COALESCE(stopped_at, now()), :until)
+                                            - GREATEST(started_at, :since)))), 0) / 3600.0 AS hours,
+           COALESCE(SUM(EXTRACT(EPOCH FROM (LEAST(COALESCE(stopped_at, now()), :until)
+                                            - GREATEST(started_at, :since))) * cost_per_hour_usd), 0) / 3600.0 AS cost
+    FROM fleet_hours
+    WHERE started_at < :until AND COALESCE(stopped_at, now()) > :since
+""")
+
+
+async def fleet_window(engine: AsyncEngine, since: datetime | None, until: datetime | None) -> tuple[int, float, float]:
+    """(intervals, provisioned GPU-hours, fleet cost) inside the window, intervals clipped to it."""
+    lo = since or datetime(1970, 1, 1, tzinfo=UTC)
+    hi = until or datetime(9999, 1, 1, tzinfo=UTC)
+    async with engine.connect() as conn:
+        row = (await conn.execute(_WINDOW, {"since": lo, "until": hi})).one()
+    return int(row[0]), float(row[1]), float(row[2])

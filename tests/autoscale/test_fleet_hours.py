@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
 from taskplane.autoscale.fleet import FleetBook
 from taskplane.autoscale.types import Generation, Plan
+from taskplane.reports.command import load_report
 from taskplane.store import db
 from taskplane.store.fleet_hours import fleet_report, write_intervals
 
@@ -38,5 +39,12 @@ async def test_fleet_hours_rows_and_the_loaded_cost(fresh_db_url: str) -> None:
         assert abs(rep["fleet_cost_usd"] - 3.0) < 1e-6
         assert rep["idle_gpu_hours"] == rep["provisioned_gpu_hours"]  # no call ran
         assert abs(rep["fleet_cost_per_successful_task_usd"] - 1.5) < 1e-6
+        # `taskplane report --format json` carries the same, windowed (intervals clipped)
+        report = await load_report(engine)
+        assert report.fleet is not None and report.tasks_succeeded == 2
+        assert abs(report.fleet["fleet_cost_per_successful_task_usd"] - 1.5) < 1e-6  # type: ignore[operator]
+        half = await load_report(engine, since=EPOCH, until=EPOCH + timedelta(minutes=30))
+        assert half.fleet is not None and abs(half.fleet["provisioned_gpu_hours"] - 1.0) < 1e-6  # type: ignore[operator]
+        assert (await load_report(engine, tenant="acme")).fleet is None  # no per-tenant idle share
     finally:
         await engine.dispose()
