@@ -134,7 +134,8 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
     """The autoscaler loop until SIGTERM; then it stops every replica it started."""
     fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas)
     gens = [Generation("h100", 2.5, cold_start_s=3.0, capacity_per_s=capacity_per_s, max_replicas=max_replicas)]
-    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{int(time.time() * 1000) % 10**8}")
+    serial = iter(range(1, 1 << 30))
+    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}")  # unique for the stack's life
     scaler = TaskplaneAutoscaler(PlannerConfig(interval_s=2.0, scale_in_delay_s=15.0, cordon_max_s=20.0,
                                                idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica))
     metrics = AutoscaleMetrics()
