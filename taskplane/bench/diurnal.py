@@ -83,18 +83,21 @@ class DayCurve:
         return out
 
 
-def warp_workload(wl: Workload, curve: DayCurve) -> Workload:
-    """The same tasks, their arrivals (and an open-loop trace's call times) on the curve."""
+def warp_workload(wl: Workload, curve: DayCurve, scale: float = 1.0) -> Workload:
+    """The same tasks on the curve: a closed-loop task's arrival is warped (its steps keep
+    their own pace); every open-loop (trace) call's time is warped on its own, so the
+    trace's request density follows the curve. ``scale`` first stretches the clock."""
     tasks = sorted(wl.tasks, key=lambda t: t.arrival_s)
-    times = [t.arrival_s for t in tasks]
-    warped = curve.warp(times, 1.0)
+    warped_arrivals = curve.warp([t.arrival_s * scale for t in tasks], 1.0)
     out = []
-    for spec, new in zip(tasks, warped, strict=True):
-        shift = new - spec.arrival_s
+    for spec, new in zip(tasks, warped_arrivals, strict=True):
         calls = spec.calls
         if spec.open_loop:
-            calls = [replace(c, at_s=(c.at_s or spec.arrival_s) + shift) for c in calls]
+            times = curve.warp([(c.at_s if c.at_s is not None else spec.arrival_s) * scale for c in calls], 1.0)
+            calls = [replace(c, at_s=t) for c, t in zip(calls, times, strict=True)]
+            new = min(times) if times else new
         out.append(replace(spec, arrival_s=new, calls=calls))
+    out.sort(key=lambda t: t.arrival_s)
     return Workload(name=f"{wl.name}-diurnal", tasks=out, block_size=wl.block_size, meta={**wl.meta, "diurnal": True})
 
 

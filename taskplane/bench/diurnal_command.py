@@ -61,15 +61,8 @@ def diurnal_workload(rate: float, curve: DayCurve, seed: int, trace: Path | None
         n = int(rate * curve.mean() * curve.day_s)
         return warp_workload(agent_workload(n, rate, seed + 1), curve)
     wl = mooncake_workload(trace)
-    span = max((t.arrival_s for t in wl.tasks), default=1.0) or 1.0
-    scale = curve.mean() * curve.day_s / span  # the trace's span fills the day
-    for t in wl.tasks:
-        shift = t.arrival_s * scale - t.arrival_s
-        t.arrival_s += shift
-        for c in t.calls:
-            if c.at_s is not None:
-                c.at_s += shift
-    return warp_workload(wl, curve)
+    span = max((c.at_s or 0.0 for t in wl.tasks for c in t.calls), default=1.0) or 1.0
+    return warp_workload(wl, curve, scale=curve.mean() * curve.day_s / span)  # the trace's span fills the day
 
 
 def targets(auto: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from taskplane.autoscale.baselines import DynamoConfig, DynamoPlanner, FixedPeak
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.bench.diurnal import DayCurve, autoscaler_metrics, warp_workload
+from taskplane.bench.diurnal_command import diurnal_workload
 from taskplane.bench.workloads import agent_workload
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.fleet import generation, simulate_fleet
@@ -62,3 +66,18 @@ def test_scale_to_zero_holds_the_next_call_until_a_replica_wakes() -> None:
     first = min(calls, key=lambda c: c.offered_s)
     cold = generation("h100", "llama-3.1-8b", max_replicas=1, capacity_per_s=1.0).cold_start_s
     assert first.offered_s < cold <= first.dispatched_s  # held until the first replica was ready
+
+
+def test_a_trace_is_bent_onto_the_curve(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lines = [json.dumps({"timestamp": i * 1000, "input_length": 1024, "output_length": 16,
+                         "hash_ids": [i % 7, 100 + i]}) for i in range(300)]
+    trace.write_text("\n".join(lines))
+    wl = diurnal_workload(0.0, DAY, 1, trace)
+    times = sorted(c.at_s for t in wl.tasks for c in t.calls if c.at_s is not None)
+    assert len(times) == 300 and 0.0 <= times[0] and times[-1] <= DAY.day_s * 1.01
+    peak_start = (DAY.day_s - 2 * DAY.ramp_s - DAY.peak_s) / 2 + DAY.ramp_s
+    in_peak = sum(1 for t in times if peak_start <= t < peak_start + 100.0)
+    in_trough = sum(1 for t in times if t < 100.0)
+    assert in_peak > 5 * max(in_trough, 1)
+    assert all(t.arrival_s == min(c.at_s for c in t.calls) for t in wl.tasks)  # type: ignore[type-var]
