@@ -98,7 +98,8 @@ class TaskplaneAutoscaler:
             load = sum(r.inflight for r in active) + s.queued_requests
             need = max(need, load / cfg.concurrency_per_replica * s.generations[0].capacity_per_s)
         self.last_demand = need
-        if s.workflows or s.arrivals_per_s > 0 or s.held_requests:
+        if s.workflows or s.arrivals_per_s > 0 or s.held_requests or s.queued_requests or any(
+                r.inflight for r in active):
             self._busy_since = s.now_s
         capacity = sum(self._speed(s, r.gpu) for r in active)
         idle = s.now_s - self._busy_since >= cfg.idle_to_zero_s
@@ -148,12 +149,12 @@ class TaskplaneAutoscaler:
                 f" uncordon {','.join(plan.uncordon) or '-'}")
 
     def _shrink(self, s: PoolSignals, plan: Plan, need: float, capacity: float, floor: int, idle: bool) -> None:
-        """Cordon one replica (the cheapest to lose) once demand stayed low long enough."""
-        ready = [r for r in s.active() if r.phase is Phase.READY]
-        if not ready:
+        """Give up one replica once demand stayed low long enough: a starting one is simply
+        stopped (no cache, nothing in flight); a ready one, the cheapest to lose, is cordoned."""
+        active = s.active()
+        victim = next((r for r in active if r.name == fewest_reprefill(active, 1)[0]), None)
+        if victim is None:
             return
-        victim_name = fewest_reprefill(ready, 1)[0]
-        victim = next(r for r in ready if r.name == victim_name)
         if not idle and need >= (capacity - self._speed(s, victim.gpu)) * self.cfg.hysteresis:
             self._below_since = None
             return
@@ -162,6 +163,12 @@ class TaskplaneAutoscaler:
         if s.now_s - self._below_since < self.cfg.scale_in_delay_s and not idle:
             return
         self._below_since = s.now_s  # one replica per delay
+        if victim.phase is Phase.STARTING:
+            plan.drain.append(victim.name)
+            plan.reasons.append(f"demand {need:.2f} work/s fits without {victim.name}: stop it before it serves")
+            return
+        if sum(1 for r in active if r.phase is Phase.READY) <= max(floor, 1) and len(active) > 1:
+            return  # never cordon the last ready replica while another is still starting
         plan.cordon.append(victim.name)
         plan.reasons.append(f"demand {need:.2f} work/s fits without {victim.name}: cordon it "
                             f"({victim.live_session_tokens} live-session tokens, {victim.live_sessions} sessions)")
