@@ -82,6 +82,7 @@ def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> 
             return await task
 
         result = asyncio.run(burst_and_watch())
+        print(f"replicas seen during the burst: {sizes}; calls: {result}")
         assert result["failed"] == 0 and result["ok"] == 600
         assert max(sizes) > 1, sizes
         deadline = time.monotonic() + 150.0  # an idle minute, the scale-in delay and the drains
