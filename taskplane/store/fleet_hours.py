@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskplane.autoscale.fleet import FleetInterval
+from taskplane.autoscale.types import PREFILL_WEIGHT
 
 _UPSERT = text("""
     INSERT INTO fleet_hours (pool, replica, gpu, cost_per_hour_usd, started_at, ready_at, stopped_at,
@@ -62,3 +63,34 @@ async def fleet_window(engine: AsyncEngine, since: datetime | None, until: datet
     async with engine.connect() as conn:
         row = (await conn.execute(_WINDOW, {"since": lo, "until": hi})).one()
     return int(row[0]), float(row[1]), float(row[2])
+
+
+_HISTORY = text("""
+    WITH t AS (SELECT task_id, agent, EXTRACT(EPOCH FROM (finished_at - started_at)) AS secs FROM tasks
+               WHERE status = 'succeeded' AND finished_at IS NOT NULL AND started_at > now() - interval '1 day'),
+         c AS (SELECT task_id, COUNT(*) AS calls,
+                      SUM(completion_tokens + CAST(:w AS double precision) * GREATEST(prompt_tokens - cached_tokens, 0)) AS work
+               FROM llm_calls WHERE outcome = 'success' GROUP BY task_id)
+    SELECT t.agent, COUNT(*) AS tasks, COALESCE(SUM(c.calls), 0) AS calls, COALESCE(SUM(c.work), 0) AS work,
+           COALESCE(SUM(t.secs), 0) AS seconds
+    FROM t LEFT JOIN c USING (task_id) GROUP BY t.agent
+""")
+_LIVE = text("""
+    SELECT t.task_id, t.agent, EXTRACT(EPOCH FROM (t.deadline - now())) AS budget_s,
+           COUNT(l.id) FILTER (WHERE l.outcome = 'success') AS calls_done,
+           (ARRAY_AGG(l.replica ORDER BY l.started_at DESC) FILTER (WHERE l.replica IS NOT NULL))[1] AS replica,
+           COALESCE(MAX(l.prompt_tokens + l.completion_tokens), 0) AS context_tokens
+    FROM tasks t LEFT JOIN llm_calls l ON l.task_id = t.task_id
+    WHERE t.status = 'running' AND t.started_at > now() - interval '1 day'
+    GROUP BY t.task_id, t.agent, t.deadline
+""")
+
+
+async def task_history(engine: AsyncEngine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(per-agent history of the last day's successful tasks: tasks, calls, work units,
+    seconds; the workflows in flight: task, agent, budget, calls done, last replica, context)
+    — the autoscaler's workflow signals, learned from Postgres."""
+    async with engine.connect() as conn:
+        hist = [dict(r) for r in (await conn.execute(_HISTORY, {"w": PREFILL_WEIGHT})).mappings().all()]
+        live = [dict(r) for r in (await conn.execute(_LIVE)).mappings().all()]
+    return hist, live

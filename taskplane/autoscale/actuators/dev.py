@@ -29,7 +29,7 @@ from prometheus_client import start_http_server
 from taskplane.autoscale.fleet import FleetBook
 from taskplane.autoscale.observe import AutoscaleMetrics
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
-from taskplane.autoscale.types import Generation, Phase, PoolSignals
+from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSignals, WorkflowSignal
 from taskplane.dev import processes as proc
 from taskplane.engines.file_discovery import write_replicas
 
@@ -177,8 +177,21 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 shed_hist.append((now, shed))
                 shed_hist[:] = [(t, v) for t, v in shed_hist if t >= now - 10.0]
             recent_sheds = int(shed_hist[-1][1] - shed_hist[0][1]) if shed_hist else 0
+            workflows: list[WorkflowSignal] = []
+            profiles: dict[str, AgentProfile] = {}
+            if engine is not None:
+                workflows, profiles = await _workflows(engine)
+            live_tokens: dict[str, int] = {}
+            live_n: dict[str, int] = {}
+            for w in workflows:
+                if w.replica is not None:
+                    live_tokens[w.replica] = live_tokens.get(w.replica, 0) + w.context_tokens
+                    live_n[w.replica] = live_n.get(w.replica, 0) + 1
+            for name, r in book.replicas.items():
+                r.live_session_tokens, r.live_sessions = live_tokens.get(name, 0), live_n.get(name, 0)
             s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
-                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds)
+                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds,
+                            workflows=workflows, profiles=profiles)
             plan = scaler.plan(s)
             metrics.record(scaler.name, s, plan)
             acts = book.apply(plan, now)
@@ -214,11 +227,44 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 await engine.dispose()
 
 
+def history_signals(hist: list[dict[str, Any]], live: list[dict[str, Any]]
+                    ) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
+    """Workflow signals and agent profiles from Postgres rows (store.fleet_hours.task_history):
+    an agent's steps per task, work per step and seconds per step from its finished tasks;
+    a live workflow's steps remaining = its agent's mean steps - the calls it has done."""
+    profiles: dict[str, AgentProfile] = {}
+    steps: dict[str, float] = {}
+    for h in hist:
+        calls = float(h["calls"] or 0)
+        if calls <= 0:
+            continue
+        profiles[h["agent"]] = AgentProfile(work_per_step=float(h["work"]) / calls,
+                                            seconds_per_step=max(0.1, float(h["seconds"]) / calls))
+        steps[h["agent"]] = calls / max(float(h["tasks"]), 1.0)
+    mean_steps = sum(steps.values()) / len(steps) if steps else 5.0
+    workflows = [WorkflowSignal(
+        task_id=w["task_id"], agent=w["agent"] or "agent",
+        steps_remaining=max(1, round(steps.get(w["agent"], mean_steps) - int(w["calls_done"] or 0))),
+        budget_s=None if w["budget_s"] is None else float(w["budget_s"]), replica=w["replica"],
+        context_tokens=int(w["context_tokens"] or 0)) for w in live]
+    return workflows, profiles
+
+
 def _stopped(book: FleetBook, fleet: DevFleet, name: str, now: float, reason: str) -> None:
     book.stopped(name, now, reason=reason)
     fleet.publish(book)  # out of the gateway's file first, then the process goes
     fleet.stop(name)
     log.info("autoscale_replica_stopped", replica=name, reason=reason)
+
+
+async def _workflows(engine: Any) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
+    from taskplane.store.fleet_hours import task_history
+
+    try:
+        return history_signals(*await task_history(engine))
+    except Exception as exc:  # Postgres away: plan on live load alone this tick
+        log.warning("task_history_failed", error=str(exc))
+        return [], {}
 
 
 async def _write_fleet_hours(engine: Any, book: FleetBook, epoch: datetime) -> None:
