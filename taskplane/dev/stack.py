@@ -128,6 +128,9 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         raise UserError(f"--engine must be sim or vllm, not {engine!r}")
     if autoscale is not None and engine != "sim":
         raise UserError("--autoscale runs simulated replicas: use --engine sim")
+    if autoscale is not None and autoscale[0] < 1:
+        raise UserError("--autoscale MIN must be at least 1 on the dev stack: the live gateway does not yet hold "
+                        "calls while a pool is at zero (the simulator does); use e.g. 1:4")
     ports = _ports(base_port, autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith("kv-events")})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
