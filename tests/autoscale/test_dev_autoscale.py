@@ -41,6 +41,7 @@ def _replicas(state: Path) -> list[dict[str, object]]:
 async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
     """Agents calling step after step; a 429 is retried after Retry-After as the SDK does."""
     out = {"ok": 0, "shed_retried": 0, "failed": 0}
+    errors: dict[str, int] = {}
 
     async def agent(c: httpx.AsyncClient, i: int) -> None:
         for step in range(steps):
@@ -55,12 +56,17 @@ async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
                     await asyncio.sleep(float(r.headers.get("retry-after", "1")))
                     continue
                 out["ok" if r.status_code == 200 else "failed"] += 1
+                if r.status_code != 200:
+                    key = f"{r.status_code} {r.text[:120]}"
+                    errors[key] = errors.get(key, 0) + 1
                 break
             else:
                 out["failed"] += 1
 
     async with httpx.AsyncClient() as c:
         await asyncio.gather(*(agent(c, i) for i in range(agents)))
+    if errors:
+        print("failed calls:", errors)
     return out
 
 
