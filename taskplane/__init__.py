@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 
 _SDK_NAMES = {
     "agent", "step", "llm", "submit", "TaskHandle", "current_context", "approval", "continue_as_new",
-    "should_continue_as_new", "Decision", "TaskFailed", "connect", "get_handle",
+    "should_continue_as_new", "Decision", "TaskFailed", "connect", "get_handle", "ToolCall",
+    "StructuredOutputError", "LlmResponse",
 }
 
 

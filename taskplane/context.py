@@ -8,26 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
 from taskplane.errors import ErrorType, TaskplaneError
-
-
-class Priority(StrEnum):
-    CRITICAL = "critical"
-    INTERACTIVE = "interactive"
-    STANDARD = "standard"
-    BATCH = "batch"
-
-    @property
-    def rank(self) -> int:
-        """0 is the most urgent band."""
-        return _RANK[self]
-
-
-_RANK = {Priority.CRITICAL: 0, Priority.INTERACTIVE: 1, Priority.STANDARD: 2, Priority.BATCH: 3}
+from taskplane.scheduler.types import Priority
 
 H_TENANT = "x-taskplane-tenant"
 H_TASK = "x-taskplane-task-id"

@@ -64,7 +64,7 @@ async def _inject_replica_crash(info: dict[str, Any]) -> str | None:
 
 
 async def _fleet(info: dict[str, Any], n_tasks: int, seed: int = 7) -> tuple[int, int, str | None]:
-    from taskplane.sdk import TaskFailed, connect, submit
+    from taskplane.sdk import connect, submit
 
     rng = random.Random(seed)
     client = await connect(info["temporal_address"])
@@ -84,11 +84,7 @@ async def _fleet(info: dict[str, Any], n_tasks: int, seed: int = 7) -> tuple[int
             await asyncio.sleep(rng.uniform(0.02, 0.15))
 
         async def wait(h: Any) -> bool:
-            try:
-                await h.outcome()
-                return True
-            except TaskFailed:
-                return False
+            return bool((await h.outcome()).status == "succeeded")
 
         for fut in asyncio.as_completed([wait(h) for h in handles]):
             if await fut:

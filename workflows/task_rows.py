@@ -103,6 +103,10 @@ class TaskRowStore:
         if writer is not None and row.status != "running":
             result = await self._spend(row)
             row.cost_usd, row.attempts, row.retries = result.cost_usd, result.attempts or 0, result.retries or 0
+        # the sub-agents' attempts and retries roll up into the goal's row (their cost already does)
+        row.attempts += row.child_attempts
+        row.retries += max(row.child_attempts - row.child_llm_calls, 0)
+        result.attempts, result.retries = row.attempts, row.retries
         if writer is not None and not row.parent_task_id:
             await writer.upsert_task(to_record(row))
             if row.status != "running":

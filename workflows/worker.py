@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -24,9 +26,10 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from taskplane.errors import UserError
+from taskplane.integrations import worker_extras
 from taskplane.sdk.agent import AGENTS, Agent
 from taskplane.sdk.client import connect, taskplane_client
-from taskplane.sdk.interceptors import TaskplaneInterceptor
+from taskplane.sdk.interceptors import TaskplaneClientInterceptor, TaskplaneInterceptor
 from taskplane.sdk.resolve import resolve
 from taskplane.sdk.step import STEPS, Step
 from taskplane.temporal_names import TASK_QUEUE
@@ -39,14 +42,20 @@ log = structlog.get_logger("taskplane.worker")
 PASSTHROUGH = (
     "taskplane", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
     "typing_inspection", "structlog", "msgspec", "httpx", "httpcore", "anyio", "sniffio",
-    "h11", "idna", "certifi",
+    "h11", "idna", "certifi", "jsonschema", "jsonschema_specifications", "referencing", "rpds", "attrs",
 )
 
 EXAMPLE_MODULES = ("examples.research", "examples.coding", "examples.triage")
 
 
 def import_agent_module(name: str) -> ModuleType:
-    """Import ``pkg.module`` (or a ``path/to/file.py``) with a one-line error if it fails."""
+    """Import ``pkg.module`` (or a ``path/to/file.py``) with a one-line error if it fails.
+
+    The current directory is importable, as with ``python -m`` and ``taskplane run``.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     if name.endswith(".py"):
         path = Path(name).resolve()
         if not path.exists():
@@ -56,7 +65,8 @@ def import_agent_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise UserError(f"--module {name}: cannot import it ({exc}); check the name and PYTHONPATH") from None
+        raise UserError(f"--module {name}: cannot import it ({exc}); check the name, the current directory "
+                        "and PYTHONPATH") from None
 
 
 def load_modules(modules: Sequence[str], include_examples: bool = True) -> list[ModuleType]:
@@ -90,8 +100,33 @@ def agents_and_steps(modules: Sequence[ModuleType]) -> tuple[list[Agent], list[S
     return list(agents.values()), list(STEPS.values())
 
 
-def sandbox_runner() -> SandboxedWorkflowRunner:
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+class OneLineActivityFailures(logging.Filter):
+    """A failed step attempt is one log line (Temporal retries it), not a traceback.
+
+    Temporal logs every failed activity attempt with ``exc_info``; for an agent author a
+    flaky tool would fill the terminal with tracebacks. The traceback stays at
+    ``TASKPLANE_LOG_LEVEL=debug``.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Completing activity as failed"):
+            if os.environ.get("TASKPLANE_LOG_LEVEL", "").lower() == "debug":
+                return True
+            exc = record.exc_info[1]
+            info = getattr(record, "temporal_activity", None) or {}
+            record.msg = "step %s attempt %s failed: %s: %s"
+            record.args = (info.get("activity_type", "?"), info.get("attempt", "?"), type(exc).__name__,
+                           " ".join(str(exc).split())[:300])
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_ONE_LINE = OneLineActivityFailures()
+
+
+def sandbox_runner(extra: Sequence[str] = ()) -> SandboxedWorkflowRunner:
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH, *extra))
 
 
 class TaskplaneWorker(Worker):
@@ -123,16 +158,26 @@ async def build_worker(
     """A worker serving the agents of ``modules`` (plus the examples) and the built-in activities."""
     loaded = load_modules(modules, include_examples)
     agents, steps = agents_and_steps(loaded)
+    activity_log = logging.getLogger("temporalio.activity")
+    if _ONE_LINE not in activity_log.filters:
+        activity_log.addFilter(_ONE_LINE)
     resources = TaskplaneActivities(gateway_url, TaskRowStore(database_url, outbox_dir))
-    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps)]
+    extras = worker_extras(gateway_url, loaded)  # frameworks the agent modules use (integrations)
+    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps),
+                             *extras.activities]
+    worker_client = taskplane_client(client)
+    if extras.data_converter is not None:
+        worker_client = Client(worker_client.service_client, namespace=worker_client.namespace,
+                               data_converter=extras.data_converter, interceptors=[TaskplaneClientInterceptor()])
     try:
         return TaskplaneWorker(
-            taskplane_client(client),
+            worker_client,
             task_queue=task_queue,
             workflows=[a.workflow_cls for a in agents],
             activities=activities,
             interceptors=[TaskplaneInterceptor()],
-            workflow_runner=sandbox_runner(),
+            plugins=extras.plugins,
+            workflow_runner=sandbox_runner(extras.passthrough),
             max_concurrent_activities=max_concurrent_activities,
             resources=resources,
             agents=agents,
@@ -181,18 +226,21 @@ def run_worker_blocking(
     gateway_url: str | None,
     database_url: str | None,
     modules: Sequence[str] = (),
+    *,
+    task_queue: str | None = None,
+    state_dir: Path | None = None,
 ) -> None:
     """``taskplane worker``: run until SIGINT/SIGTERM, then finish in-flight work and exit.
 
-    ``TASKPLANE_TASK_QUEUE`` overrides the task queue (default ``taskplane``).
+    ``--task-queue`` / ``TASKPLANE_TASK_QUEUE`` set the task queue (default ``taskplane``),
+    ``--state-dir`` / ``TASKPLANE_STATE_DIR`` the dev stack whose addresses are used.
     """
-    import os
-
     from taskplane.logs import configure_logging
 
     configure_logging()
-    state_dir = Path(os.environ["TASKPLANE_STATE_DIR"]) if os.environ.get("TASKPLANE_STATE_DIR") else None
-    task_queue = os.environ.get("TASKPLANE_TASK_QUEUE") or TASK_QUEUE
+    if state_dir is None and os.environ.get("TASKPLANE_STATE_DIR"):
+        state_dir = Path(os.environ["TASKPLANE_STATE_DIR"])
+    task_queue = task_queue or os.environ.get("TASKPLANE_TASK_QUEUE") or TASK_QUEUE
 
     async def main() -> None:
         stop = asyncio.Event()

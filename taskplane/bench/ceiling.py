@@ -14,11 +14,17 @@ closed-loop task's block ``j`` holds its agent's shared system prompt while the 
 block lies inside it, else the task's own content; an open-loop call lists its block
 contents. Blocks are chained (equal block, different predecessors: different block).
 ``tests/bench`` checks the figure against the simulator with one huge replica.
+
+The real-engine bench (``--engine vllm``) counts the same way over the prompts it sends
+(:func:`prompt_hit_ceiling`): blocks of 128 bytes, chained by a running SHA-256, so one
+accounting (:func:`leading_hits`) serves both, and the LRU bound beside them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
+from collections.abc import Container, Hashable, Iterable, Sequence
 
 from taskplane.sim.cluster import block_contents, mix
 from taskplane.sim.workloads.base import Workload
@@ -26,6 +32,27 @@ from taskplane.sim.workloads.base import Workload
 
 def _chain(parent: int, content: int) -> int:
     return mix(parent ^ 0x5BD1E995, content)
+
+
+def _chained(contents: Iterable[int]) -> list[int]:
+    """Block ids of a prompt whose blocks hold ``contents``, each chained to its predecessors."""
+    ids = []
+    parent = 0
+    for content in contents:
+        parent = _chain(parent, content)
+        ids.append(parent)
+    return ids
+
+
+def leading_hits(blocks: Sequence[Hashable], prompt_tokens: int, block_size: int, cache: Container[Hashable]) -> int:
+    """Hit tokens of one call as vLLM counts them: the leading blocks of its prompt that
+    ``cache`` holds, full blocks only and at most ``(prompt - 1) // block_size`` of them
+    (the prompt's last token is always computed)."""
+    cap = min(len(blocks), (prompt_tokens - 1) // block_size)
+    k = 0
+    while k < cap and blocks[k] in cache:
+        k += 1
+    return k * block_size
 
 
 def hit_ceiling(workload: Workload) -> float:
@@ -40,16 +67,6 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
     seen: set[int] = set()
     hit_tokens = 0
     prompt_tokens = 0
-
-    def serve(ids: list[int], prompt: int, n_prompt: int) -> None:
-        nonlocal hit_tokens, prompt_tokens
-        cap = min(n_prompt, (prompt - 1) // bs)
-        k = 0
-        while k < cap and ids[k] in seen:
-            k += 1
-        hit_tokens += k * bs
-        prompt_tokens += prompt
-
     # open-loop calls are sorted by arrival; closed-loop tasks share only their agent's
     # system prompt with each other, so taking each task whole, in arrival order, gives
     # the same counts as any interleaving
@@ -77,19 +94,34 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
             for content in block_contents(spec, len(ids), n_total, bs):
                 parent = _chain(parent, content)
                 ids.append(parent)
-            serve(ids, prompt, prompt // bs)
+            hit_tokens += leading_hits(ids, prompt, bs, seen)
+            prompt_tokens += prompt
             seen.update(ids[:n_total])
             ctx += out
     open_calls.sort(key=lambda x: (x[0], x[1]))
     for _, _, contents, prompt in open_calls:
-        ids = []
-        parent = 0
-        for content in contents:
-            parent = _chain(parent, content)
-            ids.append(parent)
-        serve(ids, prompt, len(ids))
+        ids = _chained(contents)
+        hit_tokens += leading_hits(ids, prompt, bs, seen)
+        prompt_tokens += prompt
         seen.update(ids)
     return hit_tokens, prompt_tokens
+
+
+def prompt_hit_ceiling(prompts: Iterable[bytes], block_size: int) -> float:
+    """The infinite-cache ceiling over real prompts (tokens are bytes), in the order given:
+    each full block identified by a SHA-256 over the prompt up to its end."""
+    seen: set[bytes] = set()
+    hits = queries = 0
+    for tokens in prompts:
+        h = hashlib.sha256()
+        chain: list[bytes] = []
+        for b in range(len(tokens) // block_size):
+            h.update(tokens[b * block_size:(b + 1) * block_size])
+            chain.append(h.copy().digest())
+        hits += leading_hits(chain, len(tokens), block_size, seen)
+        queries += len(tokens)
+        seen.update(chain)
+    return hits / queries if queries else 0.0
 
 
 def lru_bound(workload: Workload, capacity_blocks: int) -> float | None:
@@ -109,16 +141,8 @@ def lru_bound(workload: Workload, capacity_blocks: int) -> float | None:
     for _, _, c in calls:
         contents = list(c.contents or [])
         prompt = c.prompt_tokens or len(contents) * bs
-        ids: list[int] = []
-        parent = 0
-        for content in contents[: prompt // bs]:
-            parent = _chain(parent, content)
-            ids.append(parent)
-        cap = min(len(ids), (prompt - 1) // bs)
-        k = 0
-        while k < cap and ids[k] in lru:
-            k += 1
-        hit += k * bs
+        ids = _chained(contents[: prompt // bs])
+        hit += leading_hits(ids, prompt, bs, lru)
         total += prompt
         for h in ids:
             lru[h] = None

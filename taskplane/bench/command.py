@@ -9,10 +9,7 @@ replays take the trace's own arrivals, compressed or stretched by ``time_scale``
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import platform
 import shlex
 import sys
 import time
@@ -28,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskplane.bench import plots
 from taskplane.bench.ceiling import hit_ceiling, lru_bound
+from taskplane.bench.machine import machine_info
 from taskplane.bench.metrics import call_latencies, policy_metrics
 from taskplane.bench.render import rich_table, write_results
 from taskplane.bench.runner import run_policy
@@ -89,21 +87,6 @@ def build_cluster(replicas: int, fleet: str | None) -> tuple[ClusterSpec, str]:
     if not cluster.replicas:
         raise UserError(f"--fleet {spec!r} has no replicas")
     return cluster, spec
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on (the bench is CPU-bound: the simulator and the
-    scheduler run on the CPU, no GPU is used)."""
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu_model": model, "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
 # ------------------------------------------------------------------ the suite
@@ -373,11 +356,9 @@ def run_bench(
     if cells != 1:
         raise UserError("--cells splits the fleet for --workload scale only")
     if engine == "vllm":
-        if importlib.util.find_spec("taskplane.bench.real") is None:
-            raise UserError("the real-engine bench (--engine vllm) is not available yet; use --engine sim")
-        from taskplane.bench import real  # type: ignore[attr-defined]
+        from taskplane.bench import real  # httpx, the vLLM launcher: only for --engine vllm
 
-        return real.run_bench(out=out, workload=workload, trace=trace, replicas=replicas,  # type: ignore[no-any-return]
+        return real.run_bench(out=out, workload=workload, trace=trace, replicas=replicas,
                               policies=policies, seed=seed, time_scale=time_scale, engine=engine,
                               tasks=tasks, load=load, fleet=fleet, duration_s=duration_s)
     if engine != "sim":

@@ -3,7 +3,7 @@
 Builds a fleet of N replicas of mixed GPU generations whose precise KV index holds about
 one million blocks in total (fed through real ``BlockStored`` events: shared system
 prompts on many replicas plus per-session conversations), then times
-``Scheduler.decide`` for a mix of calls: continuing sessions (long prefix walks),
+``FlowControl.decide`` for a mix of calls: continuing sessions (long prefix walks),
 new sessions on a shared system prompt (wide replica masks) and unrelated prompts.
 Block hashes are computed beforehand, as the gateway does before deciding.
 

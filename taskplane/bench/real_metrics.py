@@ -12,8 +12,8 @@ count (``vllm:iteration_tokens_total`` observations).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from taskplane.bench.real_client import TaskResult
+from taskplane.bench.metrics import percentile, task_figures
+from taskplane.bench.real_client import TaskRun
 from taskplane.dev.processes import group_members
 from taskplane.engines.vllm_launcher import VllmReplica
 
@@ -68,9 +69,37 @@ def parse_counters(text: str, model: str | None = None) -> dict[str, float]:
     return out
 
 
+@dataclass(slots=True)
+class Histogram:
+    """One Prometheus histogram at one moment, summed over its label sets."""
+
+    sum: float = 0.0
+    count: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)  # upper bound (le) -> cumulative count
+
+
+def histograms(text: str, names: Iterable[str]) -> dict[str, Histogram]:
+    """The named histograms of a ``/metrics`` page (taskplane's own: the gateway's TTFT and
+    admission wait, the scheduler's decision time); an absent one reads as empty."""
+    out = {name: Histogram() for name in names}
+    for fam in text_string_to_metric_families(text):
+        h = out.get(fam.name)
+        if h is None:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_sum"):
+                h.sum += s.value
+            elif s.name.endswith("_count"):
+                h.count += s.value
+            elif s.name.endswith("_bucket"):
+                bound = float(s.labels["le"])
+                h.buckets[bound] = h.buckets.get(bound, 0.0) + s.value
+    return out
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """User + system CPU seconds of every live process in process group ``pgid``."""
-    return sum(int(f[11]) + int(f[12]) for f in group_members(pgid)) / _CLK_TCK  # utime + stime
+    return sum(int(f[11]) + int(f[12]) for f in group_members(pgid).values()) / _CLK_TCK  # utime + stime
 
 
 def machine_busy_seconds() -> float:
@@ -98,16 +127,12 @@ def snapshot(client: httpx.Client, replicas: Sequence[VllmReplica]) -> list[Repl
     return snaps
 
 
-def _pct(values: Sequence[float], q: float, scale: float = 1000.0) -> float | None:
-    return float(np.percentile(np.asarray(values), q)) * scale if len(values) else None
-
-
 def _r(x: Any, nd: int = 4) -> Any:
     return round(x, nd) if isinstance(x, float) else x
 
 
 def router_metrics(
-    tasks: Sequence[TaskResult], before: Sequence[ReplicaCounters], after: Sequence[ReplicaCounters],
+    tasks: Sequence[TaskRun], before: Sequence[ReplicaCounters], after: Sequence[ReplicaCounters],
     *, hit_ceiling: float, wall_s: float,
 ) -> dict[str, Any]:
     """Every figure of one router's run (JSON-able; None where there is nothing to measure)."""
@@ -119,30 +144,29 @@ def router_metrics(
     ttft = [c.ttft_s for c in ok if c.ttft_s is not None]
     e2e = [c.e2e_s for c in ok if c.e2e_s is not None]
     inter = [c.ttft_s for c in ok if c.ttft_s is not None and c.priority == "interactive"]
-    met = [t for t in tasks if t.deadline_met]
-    task_e2e = [t.finished_s - t.arrival_s for t in met if t.finished_s is not None]
+    task = task_figures([t.result for t in tasks])
     prefix = hits / queries if queries else None
     prompt = [d["prompt_tokens"] for d in deltas]
     busy = sum(d["cpu_s"] for d in deltas)
     out: dict[str, Any] = {
-        "tasks": len(tasks),
-        "tasks_succeeded": len(met),
-        "tasks_late": sum(1 for t in tasks if t.completed and not t.deadline_met),
-        "tasks_abandoned": sum(1 for t in tasks if t.abandoned),
-        "deadline_met_ratio": len(met) / len(tasks) if tasks else None,
+        "tasks": task["tasks"],
+        "tasks_succeeded": task["tasks_succeeded"],
+        "tasks_late": sum(1 for t in tasks if t.completed and not t.result.deadline_met),
+        "tasks_abandoned": sum(1 for t in tasks if not t.completed),
+        "deadline_met_ratio": task["deadline_met_ratio"],
         "calls": len(calls),
         "calls_ok": len(ok),
         "call_errors": sum(1 for c in calls if not c.ok and c.error != "deadline passed"),
         "sheds": sum(c.sheds for c in calls),
-        "ttft_p50_ms": _pct(ttft, 50),
-        "ttft_p90_ms": _pct(ttft, 90),
-        "ttft_p99_ms": _pct(ttft, 99),
+        "ttft_p50_ms": percentile(ttft, 50, 1000.0),
+        "ttft_p90_ms": percentile(ttft, 90, 1000.0),
+        "ttft_p99_ms": percentile(ttft, 99, 1000.0),
         "ttft_mean_ms": float(np.mean(ttft)) * 1000.0 if ttft else None,
-        "ttft_interactive_p50_ms": _pct(inter, 50),
-        "call_e2e_p50_ms": _pct(e2e, 50),
-        "call_e2e_p99_ms": _pct(e2e, 99),
-        "task_e2e_p50_s": _pct(task_e2e, 50, 1.0),
-        "task_e2e_p99_s": _pct(task_e2e, 99, 1.0),
+        "ttft_interactive_p50_ms": percentile(inter, 50, 1000.0),
+        "call_e2e_p50_ms": percentile(e2e, 50, 1000.0),
+        "call_e2e_p99_ms": percentile(e2e, 99, 1000.0),
+        "task_e2e_p50_s": task["task_e2e_p50_s"],
+        "task_e2e_p99_s": task["task_e2e_p99_s"],
         "prefix_hit_ratio": prefix,
         "hit_ceiling_ratio": prefix / hit_ceiling if prefix is not None and hit_ceiling > 0 else None,
         "prefix_cache_hits": int(hits),
@@ -157,7 +181,7 @@ def router_metrics(
         "engine_queue_s": sum(d["queue_s"] for d in deltas),
         "engine_steps": int(sum(d["engine_steps"] for d in deltas)),
         "preemptions": int(sum(d["preemptions"] for d in deltas)),
-        "goodput_tasks_per_busy_hour": len(met) / (busy / 3600.0) if busy > 0 else None,
+        "goodput_tasks_per_busy_hour": task["tasks_succeeded"] / (busy / 3600.0) if busy > 0 else None,
         "wall_s": wall_s,
         "replicas": [{k: _r(v) for k, v in d.items()} for d in deltas],
     }

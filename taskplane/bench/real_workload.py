@@ -105,6 +105,12 @@ class RealWorkload:
             for c in t.calls:
                 yield t, c
 
+    def prompts(self) -> list[bytes]:
+        """Every call's prompt as the replicas' tokens (bytes), in arrival order (the task's
+        arrival, then its step): what :func:`taskplane.bench.ceiling.prompt_hit_ceiling` reads."""
+        ordered = sorted(self.calls(), key=lambda tc: (tc[0].arrival_s, tc[1].step))
+        return [call.prompt.encode("utf-8") for _, call in ordered]
+
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789     .,;:-_()"
 
@@ -180,27 +186,3 @@ def real_agent_workload(
                                   for a in CPU_AGENTS),
               "tenants": ", ".join(f"{x.name} ({x.priority})" for x in CPU_TENANTS)},
     )
-
-
-def hit_ceiling(workload: RealWorkload, block_size: int = 128) -> float:
-    """Prefix-hit ratio of one infinite cache shared by every call, counted as vLLM counts:
-    whole blocks only, and never the prompt's last token (at least one token is computed)."""
-    seen: set[bytes] = set()
-    hits = queries = 0
-    for _, call in sorted(workload.calls(), key=lambda tc: (tc[0].arrival_s, tc[1].step)):
-        tokens = call.prompt.encode("utf-8")
-        queries += len(tokens)
-        usable = (len(tokens) - 1) // block_size
-        h = hashlib.sha256()
-        chain: list[bytes] = []
-        for b in range(len(tokens) // block_size):
-            h.update(tokens[b * block_size:(b + 1) * block_size])
-            chain.append(h.copy().digest())
-        matched = 0
-        for digest in chain[:usable]:
-            if digest not in seen:
-                break
-            matched += 1
-        hits += matched * block_size
-        seen.update(chain)
-    return hits / queries if queries else 0.0

@@ -58,8 +58,10 @@ class LocalCluster:
         models: list[str] | None = None,
         fallbacks: dict[str, str] | None = None,
         max_num_seqs: int = 256,
+        data_plane: str | None = None,
     ) -> None:
         self.workdir = workdir
+        self.data_plane = data_plane  # `taskplane gateway --data-plane` (None: the CLI's default, Envoy)
         self.database_url = database_url
         self.model = model
         self.speed = speed
@@ -115,12 +117,18 @@ class LocalCluster:
         cfg.update(self.config_overrides)
         return cfg
 
-    def start_gateway(self) -> None:
-        cfg_file = self.workdir / "gateway.yaml"
-        cfg_file.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+    def _gateway_env(self) -> dict[str, str]:
         env = {"TASKPLANE_STATE_DIR": str(self.workdir)}
         if self.database_url:
             env["TASKPLANE_DATABASE_URL"] = self.database_url
+        if self.data_plane:
+            env["TASKPLANE_DATA_PLANE"] = self.data_plane
+        return env
+
+    def start_gateway(self) -> None:
+        cfg_file = self.workdir / "gateway.yaml"
+        cfg_file.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        env = self._gateway_env()
         self.gateway_pid = proc.spawn(
             [sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(cfg_file), "--port", str(self.gateway_port)],
             self._log("gateway"), env=env,
@@ -138,9 +146,7 @@ class LocalCluster:
         cfg = self.config()
         cfg["outbox_dir"] = str(self.workdir / f"outbox-{port}")
         cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        env = {"TASKPLANE_STATE_DIR": str(self.workdir)}
-        if self.database_url:
-            env["TASKPLANE_DATABASE_URL"] = self.database_url
+        env = self._gateway_env()
         log = self._log(f"gateway-{port}")
         pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(cfg_file), "--port", str(port)], log, env=env)
         self._extra_pids.append(pid)

@@ -59,10 +59,10 @@ def alive(pid: int | None) -> bool:
         return True
 
 
-def group_members(pgid: int) -> list[list[str]]:
-    """The ``/proc/<pid>/stat`` fields (after the command name) of every process in
+def group_members(pgid: int) -> dict[int, list[str]]:
+    """pid -> the ``/proc/<pid>/stat`` fields (after the command name) of every process in
     process group ``pgid``: field 0 is the state, 2 the group, 11/12 user/system ticks."""
-    members = []
+    members = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -71,7 +71,7 @@ def group_members(pgid: int) -> list[list[str]]:
         except OSError:
             continue
         if int(fields[2]) == pgid:
-            members.append(fields)
+            members[int(entry.name)] = fields
     return members
 
 

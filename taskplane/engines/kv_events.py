@@ -1,14 +1,11 @@
-"""vLLM KV-cache events: typed events, the wire codec, and a ZMQ subscriber with replay.
+"""vLLM KV-cache events over ZMQ: a subscriber with replay.
 
 Wire format, as vLLM's ``ZmqEventPublisher`` sends it (``--kv-events-config`` with
 publisher ``zmq``): a PUB multipart message ``[topic, seq, payload]`` where ``seq`` is an
-8-byte big-endian counter from 0 and ``payload`` a msgpack ``KVEventBatch``: the array
-``[ts, [event, ...], data_parallel_rank]``, each event a map tagged by ``"type"``
-(``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``). Older vLLM releases encoded
-events as arrays whose first element is the tag; some builds send the batch as a map;
-block hashes are 64-bit ints by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or
-the raw 32-byte digest. The decoder accepts all of these and folds a byte hash to its
-low 64 bits, the int vLLM would have sent.
+8-byte big-endian counter from 0 and ``payload`` a msgpack ``KVEventBatch``. The event
+types and the payload codec live with the KV index, in
+:mod:`taskplane.scheduler.kv.events` (the engines depend on the scheduler, never the
+reverse); they are re-exported here for the engine-side code that speaks the wire.
 
 Replay: a ROUTER socket beside the PUB. A client (DEALER) sends ``[b"", start_seq]``
 (8-byte big-endian); real vLLM (0.32) answers with one ``[b"", topic, seq, payload]`` per
@@ -20,56 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 import structlog
+
+from taskplane.scheduler.kv.events import KVEvent, decode_batch
 
 log = structlog.get_logger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-MEDIUM_GPU = "GPU"
-
-
-class KVEvent(msgspec.Struct, tag=True, gc=False):
-    """Base of the three event types; encoded as a map with a ``"type"`` key."""
-
-
-class BlockStored(KVEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = MEDIUM_GPU
-    lora_name: str | None = None
-
-
-class BlockRemoved(KVEvent):
-    block_hashes: list[int]
-    medium: str | None = MEDIUM_GPU
-
-
-class AllBlocksCleared(KVEvent):
-    pass
-
-
-@dataclass(slots=True)
-class EventBatch:
-    ts: float
-    events: list[KVEvent]
-    data_parallel_rank: int | None = 0
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
-
-
-def encode_batch(ts: float, events: Sequence[KVEvent], dp_rank: int = 0) -> bytes:
-    """The msgpack payload vLLM publishes: ``[ts, [tagged maps...], dp_rank]``."""
-    return _encoder.encode([ts, list(events), dp_rank])
 
 
 def replay_endpoint_for(endpoint: str, offset: int = 1000) -> str:
@@ -79,76 +36,6 @@ def replay_endpoint_for(endpoint: str, offset: int = 1000) -> str:
     """
     host, _, port = endpoint.rpartition(":")
     return f"{host}:{int(port) + offset}"
-
-
-def fold_hash(h: Any) -> int:
-    """A block hash as an int: ints pass through, a byte digest keeps its low 64 bits."""
-    if isinstance(h, int):
-        return h
-    if isinstance(h, bytes | bytearray | memoryview):
-        return int.from_bytes(bytes(h)[-8:], "big")
-    if isinstance(h, str):
-        return int.from_bytes(h.encode()[-8:], "big")
-    raise ValueError(f"unsupported block hash {h!r}")
-
-
-_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": (),
-}
-
-
-def _event(raw: Any) -> KVEvent | None:
-    if isinstance(raw, dict):
-        kind = raw.get("type")
-        fields = raw
-    elif isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
-        kind = raw[0]
-        fields = dict(zip(_FIELDS.get(kind, ()), raw[1:], strict=False))
-    else:
-        return None
-    if kind == "BlockStored":
-        parent = fields.get("parent_block_hash")
-        return BlockStored(
-            block_hashes=[fold_hash(h) for h in fields.get("block_hashes") or []],
-            parent_block_hash=None if parent is None else fold_hash(parent),
-            token_ids=list(fields.get("token_ids") or []),
-            block_size=int(fields.get("block_size") or 0),
-            lora_id=fields.get("lora_id"),
-            medium=fields.get("medium", MEDIUM_GPU),
-            lora_name=fields.get("lora_name"),
-        )
-    if kind == "BlockRemoved":
-        return BlockRemoved(
-            block_hashes=[fold_hash(h) for h in fields.get("block_hashes") or []],
-            medium=fields.get("medium", MEDIUM_GPU),
-        )
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    return None  # an event type this version does not know: skipped, not fatal
-
-
-def decode_batch(payload: bytes) -> EventBatch:
-    """Decode one KV-event payload from vLLM (any known variant) or the simulator.
-
-    Unknown event types are skipped; a payload that is not a batch raises ValueError.
-    """
-    try:
-        raw = _decoder.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"not a msgpack KV-event batch: {exc}") from exc
-    if isinstance(raw, dict):
-        ts, events, rank = raw.get("ts", 0.0), raw.get("events", []), raw.get("data_parallel_rank")
-    elif isinstance(raw, list | tuple) and len(raw) >= 2:
-        ts, events = raw[0], raw[1]
-        rank = raw[2] if len(raw) > 2 else None
-    else:
-        raise ValueError("not a KV-event batch: expected [ts, events, dp_rank]")
-    if not isinstance(events, list):
-        raise ValueError("not a KV-event batch: events is not a list")
-    out = [e for e in (_event(r) for r in events) if e is not None]
-    return EventBatch(ts=float(ts or 0.0), events=out, data_parallel_rank=rank)
 
 
 OnEvents = Callable[[str, list[KVEvent]], Awaitable[None] | None]

@@ -120,6 +120,57 @@ class ReplicaState:
         )
 
 
+class Lease:
+    """One call's place on a replica: what it adds to the replica's in-flight counts,
+    given back exactly once.
+
+    The gateway's fresh load signal (``inflight``, the prefill tokens still queued, the
+    decode tokens still to come) is the sum of the open leases, so a path that forgets to
+    give one back leaves the replica looking busy for ever. ``release`` is idempotent and
+    returns the same batch size every time, so every exit path (success, failure,
+    cancellation, a bug) may call it; the lease is also a context manager that releases.
+    Obtain one from ``ReplicaRegistry.acquire``.
+    """
+
+    __slots__ = ("_batch_end", "_prefilling", "batch_start", "decode_tokens", "prefill_tokens", "replica")
+
+    def __init__(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> None:
+        self.replica = replica
+        self.prefill_tokens = max(prefill_tokens, 0)
+        self.decode_tokens = max(decode_tokens, 0)
+        replica.inflight += 1
+        replica.inflight_prompt_tokens += self.prefill_tokens
+        replica.inflight_decode_tokens += self.decode_tokens
+        self.batch_start = replica.inflight  # calls in flight once this one was added
+        self._prefilling = True
+        self._batch_end: int | None = None
+
+    @property
+    def released(self) -> bool:
+        return self._batch_end is not None
+
+    def prefilled(self) -> None:
+        """The first token came back: the replica no longer has this call's prompt to compute."""
+        if self._prefilling:
+            self._prefilling = False
+            self.replica.inflight_prompt_tokens -= self.prefill_tokens
+
+    def release(self) -> int:
+        """Give the call's place back; the calls in flight just before (itself included)."""
+        if self._batch_end is None:
+            self.prefilled()
+            self._batch_end = self.replica.inflight
+            self.replica.inflight -= 1
+            self.replica.inflight_decode_tokens -= self.decode_tokens
+        return self._batch_end
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 #: Probe timeouts in a row before calls waiting on the replica give up on it.
 PROBE_FAILURES_DOWN = 3
 #: A replica with calls in flight that sent no byte back and whose token counters did not
@@ -167,6 +218,20 @@ class ReplicaRegistry:
 
     def views(self, model: str | None = None) -> list[ReplicaView]:
         return [s.view() for s in self.replicas.values() if model is None or s.pool.model == model]
+
+    def acquire(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> Lease:
+        """Count a call as in flight on ``replica`` until the returned lease is released.
+        ``prefill_tokens``: the prompt tokens it must compute (not those in the prefix cache),
+        queued until its first token; ``decode_tokens``: the most it may generate."""
+        return Lease(replica, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens)
+
+    def note_served(self, replica: ReplicaState, tokens: int) -> None:
+        """A served attempt's prompt and completion tokens, for the replica's running total."""
+        replica.served_tokens += max(tokens, 0)
+
+    def inflight_total(self) -> int:
+        """Calls in flight over every replica (0 when no lease is open: the leak check)."""
+        return sum(s.inflight for s in self.replicas.values())
 
     def mark_failure(self, name: str, *, hard: bool) -> None:
         """A proxied call failed: a hard failure (connect refused, timeout) takes the

@@ -197,6 +197,7 @@ def start_replicas(
     timeout_s: float = 600.0,
     venv: Path | None = None,
     extra_args: Sequence[str] = (),
+    samples_eos: bool = False,
 ) -> list[VllmReplica]:
     """Start ``n`` replicas side by side and return them once every one answers /health.
 
@@ -212,7 +213,8 @@ def start_replicas(
     python = require_vllm_python(venv)
     root = state_dir / "vllm"
     root.mkdir(parents=True, exist_ok=True)
-    model_dir = write_model_dir(root / "model", max_position_embeddings=max(max_model_len, 8192))
+    model_dir = write_model_dir(root / ("model-eos" if samples_eos else "model"),
+                                max_position_embeddings=max(max_model_len, 8192), samples_eos=samples_eos)
     ports = (
         [base_port + k for k in range(3 * n)] if base_port is not None else free_ports(3 * n, host)
     )
@@ -373,7 +375,7 @@ def _is_our_replica(replica: VllmReplica) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    return any(fields[0] != "Z" for fields in group_members(pgid))
+    return any(fields[0] != "Z" for fields in group_members(pgid).values())
 
 
 def _reap(pid: int, timeout_s: float) -> bool:

@@ -70,6 +70,7 @@ def llama_config(
     num_layers: int = 2,
     num_heads: int = 4,
     max_position_embeddings: int = 8192,
+    samples_eos: bool = False,
 ) -> dict[str, Any]:
     """config.json of a tiny Llama. vLLM's CPU attention needs head_dim >= 64."""
     head_dim = hidden_size // num_heads
@@ -94,7 +95,7 @@ def llama_config(
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "vocab_size": BYTE_VOCAB,
+        "vocab_size": BYTE_VOCAB + (1 if samples_eos else 0),
         "bos_token_id": None,
         "eos_token_id": EOS_TOKEN_ID,
         "pad_token_id": None,
@@ -164,8 +165,12 @@ def write_model_dir(
     num_layers: int = 2,
     num_heads: int = 4,
     max_position_embeddings: int = 8192,
+    samples_eos: bool = False,
 ) -> Path:
     """Write (or refresh) the model directory at ``path`` and return it.
+
+    ``samples_eos`` puts the EOS token in the output vocabulary: calls may then end early,
+    and guided decoding (structured outputs, whose grammar must be able to stop) works.
 
     Files are rewritten only when their content changes, so replicas already serving
     from the directory are undisturbed by a second call.
@@ -177,6 +182,7 @@ def write_model_dir(
             num_layers=num_layers,
             num_heads=num_heads,
             max_position_embeddings=max_position_embeddings,
+            samples_eos=samples_eos,
         ),
         "generation_config.json": {"eos_token_id": EOS_TOKEN_ID},
         "tokenizer.json": tokenizer_json(),

@@ -17,16 +17,17 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
 from taskplane.gateway.attempts import AttemptSink
-from taskplane.gateway.http11 import MAX_HEADER_BYTES
-from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.gateway.http11 import MAX_HEADER_BYTES, install_accept_guard
+from taskplane.gateway.metrics import GatewayMetrics, exposition
 from taskplane.gateway.service import Gateway, error_response
 
 log = structlog.get_logger(__name__)
@@ -138,6 +139,7 @@ def build_app(
             start_kv_subscriptions,
         )
 
+        install_accept_guard(asyncio.get_running_loop())
         sink: AttemptSink = await build_sink(config, database_url, outbox_dir)
         placer = placer_factory(registry) if placer_factory else build_placer(config, registry)
         gw = Gateway(config, registry, placer, sink, metrics, build_response_cache(config))
@@ -190,6 +192,10 @@ def build_app(
             return error_response(exc)
         except BodyTimeout as exc:
             return _plain_error(408, str(exc), headers={"Connection": "close"})
+        except ClientDisconnect:
+            # The client left mid-upload: nothing was counted, and nobody reads an answer.
+            log.info("client_left_mid_upload", path=request.url.path)
+            return Response(status_code=499)
         return await _unless_client_leaves(request, gw.handle(kind, raw, request.headers))
 
     @app.post("/v1/chat/completions")
@@ -201,6 +207,15 @@ def build_app(
     async def completions(request: Request) -> Any:
         """OpenAI completions, placed by taskplane's scheduler."""
         return await _openai("completions", request)
+
+    def _endpoint(kind: str) -> Any:
+        async def endpoint(request: Request) -> Any:
+            return await _openai(kind, request)
+        return endpoint
+
+    # the Responses API and embeddings (vLLM serves both), placed like chat calls
+    for path, kind in (("/v1/responses", "responses"), ("/v1/embeddings", "embeddings")):
+        app.post(path, name=kind)(_endpoint(kind))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -219,12 +234,17 @@ def build_app(
                              "healthy_replicas": healthy}, status_code=status)
 
     @app.get("/metrics")
-    async def prom() -> Response:
+    async def prom(request: Request) -> Response:
+        """Prometheus metrics; on an auth-on gateway, tenant-labelled series need the admin token."""
         for s in registry.replicas.values():
             metrics.healthy.labels(replica=s.name).set(1 if s.healthy else 0)
+        try:
+            auth.check_admin(config, request.headers)
+            tenants = True
+        except TaskplaneError:
+            tenants = False
         # The gateway's own metrics, then the process-wide ones (the scheduler's plugins, KV index).
-        body = generate_latest(metrics.registry) + generate_latest(REGISTRY)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition([metrics.registry, REGISTRY], tenants=tenants), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/admin/replicas")
     async def admin_replicas(request: Request) -> Any:

@@ -32,10 +32,10 @@ from taskplane.context import (
     parse_headers,
 )
 from taskplane.engines.registry import ReplicaRegistry
-from taskplane.engines.tokenize import chat_tokens, tokenize
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
-from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts, parse_body
+from taskplane.gateway.openai_extra import REQUEST_MODELS, prompt_tokens
+from taskplane.gateway.requests import parse_body
 from taskplane.scheduler.hashing import chain_hashes
 from taskplane.scheduler.types import CallRequest
 
@@ -75,6 +75,25 @@ def refuse_conflicting_headers(headers: Mapping[str, str]) -> None:
             raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {name} is sent {len(values)} times with different values")
 
 
+#: The largest value of a Postgres ``integer`` column (step, attempt and token counts land in them).
+INT32_MAX = 2**31 - 1
+#: No budget beyond this is meaningful (24 days); larger ones overflowed the scheduler's arithmetic.
+MAX_BUDGET_MS = float(INT32_MAX)
+MAX_SUNK_COST_USD = 1e9
+
+
+def check_ranges(ctx: CallContext) -> None:
+    """Numbers from headers must fit where they land (int32 columns, the scheduler's floats):
+    a step of 2**31 used to be served, priced and then refused by Postgres, unbilled."""
+    for name, value in ((H_STEP, ctx.step), (H_STEPS_REMAINING, ctx.steps_remaining), (H_ATTEMPT, ctx.attempt)):
+        if value is not None and value > INT32_MAX:
+            raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {name}: {str(value)[:24]} is over {INT32_MAX}")
+    if ctx.budget_ms is not None and ctx.budget_ms > MAX_BUDGET_MS:
+        raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {H_BUDGET_MS}: over {MAX_BUDGET_MS:.0f} ms")
+    if ctx.sunk_cost_usd > MAX_SUNK_COST_USD:
+        raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {H_SUNK_COST}: over {MAX_SUNK_COST_USD:g} USD")
+
+
 def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, raw: bytes, headers: Mapping[str, str], *,
                  has_response_cache: bool) -> Call:
     """The call behind one request, or the ``TaskplaneError`` that refuses it.
@@ -86,20 +105,16 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         # A key of one tenant with another tenant's name: refuse rather than guess which was meant.
         raise TaskplaneError(ErrorType.FORBIDDEN, f"{H_TENANT} {claimed[:64]!r} does not match the API key's tenant")
     ctx = parse_headers(headers, tenant=tenant_from_key)
+    check_ranges(ctx)
     tenant_cfg = config.tenant(ctx.tenant)
     if config.auth or tenant_cfg is not None:
         auth.enforce_priority_cap(tenant_cfg, ctx.priority)
-    model_cls = ChatRequest if kind == "chat" else CompletionRequest
-    typed, body = parse_body(raw, model_cls)
+    typed, body = parse_body(raw, REQUEST_MODELS.get(kind, REQUEST_MODELS["chat"]))  # type: ignore[arg-type]
     pool = config.pool_for(typed.model)
     if pool is None:
         known = ", ".join(p.model for p in config.pools)
         raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
-    if isinstance(typed, ChatRequest):
-        tokens = chat_tokens(message_dicts(typed))
-    else:
-        assert isinstance(typed, CompletionRequest)
-        tokens = tokenize(typed.prompt_text)
+    tokens = prompt_tokens(typed)
     max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
     if max_tokens > config.limits.max_tokens:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {config.limits.max_tokens}")

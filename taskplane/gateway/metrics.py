@@ -1,8 +1,17 @@
-"""The gateway's Prometheus metrics (served on ``/metrics``)."""
+"""The gateway's Prometheus metrics (served on ``/metrics``).
+
+On a gateway with auth on, ``/metrics`` without the admin token leaves out every series
+labelled by tenant (``exposition(..., tenants=False)``): the page stays scrapeable by a
+plain Prometheus, but does not tell whoever can reach it each tenant's name and traffic.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 
 class GatewayMetrics:
@@ -29,3 +38,35 @@ class GatewayMetrics:
         self.cost = Counter("taskplane_gateway_cost_usd_total", "Attributed cost of all attempts", ["tenant"], registry=r)
         self.inflight = Gauge("taskplane_gateway_inflight", "Calls in flight per replica", ["replica"], registry=r)
         self.healthy = Gauge("taskplane_gateway_replica_healthy", "1 when the replica is healthy", ["replica"], registry=r)
+        self.outbox_unwritable = Gauge(
+            "taskplane_gateway_outbox_unwritable", "1 while the cost writer's outbox cannot be written (rows go straight "
+            "to Postgres, or calls are refused with 503 if that fails too)", registry=r)
+        self.rows_direct = Counter("taskplane_gateway_rows_direct_total",
+                                   "Attempt rows written straight to Postgres because the outbox was unwritable", registry=r)
+        self.rows_lost = Counter("taskplane_gateway_rows_not_stored_total",
+                                 "Attempt rows neither the outbox nor Postgres took (logged as cost_row_not_stored)",
+                                 registry=r)
+
+
+class _WithoutTenants(Collector):
+    """The families of some registries, without their tenant-labelled samples."""
+
+    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
+        self.registries = list(registries)
+
+    def collect(self) -> Iterator[Metric]:
+        for registry in self.registries:
+            for family in registry.collect():
+                if any("tenant" in s.labels for s in family.samples):
+                    family.samples = [s for s in family.samples if "tenant" not in s.labels]
+                yield family
+
+
+def exposition(registries: Iterable[CollectorRegistry], *, tenants: bool) -> bytes:
+    """The text exposition of ``registries``; ``tenants=False`` drops tenant-labelled series."""
+    registries = list(registries)
+    if tenants:
+        return b"".join(generate_latest(r) for r in registries)
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_WithoutTenants(registries))
+    return generate_latest(view)

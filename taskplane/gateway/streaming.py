@@ -19,10 +19,10 @@ import structlog
 from fastapi.responses import StreamingResponse
 
 from taskplane.context import R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.engines.registry import ReplicaRegistry
-from taskplane.errors import ErrorType
-from taskplane.gateway.attempts import Attempt, AttemptLedger
-from taskplane.store.records import Outcome
+from taskplane.gateway import failures
+from taskplane.gateway.attempts import Attempt, token_count
+from taskplane.gateway.failures import Failure
+from taskplane.gateway.lifecycle import AttemptLifecycle
 
 log = structlog.get_logger(__name__)
 
@@ -65,24 +65,25 @@ def filter_usage_event(event: bytes, usage: dict[str, Any], client_wants_usage: 
 
 
 class StreamRelay:
-    """One streamed attempt, from the upstream response to its settled row.
+    """One streamed attempt, from the upstream response to its settled attempt.
 
-    ``finish`` releases the attempt's place on the replica and returns the batch it left;
-    ``prefilled`` marks its prefill done; ``release`` frees the tenant's in-flight slot.
+    ``leave`` frees the tenant's in-flight slot when the stream is over. However the
+    stream ends, the attempt is settled through the lifecycle: ``succeeded`` on
+    ``[DONE]``, ``failed`` when the replica broke off or ended early, ``cancelled`` (with
+    the content events relayed so far as its tokens) when the client went away.
     """
 
-    def __init__(self, attempt: Attempt, resp: httpx.Response, *, ledger: AttemptLedger, registry: ReplicaRegistry,
-                 finish: Callable[[], int], prefilled: Callable[[], None], release: Callable[[], None]) -> None:
+    def __init__(self, attempt: Attempt, resp: httpx.Response, *, lifecycle: AttemptLifecycle,
+                 leave: Callable[[], None]) -> None:
         self.attempt = attempt
         self.resp = resp
-        self.ledger = ledger
-        self.registry = registry
-        self.finish = finish
-        self.prefilled = prefilled
-        self.release = release
+        self.lifecycle = lifecycle
+        self.leave = leave
         self.ok = False
-        self.ttft_ms: float | None = None
+        self.failure: Failure | None = None
+        self.generated = 0  # content events relayed: the tokens the client has seen
         self.usage: dict[str, Any] = {}
+        self.engine_reported = False  # the engine sent its own error event
         self.settled = False
 
     def response(self) -> StreamingResponse:
@@ -92,31 +93,30 @@ class StreamRelay:
         return ProxyStream(self.body(), self.settle, media_type="text/event-stream", headers=headers)
 
     async def settle(self) -> None:
-        """Release the counters and write the attempt's row exactly once, however the stream
-        ended: finished, upstream broke, client went away, or the body never started."""
+        """Settle the attempt exactly once, however the stream ended: finished, upstream
+        broke, client went away, or the body never started."""
         if self.settled:
             return
         self.settled = True
-        a = self.attempt
-        batch_end = self.finish()
-        self.release()
-        total_ms = a.elapsed_ms()
-        ttft_ms = self.ttft_ms
-        if self.ok:
-            rec = self.ledger.success(a, total_ms, ttft_ms, self.usage, batch_end)
-        else:
-            rec = self.ledger.failure(a, Outcome.ERROR, ErrorType.REPLICA_ERROR, total_ms, batch_end, ttft_ms)
-        self.ledger.completed(a.call, a.decision, ok=self.ok, ttft_ms=ttft_ms, total_ms=total_ms, cached=rec.cached_tokens,
-                              completion=rec.completion_tokens, batch=max(a.batch_start, batch_end))
+        self.leave()
         # A disconnecting client cancels this task; the row must still be written.
         with anyio.CancelScope(shield=True):
             await self.resp.aclose()
-            await self.ledger.write(rec)
+            if self.ok:
+                await self.lifecycle.succeeded(self.attempt, self.usage)
+            elif self.failure is not None:
+                await self.lifecycle.failed(self.attempt, self.failure)
+            else:
+                await self.lifecycle.cancelled(self.attempt, self.generated_tokens())
+
+    def generated_tokens(self) -> int:
+        """Tokens generated so far: the engine's count if a usage event came, else the
+        content events relayed (one token each, as vLLM streams them)."""
+        return token_count(self.usage.get("completion_tokens")) or self.generated
 
     async def body(self) -> AsyncIterator[bytes]:
         a, replica = self.attempt, self.attempt.replica
         buf = b""
-        failure: str | None = None
         try:
             async for chunk in self.resp.aiter_bytes():
                 replica.saw_progress()
@@ -127,29 +127,29 @@ class StreamRelay:
                 outs = []
                 for event in events:
                     out = filter_usage_event(event, self.usage, a.call.client_wants_usage)
-                    if self.ttft_ms is None and (b'"content"' in event or b'"text"' in event):
-                        self.ttft_ms = a.elapsed_ms()
-                        self.prefilled()
+                    if b'"content"' in event or b'"text"' in event:
+                        self.generated += 1
+                        self.lifecycle.first_token(a)
                     if event.strip() == b"data: [DONE]":
                         self.ok = True
                     elif event.lstrip().startswith(b'data: {"error"'):
-                        failure = "reported an error"
+                        self.engine_reported = True
+                        self.failure = failures.broken_stream(replica.name, "reported an error", transport=False)
                     if out is not None:
                         outs.append(out + b"\n\n")
                 if outs:
                     yield b"".join(outs)
-            if not self.ok and failure is None:
-                failure = "ended the stream before it finished"
+            if not self.ok and self.failure is None:
+                self.failure = failures.broken_stream(replica.name, "ended the stream before it finished", transport=False)
         except (httpx.HTTPError, OSError) as exc:
             log.warning("stream_broken", replica=replica.name, error=type(exc).__name__)
-            self.registry.mark_failure(replica.name, hard=True)
-            failure = f"broke off the stream ({type(exc).__name__})"
+            self.failure = failures.broken_stream(replica.name, f"broke off the stream ({type(exc).__name__})",
+                                                  transport=True)
         finally:
-            if self.ok or failure is None:
-                await self.settle()
-        if failure is not None and failure != "reported an error":
+            if self.ok or self.failure is None:
+                await self.settle()  # finished, or the client went away (the generator is closed)
+        if self.failure is not None and not self.engine_reported:
             # Tokens may already be out, so no retry; but the client is told plainly
             # (the way vLLM reports a failure mid-stream) instead of seeing a silent end.
-            err = {"error": {"type": str(ErrorType.REPLICA_ERROR), "message": f"replica {replica.name} {failure}"}}
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            yield b"data: " + json.dumps(self.failure.error.body()).encode() + b"\n\n"
         await self.settle()

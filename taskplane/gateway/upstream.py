@@ -1,6 +1,7 @@
 """The gateway's HTTP side toward replicas: pooled clients, the body a replica is sent, a
-send that gives up once the replica is marked down, and an engine's refusal (4xx)
-translated into the contract's errors.
+send that gives up once the replica is marked down, and what a response says
+(``open_response``, ``read_completion``), turned into ``failures.Failure``s: the only
+httpx-specific part of an attempt.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 import httpx
 
 from taskplane.engines.registry import ReplicaState
-from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import failures
+from taskplane.gateway.failures import Failure
 from taskplane.gateway.intake import Call
+from taskplane.gateway.openai_extra import reply_usage
 
 UPSTREAM_POOLS = 8  # upstream connection pools per replica (see UpstreamClients.client_for)
 
@@ -84,12 +87,43 @@ async def send_unless_down(client: httpx.AsyncClient, req: httpx.Request, replic
     return send.result()
 
 
-def engine_client_error(status: int, body: bytes) -> TaskplaneError:
-    """An engine's 4xx as the contract's error: the request itself was refused, so a retry
-    elsewhere would be refused too."""
+class AttemptFailed(Exception):
+    """An upstream attempt failed; ``failure`` says how (``failures``)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+
+
+async def open_response(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+    """Send the attempt and return the replica's successful response, its body still to
+    read; any other ending raises ``AttemptFailed`` (the response already closed)."""
     try:
-        msg = json.loads(body).get("error", {}).get("message") or body[:200].decode("utf-8", "replace")
-    except (ValueError, AttributeError):
-        msg = body[:200].decode("utf-8", "replace")
-    etype = ErrorType.MODEL_NOT_FOUND if status == 404 else ErrorType.INVALID_REQUEST
-    return TaskplaneError(etype, f"the engine refused the request: {msg}")
+        resp = await send_unless_down(client, req, replica)
+    except (httpx.HTTPError, OSError, ReplicaDown) as exc:
+        raise AttemptFailed(failures.unreachable(replica.name, type(exc).__name__,
+                                                 timeout=isinstance(exc, httpx.TimeoutException))) from None
+    replica.saw_progress()
+    if resp.status_code < 400:
+        return resp
+    try:
+        body = await resp.aread()
+    except (httpx.HTTPError, OSError) as exc:
+        raise AttemptFailed(failures.broken_response(replica.name, type(exc).__name__)) from None
+    finally:
+        await resp.aclose()
+    raise AttemptFailed(failures.from_status(replica.name, resp.status_code, body))
+
+
+async def read_completion(resp: httpx.Response, replica: ReplicaState, kind: str = "chat") -> tuple[dict[str, Any], dict[str, Any]]:
+    """A unary answer's object (of the call's ``kind``) and its usage in chat-completion
+    terms, or ``AttemptFailed`` when it is not such an object. The response is closed
+    either way."""
+    try:
+        data = json.loads(await resp.aread())
+        usage = reply_usage(kind, data)
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        raise AttemptFailed(failures.broken_response(replica.name, type(exc).__name__)) from None
+    finally:
+        await resp.aclose()
+    return data, usage

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 from datetime import UTC, datetime, timedelta
@@ -108,6 +109,12 @@ def run_report(
 
         database_url = resolve_database_url(None, state_dir)
     report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=tenant, group_by=group_by))
+    if fmt == "html" and not os.environ.get("TASKPLANE_TEMPORAL_UI_URL"):
+        from taskplane.dev.stack import status
+
+        ui = status(state_dir).get("temporal_ui_url")
+        if ui:  # failed tasks link to the dev stack's Temporal UI
+            os.environ["TASKPLANE_TEMPORAL_UI_URL"] = str(ui)
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

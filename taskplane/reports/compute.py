@@ -124,6 +124,22 @@ class TimePoint(BaseModel):
     cache_hit_ratio: float | None = None
 
 
+class FailedTask(BaseModel):
+    """A task that ended without success, for the report's list of what to look at."""
+
+    task_id: str
+    agent: str
+    tenant: str
+    status: str
+    error: str | None = None
+    cost_usd: float = 0.0
+    finished_at: datetime | None = None
+
+
+#: The report lists at most this many failed tasks (the latest first).
+MAX_FAILED_LISTED = 50
+
+
 class Report(BaseModel):
     """The cost report. ``model_dump(mode="json")`` (minus ``groups_by``) is the JSON format."""
 
@@ -164,6 +180,7 @@ class Report(BaseModel):
     groups_by: dict[str, list[GroupRow]] = Field(default_factory=dict)
     timeline_bucket_s: int = 0
     timeline: list[TimePoint] = Field(default_factory=list)
+    failed_tasks: list[FailedTask] = Field(default_factory=list, description="the latest tasks that did not succeed")
 
     def to_json_dict(self) -> dict[str, object]:
         """The JSON report (DESIGN.md contract: tasks_succeeded, tasks_failed, total_cost_usd,
@@ -311,6 +328,16 @@ def build_report(
     ]
     window_tasks = [t for t in all_tasks.values() if _in_window(task_time(t), since, until)]
 
+    def root_task(task_id: str | None) -> TaskRecord | None:
+        """The goal an attempt belongs to: a sub-agent's id is ``<parent id>.<agent>-<n>``."""
+        tid = task_id or ""
+        while tid:
+            found = all_tasks.get(tid)
+            if found is not None:
+                return found
+            tid = tid.rpartition(".")[0]
+        return None
+
     counts, spend = TaskCounts(), Spend()
     for t in window_tasks:
         counts.add(t)
@@ -322,7 +349,7 @@ def build_report(
     waste = Waste()
     prev = previous_context(calls)
     for a in calls:
-        cat = waste_category(a, all_tasks.get(a.task_id or ""))
+        cat = waste_category(a, root_task(a.task_id))
         if cat == "failed_task":
             waste.failed_tasks_usd += a.cost_usd
         elif cat == "shed":
@@ -336,8 +363,9 @@ def build_report(
 
     # Groupings. Model and GPU: a task counts in every group its calls touched.
     def agent_of(a: AttemptRecord) -> str:
-        task = all_tasks.get(a.task_id or "")
-        return a.agent or (task.agent if task else None) or NONE_KEY
+        # a sub-agent's calls count for the agent whose task it serves (one goal, one agent)
+        task = root_task(a.task_id)
+        return (task.agent if task else None) or a.agent or NONE_KEY
 
     def model_of(a: AttemptRecord) -> str:
         return a.model_served or a.model_requested or NONE_KEY
@@ -395,7 +423,18 @@ def build_report(
         groups_by=groups_by,
         timeline_bucket_s=bucket_s,
         timeline=timeline,
+        failed_tasks=_failed(window_tasks),
     )
+
+
+def _failed(tasks: list[TaskRecord]) -> list[FailedTask]:
+    ended = [t for t in tasks if t.status in WASTED_TASK]
+    ended.sort(key=lambda t: (task_time(t), t.task_id), reverse=True)
+    return [
+        FailedTask(task_id=t.task_id, agent=t.agent, tenant=t.tenant, status=t.status.value, error=t.error,
+                   cost_usd=t.cost_usd, finished_at=_utc(t.finished_at))
+        for t in ended[:MAX_FAILED_LISTED]
+    ]
 
 
 def _timeline(

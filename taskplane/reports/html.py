@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import threading
+from urllib.parse import quote
 
 from taskplane.reports import plots
 from taskplane.reports.compute import Report
-from taskplane.reports.render import count, pct, usd, window_text
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 _PLOT_LOCK = threading.Lock()
 
@@ -37,6 +39,7 @@ table { border-collapse: collapse; width: 100%; background: #fff; border: 1px so
 th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f1f5f9; font-weight: 600; font-size: 12px; }
+td.err { text-align: left; font-size: 12px; color: #7f1d1d; }
 .plots { display: grid; grid-template-columns: 1fr; gap: 14px; }
 figure.plot { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 10px; }
 figure.plot svg { width: 100%; height: auto; display: block; }
@@ -58,12 +61,13 @@ def _figure_value(elem_id: str, label: str, text: str, value: float | int | None
 def _groups_table(report: Report, dimension: str) -> str:
     rows = report.groups_by.get(dimension, [])
     head = (
-        f"<tr><th>{html.escape(dimension)}</th><th>succeeded</th><th>failed</th><th>calls</th>"
+        f"<tr><th>{html.escape(dimension)}</th><th>succeeded</th><th>failed</th><th>cancelled</th><th>calls</th>"
         "<th>cost</th><th>cost / successful task</th><th>cache hit</th></tr>"
     )
     body = "".join(
         f'<tr data-key="{html.escape(r.key)}"><td>{html.escape(r.key)}</td><td>{count(r.tasks_succeeded)}</td>'
-        f"<td>{count(r.tasks_failed)}</td><td>{count(r.calls)}</td><td>{usd(r.total_cost_usd)}</td>"
+        f"<td>{count(r.tasks_failed)}</td><td>{count(r.tasks_cancelled)}</td><td>{count(r.calls)}</td>"
+        f"<td>{usd(r.total_cost_usd)}</td>"
         f'<td data-value="{_num(r.cost_per_successful_task_usd)}">{usd(r.cost_per_successful_task_usd)}</td>'
         f"<td>{pct(r.cache_hit_ratio)}</td></tr>"
         for r in rows
@@ -88,8 +92,34 @@ def _waste_table(report: Report) -> str:
     return f'<table id="waste"><tr><th>where</th><th>USD</th><th>share of spend</th></tr>{body}</table>'
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document."""
+def _failed_table(report: Report, temporal_ui_url: str | None) -> str:
+    """The tasks that did not succeed, each with its error and a link to it in the Temporal UI."""
+    if not report.failed_tasks:
+        return '<p class="note" id="failed-tasks">No failed or cancelled tasks in this window.</p>'
+    ui = (temporal_ui_url or "").rstrip("/")
+
+    def task_cell(task_id: str) -> str:
+        if not ui:
+            return html.escape(task_id)
+        href = f"{ui}/namespaces/default/workflows/{quote(task_id, safe='')}"
+        return f'<a href="{html.escape(href)}">{html.escape(task_id)}</a>'
+
+    body = "".join(
+        f'<tr data-task="{html.escape(f.task_id)}"><td>{task_cell(f.task_id)}</td><td>{html.escape(f.agent)}</td>'
+        f"<td>{html.escape(f.tenant)}</td><td>{html.escape(f.status)}</td><td>{usd(f.cost_usd)}</td>"
+        f'<td class="err">{html.escape(" ".join((f.error or "").split())[:300])}</td></tr>'
+        for f in report.failed_tasks
+    )
+    head = "<tr><th>task</th><th>agent</th><th>tenant</th><th>status</th><th>cost</th><th>error</th></tr>"
+    return f'<table id="failed-tasks">{head}{body}</table>'
+
+
+def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
+    """The whole report as one HTML document.
+
+    Failed tasks link to ``temporal_ui_url`` (default ``TASKPLANE_TEMPORAL_UI_URL``).
+    """
+    temporal_ui_url = temporal_ui_url or os.environ.get("TASKPLANE_TEMPORAL_UI_URL")
     cards = "".join(
         [
             _figure_value("cost-per-successful-task", "Cost per successful task (fully loaded)",
@@ -148,6 +178,8 @@ tasks that succeeded within their deadline. {html.escape(other)}</p>
 {_groups_table(report, "model")}
 <h2>By GPU</h2>
 {_groups_table(report, "gpu")}
+<h2>Tasks that did not succeed</h2>
+{_failed_table(report, temporal_ui_url)}
 <p class="note">Model and GPU rows count a task in every group its calls touched. Cache-miss waste is an estimate:
 the prefill share of a call's cost for context its session had already built (see docs/costs.md).</p>
 <script type="application/json" id="report-json">{data}</script>

@@ -12,6 +12,7 @@ import re
 from datetime import timedelta
 
 from taskplane.reports.compute import GroupRow, Report
+from taskplane.reports.formatting import usd
 
 COLORS = {"main": "#2563eb", "accent": "#16a34a", "warn": "#dc2626", "muted": "#94a3b8", "amber": "#d97706"}
 
@@ -49,6 +50,17 @@ def _few_ticks(axis) -> None:  # type: ignore[no-untyped-def]
     axis.set_major_locator(MaxNLocator(4))
 
 
+def _usd_ticks(axis) -> None:  # type: ignore[no-untyped-def]
+    """Dollar tick labels as the tables print them ($0.000054, not 5.4e-05 with an offset)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def short(v: float, _pos: object) -> str:
+        text = usd(v)
+        return text.rstrip("0").rstrip(".") if "." in text and abs(v) < 1 else text
+
+    axis.set_major_formatter(FuncFormatter(short))
+
+
 def _dates(ax, report: Report) -> None:  # type: ignore[no-untyped-def]
     import matplotlib.dates as mdates
 
@@ -56,9 +68,11 @@ def _dates(ax, report: Report) -> None:  # type: ignore[no-untyped-def]
         pad = timedelta(seconds=report.timeline_bucket_s)
         ax.set_xlim(report.timeline[0].start - pad / 2, report.timeline[-1].start + pad * 1.5)
 
-    locator = mdates.AutoDateLocator()
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    # one unambiguous format per span: ConciseDateFormatter mixed "30" (seconds) with "18:38"
+    span = (report.timeline[-1].start - report.timeline[0].start) if report.timeline else timedelta(0)
+    fmt = "%H:%M:%S" if span < timedelta(minutes=10) else "%H:%M" if span < timedelta(days=2) else "%b %d"
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=6))
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(fmt))
 
 
 def _empty(ax, message: str = "no data in this window") -> None:  # type: ignore[no-untyped-def]
@@ -87,6 +101,7 @@ def cost_over_time(report: Report) -> str:
             ax.axhline(report.cost_per_successful_task_usd, color=COLORS["accent"], linestyle="--",
                        linewidth=1, label="whole window")
         ax.set_ylabel("USD per successful task", fontsize=8)
+        _usd_ticks(ax.yaxis)
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         _dates(ax, report)
     ax.set_title("Cost per successful task over time", fontsize=10, loc="left")
@@ -105,10 +120,11 @@ def _bars(ax, rows: list[GroupRow], title: str) -> None:  # type: ignore[no-unty
         ax.barh(labels, values, color=colors, height=0.6)
         for y, r in enumerate(rows[::-1]):
             value = r.cost_per_successful_task_usd
-            note = "no successful task" if value is None else f"${value:.4g}"
+            note = "no successful task" if value is None else usd(value)
             ax.text(value or 0.0, y, f" {note}", va="center", fontsize=7, color="#111827")
         ax.set_xlim(0, max(values) * 1.35 if max(values) > 0 else 1)
         _few_ticks(ax.xaxis)
+        _usd_ticks(ax.xaxis)
         ax.grid(axis="x", alpha=0.3)
         ax.grid(axis="y", visible=False)
         ax.set_xlabel("USD per successful task", fontsize=8)
@@ -142,9 +158,10 @@ def waste_breakdown(report: Report) -> str:
         values = [p[1] for p in parts][::-1]
         ax.barh(labels, values, color=[p[2] for p in parts][::-1])
         for y, v in enumerate(values):
-            ax.text(v, y, f" ${v:.4g} ({v / report.total_cost_usd:.0%})", va="center", fontsize=7)
+            ax.text(v, y, f" {usd(v)} ({v / report.total_cost_usd:.0%})", va="center", fontsize=7)
         ax.set_xlim(0, max(values) * 1.3 if max(values) > 0 else 1)
         _few_ticks(ax.xaxis)
+        _usd_ticks(ax.xaxis)
         ax.grid(axis="x", alpha=0.3)
         ax.grid(axis="y", visible=False)
         ax.set_xlabel("USD", fontsize=8)

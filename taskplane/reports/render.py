@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from taskplane.reports.compute import GroupRow, Report
+from taskplane.reports.formatting import count, pct, usd, window_text
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
 
@@ -37,32 +38,6 @@ CSV_COLUMNS = (
     "cost_per_successful_task_usd",
     "cache_hit_ratio",
 )
-
-
-def usd(value: float | None) -> str:
-    """Money for people: cents for large sums, micro-dollars for small ones."""
-    if value is None:
-        return "n/a"
-    if abs(value) >= 1000:
-        return f"${value:,.2f}"
-    if abs(value) >= 1:
-        return f"${value:,.4f}"
-    return f"${value:.6f}"
-
-
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
-def count(value: int) -> str:
-    return f"{value:,}"
-
-
-def window_text(report: Report) -> str:
-    since = report.since.isoformat() if report.since else "the beginning"
-    until = report.until.isoformat() if report.until else "now"
-    scope = f"tenant {report.tenant}" if report.tenant else "all tenants"
-    return f"{since} to {until}, {scope}"
 
 
 # ---- JSON ----------------------------------------------------------------------------
@@ -157,6 +132,7 @@ def table_renderable(report: Report) -> RenderableType:
         (report.group_by, "left"),
         ("succeeded", "right"),
         ("failed", "right"),
+        ("cancelled", "right"),
         ("calls", "right"),
         ("cost", "right"),
         ("cost / successful task", "right"),
@@ -168,6 +144,7 @@ def table_renderable(report: Report) -> RenderableType:
             row.key,
             count(row.tasks_succeeded),
             count(row.tasks_failed),
+            count(row.tasks_cancelled),
             count(row.calls),
             usd(row.total_cost_usd),
             usd(row.cost_per_successful_task_usd),
@@ -180,7 +157,18 @@ def table_renderable(report: Report) -> RenderableType:
     if report.calls == 0 and report.tasks_total == 0:
         parts.append(Text("No LLM calls or tasks in this window.", style="dim"))
         return Group(*parts)
-    return Group(*parts, waste, groups)
+    return Group(*parts, waste, groups, *_failed_table(report))
+
+
+def _failed_table(report: Report) -> list[RenderableType]:
+    if not report.failed_tasks:
+        return []
+    t = Table(title="Tasks that did not succeed (latest first)", title_justify="left")
+    for col in ("task", "agent", "status", "cost", "error"):
+        t.add_column(col, justify="right" if col == "cost" else "left", overflow="fold")
+    for f in report.failed_tasks[:20]:
+        t.add_row(f.task_id, f.agent, f.status, usd(f.cost_usd), " ".join((f.error or "").split())[:120])
+    return [t]
 
 
 def render_table(report: Report, width: int = 110) -> str:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.scheduler.arrays import ZERO
 from taskplane.scheduler.types import ReplicaView
 
 
@@ -201,17 +200,12 @@ class LatencyModel:
         same GPU (scalars broadcast: fewer array operations, the same results);
         ``queued_tokens``: prefill work ahead of the call.
         """
-        # scalars as 0-d arrays: numpy converts a Python float operand on every operation
-        cols = (
-            [np.array(x) for x in params] if isinstance(params, tuple)
-            else [params[:, 0], params[:, 1], params[:, 2], params[:, 3]]
-        )
+        cols: tuple[Any, ...] = params if isinstance(params, tuple) else tuple(params[:, k] for k in range(4))
         rate, base, per_seq, cold_s = cols
         # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
-        cold_ms = ZERO if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
-        completion = np.array(completion_tokens)
-        times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion)
-        return Prediction(*times, idle=(cold_ms, base, per_seq, completion))
+        cold_ms = 0.0 if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
+        times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)
+        return Prediction(*times, idle=(cold_ms, base, per_seq, completion_tokens))
 
     @staticmethod
     def predict_scalar(

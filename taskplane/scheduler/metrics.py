@@ -45,3 +45,16 @@ SHED = Counter(
 MOVED = Counter(
     "taskplane_scheduler_moved_total", "calls moved to a fallback model", ["policy", "model"]
 )
+
+KV_EVENTS = Counter("taskplane_kvindex_events_total", "KV events applied to the precise index", ["type"])
+KV_EVENTS_STORED = KV_EVENTS.labels("BlockStored")
+KV_EVENTS_REMOVED = KV_EVENTS.labels("BlockRemoved")
+KV_EVENTS_CLEARED = KV_EVENTS.labels("AllBlocksCleared")
+KV_BATCHES = Counter("taskplane_kvindex_batches_total", "KV event batches by outcome", ["outcome"])
+KV_UNCHAINED = Counter(
+    "taskplane_kvindex_unchained_blocks_total",
+    "stored blocks skipped because their parent block is unknown (missed events)",
+)
+KV_BLOCKS = Gauge("taskplane_kvindex_blocks", "distinct block hashes indexed", ["index"])
+KV_BLOCKS_PRECISE = KV_BLOCKS.labels("precise")
+KV_BLOCKS_APPROX = KV_BLOCKS.labels("approximate")

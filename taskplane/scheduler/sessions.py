@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import Counter
 
-from taskplane.scheduler.kvindex import ReplicaSlots
+from taskplane.scheduler.kv.slots import ReplicaSlots
 from taskplane.scheduler.table import ReplicaTable
 
 PINS_BROKEN = Counter(

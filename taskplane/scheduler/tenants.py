@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskplane.context import Priority
+from taskplane.scheduler.types import Priority
 
 
 @dataclass(slots=True, frozen=True)

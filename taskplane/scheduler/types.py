@@ -56,6 +56,35 @@ class CallRequest:
     avoid_replicas: tuple[str, ...] = ()  # never place here (a retry after a replica failed)
 
 
+class Priority(StrEnum):
+    """A call's priority band, most urgent first; the one rank table of the project."""
+
+    CRITICAL = "critical", 0
+    INTERACTIVE = "interactive", 1
+    STANDARD = "standard", 2
+    BATCH = "batch", 3
+
+    rank: int  # 0 is the most urgent band
+
+    def __new__(cls, value: str, rank: int = 0) -> Priority:  # (the default only for mypy's Priority(name))
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.rank = rank
+        return member
+
+    @classmethod
+    def rank_of(cls, name: str) -> int:
+        """The rank of a band given by name (any case); unknown names count as standard."""
+        try:
+            return cls(name).rank
+        except ValueError:
+            pass
+        try:
+            return cls(str(name).lower()).rank
+        except ValueError:
+            return cls.STANDARD.rank
+
+
 class Action(StrEnum):
     PLACE = "place"
     QUEUE = "queue"  # admission control holds the call

@@ -32,11 +32,12 @@ from taskplane.sdk.errors import (
     LlmError,
     NotDeterministic,
     StepFailed,
+    StructuredOutputError,
     SubAgentFailed,
     TaskFailed,
 )
 from taskplane.sdk.step import Step, step
-from taskplane.sdk.types import AgentOutput, Decision, LlmResponse, TaskView
+from taskplane.sdk.types import AgentOutput, Decision, LlmResponse, TaskView, ToolCall
 
 __all__ = [
     "Agent",
@@ -50,10 +51,12 @@ __all__ = [
     "NotDeterministic",
     "Step",
     "StepFailed",
+    "StructuredOutputError",
     "SubAgentFailed",
     "TaskFailed",
     "TaskHandle",
     "TaskView",
+    "ToolCall",
     "agent",
     "approval",
     "connect",

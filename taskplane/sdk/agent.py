@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import types
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar, overload
 
@@ -36,6 +35,7 @@ from taskplane.sdk.errors import (
     SubAgentFailed,
 )
 from taskplane.sdk.runtime import TaskRuntime, runtime
+from taskplane.sdk.spec import DEFAULT_HISTORY_LIMIT, AgentSpec, execution_timeout
 from taskplane.sdk.state import TaskContext, format_time, parse_time
 from taskplane.sdk.types import AgentOutput, Decision, TaskRowInput, TaskRowResult, TaskView
 
@@ -43,24 +43,6 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 #: Every agent the process has defined, by name (outside the sandbox only).
 AGENTS: dict[str, Agent] = {}
-
-DEFAULT_HISTORY_LIMIT = 10_000
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    """What ``@agent(...)`` was told."""
-
-    name: str
-    fn: Callable[..., Awaitable[Any]]
-    tenant: str | None = None
-    priority: str = "standard"
-    deadline: timedelta | None = None
-    max_cost_usd: float | None = None
-    steps: int | None = None
-    allow_fallback: bool = False
-    history_limit: int = DEFAULT_HISTORY_LIMIT
-
 
 class Agent:
     """An agent: submit it as a task, or ``await`` it inside another agent as a sub-agent."""
@@ -246,7 +228,7 @@ class AgentWorkflow:
         cancelled: BaseException | None = None
         value: Any = None
         try:
-            value = await spec.fn(*args)
+            value = await self._tp_body(rt, args)
         except asyncio.CancelledError as exc:
             status, failure_type, message, cancelled = "cancelled", "Cancelled", "cancelled", exc
         except Exception as exc:  # the agent's own failure ends the task; never a stuck workflow task
@@ -263,14 +245,33 @@ class AgentWorkflow:
         if status != "succeeded":
             raise ApplicationError(
                 f"{message} (spent ${rt.ctx.sunk_cost_usd:.6f})",
-                {"status": status, "cost_usd": rt.ctx.sunk_cost_usd, "llm_calls": rt.ctx.llm_calls},
+                {"status": status, "cost_usd": rt.ctx.sunk_cost_usd, "llm_calls": rt.total_calls,
+                 "attempts": rt.total_attempts},
                 type=failure_type,
                 non_retryable=True,
             )
         return AgentOutput(
             result=value, task_id=rt.ctx.task_id, status=status, cost_usd=rt.ctx.sunk_cost_usd,
-            llm_calls=rt.ctx.llm_calls, attempts=rt.ctx.attempts,
+            llm_calls=rt.total_calls, attempts=rt.total_attempts,
         )
+
+    async def _tp_body(self, rt: TaskRuntime, args: tuple[Any, ...]) -> Any:
+        """The author's function, ended at the deadline whatever it is awaiting.
+
+        A durable timer races the body: at the deadline the body is cancelled (its
+        activities and sub-agents with it) and the task ends failed-deadline then, not
+        when the body next happens to call the SDK.
+        """
+        fn = type(self)._tp_spec.fn
+        budget = rt.budget_ms()
+        if budget is None:
+            return await fn(*args)
+        try:
+            return await asyncio.wait_for(fn(*args), timeout=max(budget, 1.0) / 1000.0)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"task {rt.ctx.task_id} reached its deadline {rt.ctx.deadline} during: {rt.current}"
+            ) from None
 
     def _tp_initial_context(self) -> TaskContext:
         """The header's context (client, parent or previous run), else the agent's defaults."""
@@ -339,7 +340,7 @@ class AgentWorkflow:
             status=status, started_at=ctx.started_at or format_time(now) or "", deadline=ctx.deadline,
             deadline_met=deadline_met, finished_at=format_time(now) if finished else None,
             cost_usd=ctx.sunk_cost_usd, child_cost_usd=ctx.child_cost_usd, attempts=ctx.attempts,
-            llm_calls=ctx.llm_calls,
+            child_attempts=ctx.child_attempts, llm_calls=ctx.llm_calls, child_llm_calls=ctx.child_llm_calls,
             retries=max(ctx.attempts - ctx.llm_calls, 0), error=error, parent_task_id=ctx.parent_task_id,
         )
         rt.pending_header = ctx.copy()
@@ -376,12 +377,15 @@ def start_memo(ctx: TaskContext, args: tuple[Any, ...] | list[Any]) -> dict[str,
 def start_search_attributes(ctx: TaskContext) -> list[SearchAttributePair[Any]]:
     """The search-attribute values a task starts with (DESIGN.md's Temporal names)."""
     values: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(tn.TENANT, ctx.tenant),
         SearchAttributePair(tn.AGENT, ctx.agent),
         SearchAttributePair(tn.STATUS, "running"),
         SearchAttributePair(tn.COST_USD, 0.0),
         SearchAttributePair(tn.LLM_CALLS, 0),
     ]
+    if not ctx.parent_task_id:
+        # a sub-agent is part of its parent's task, not one of the tenant's tasks: a filter
+        # on TaskplaneTenant lists goals (find sub-agents by TaskplaneAgent)
+        values.insert(0, SearchAttributePair(tn.TENANT, ctx.tenant))
     deadline = parse_time(ctx.deadline)
     if deadline is not None:
         values.append(SearchAttributePair(tn.DEADLINE, deadline))
@@ -420,6 +424,7 @@ async def _run_child(ag: Agent, args: tuple[Any, ...]) -> Any:
             result_type=AgentOutput, memo=start_memo(child_ctx, args),
             search_attributes=TypedSearchAttributes(start_search_attributes(child_ctx)),
             static_summary=f"sub-agent {ag.name} of {parent.task_id}",
+            execution_timeout=execution_timeout(parse_time(child_ctx.deadline), now),
         )
     except ChildWorkflowError as exc:
         cause = exc.cause
@@ -427,13 +432,13 @@ async def _run_child(ag: Agent, args: tuple[Any, ...]) -> Any:
         info = details if isinstance(details, dict) else {}
         cost = float(info.get("cost_usd") or 0.0)
         status = str(info.get("status") or ("cancelled" if isinstance(cause, asyncio.CancelledError) else "failed"))
-        rt.add_child_cost(cost)
+        rt.add_child(cost, int(info.get("llm_calls") or 0), int(info.get("attempts") or 0))
         rt.publish()
         message = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
         if status == "failed-deadline":
             raise DeadlineExceeded(f"sub-agent {child_id} ran out of the deadline budget: {message}") from None
         raise SubAgentFailed(child_id, status, message, cost) from None
-    rt.add_child_cost(out.cost_usd)
+    rt.add_child(out.cost_usd, out.llm_calls, out.attempts)
     rt.publish()
     rt.set_current(f"sub-agent {ag.name} done")
     rt.check_cost()

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import TypedSearchAttributes
-from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
+from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError, TimeoutError
 
 from taskplane import temporal_names as tn
 from taskplane.context import Priority
@@ -20,6 +20,8 @@ from taskplane.sdk.errors import TaskFailed
 from taskplane.sdk.interceptors import START_CONTEXT, TaskplaneClientInterceptor
 from taskplane.sdk.payloads import data_converter
 from taskplane.sdk.resolve import resolve
+from taskplane.sdk.served import unserved_reason
+from taskplane.sdk.spec import execution_timeout
 from taskplane.sdk.state import TaskContext, format_time
 from taskplane.sdk.types import AgentOutput, Decision, TaskView
 
@@ -123,48 +125,98 @@ async def submit(
             ag.name, args=list(args), id=task_id, task_queue=task_queue, result_type=AgentOutput,
             memo=start_memo(ctx, args), search_attributes=TypedSearchAttributes(start_search_attributes(ctx)),
             static_summary=summarize_args(ag.name, args),
+            execution_timeout=execution_timeout(deadline_dt, now),
         )
     finally:
         START_CONTEXT.reset(token)
-    return TaskHandle(handle, ag)
+    return TaskHandle(handle, ag, task_queue=task_queue)
 
 
 class TaskHandle:
     """A submitted task: wait for it, ask what it cost, steer or cancel it."""
 
-    def __init__(self, handle: WorkflowHandle[Any, AgentOutput], ag: Agent | None = None) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, AgentOutput], ag: Agent | None = None, *,
+                 task_queue: str | None = None) -> None:
         self.handle = handle
         self.agent = ag
+        self.task_queue = task_queue
 
     @property
     def task_id(self) -> str:
         return self.handle.id
 
     async def outcome(self) -> AgentOutput:
-        """The result envelope (value, cost, LLM calls); raises TaskFailed if not succeeded."""
+        """What the finished task did: status, cost, LLM calls and attempts, for any ending.
+
+        A task that did not succeed has ``result=None`` and its ``failure_type`` / ``error``.
+        A task no worker serves fails within seconds (it is terminated, and the error names
+        the agent, the task queue and the command that serves it) instead of waiting forever.
+        """
+        result = asyncio.ensure_future(self.handle.result())
+        watchdog = asyncio.ensure_future(self._watch_served())
         try:
-            return await self.handle.result()
+            done, _ = await asyncio.wait({result, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            if result not in done and (reason := watchdog.result()) is not None:
+                await self.handle.terminate(reason=reason)
+                return await self._failed_outcome("failed", "AgentNotServed", reason)
+            return await result
         except WorkflowFailureError as exc:
-            cause = exc.cause
-            if isinstance(cause, ApplicationError):
-                raise TaskFailed.from_details(
-                    self.task_id, cause.type or "failed", cause.message, cause.details[0] if cause.details else None
-                ) from None
-            if isinstance(cause, CancelledError):
-                raise TaskFailed(self.task_id, "cancelled", "Cancelled", "cancelled", await self.cost()) from None
-            if isinstance(cause, TerminatedError):
-                raise TaskFailed(self.task_id, "terminated", "Terminated", cause.message, await self.cost()) from None
-            raise TaskFailed(self.task_id, "failed", type(cause).__name__, str(cause), await self.cost()) from None
+            return await self._from_failure(exc)
+        finally:
+            for f in (result, watchdog):
+                if not f.done():
+                    f.cancel()
+
+    async def _watch_served(self) -> str | None:
+        """Resolves with a reason once it is clear no worker serves the task; else never."""
+        queue = self.task_queue or tn.TASK_QUEUE
+        name = self.agent.name if self.agent is not None else None
+        reason = await unserved_reason(self.handle, queue, name, module=self.agent.__module__ if self.agent else None)
+        if reason is None:
+            await asyncio.Event().wait()
+        return reason
+
+    async def _from_failure(self, exc: WorkflowFailureError) -> AgentOutput:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError):
+            info = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            return AgentOutput(
+                result=None, task_id=self.task_id, status=str(info.get("status", "failed")),
+                cost_usd=float(info.get("cost_usd") or 0.0), llm_calls=int(info.get("llm_calls") or 0),
+                attempts=int(info.get("attempts") or 0), failure_type=cause.type or "failed", error=cause.message,
+            )
+        if isinstance(cause, CancelledError):
+            return await self._failed_outcome("cancelled", "Cancelled", "cancelled")
+        if isinstance(cause, TerminatedError):
+            return await self._failed_outcome("failed", "Terminated", cause.message)
+        if isinstance(cause, TimeoutError):
+            return await self._failed_outcome("failed-deadline", "WorkflowTimedOut", str(cause))
+        return await self._failed_outcome("failed", type(cause).__name__, str(cause))
+
+    async def _failed_outcome(self, status: str, failure_type: str, message: str) -> AgentOutput:
+        """An outcome from the task's search attributes (the workflow left no result)."""
+        sa = (await self.handle.describe()).typed_search_attributes
+        return AgentOutput(
+            result=None, task_id=self.task_id, status=status, cost_usd=float(sa.get(tn.COST_USD) or 0.0),
+            llm_calls=int(sa.get(tn.LLM_CALLS) or 0), failure_type=failure_type, error=message,
+        )
 
     async def result(self) -> Any:
-        """The agent's return value, typed as the agent declared it."""
+        """The agent's return value, typed as the agent declared it; TaskFailed if it did not succeed."""
         out = await self.outcome()
+        if out.status != "succeeded":
+            raise TaskFailed(self.task_id, out.status, out.failure_type or "failed", out.error or "", out.cost_usd)
         hint = return_hint(self.agent.spec.fn) if self.agent is not None else None
         return convert_value(out.result, hint)
 
     async def cost(self) -> float:
-        """Spend so far (USD): the task's TaskplaneCostUsd search attribute."""
+        """Spend so far (USD): live from the running task, else its final TaskplaneCostUsd."""
         desc = await self.handle.describe()
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            try:
+                return (await self.state()).cost_usd
+            except Exception:  # no worker to answer the query: the last published value
+                pass
         return float(desc.typed_search_attributes.get(tn.COST_USD) or 0.0)
 
     async def status(self) -> str:
@@ -186,7 +238,12 @@ class TaskHandle:
         return await self.handle.execute_update("decide", decision, result_type=TaskView)
 
     async def cancel(self) -> None:
+        """Ask the task to stop; a task no worker runs (so none can cancel it) is terminated."""
         await self.handle.cancel()
+        queue = self.task_queue or tn.TASK_QUEUE
+        reason = await unserved_reason(self.handle, queue, self.agent.name if self.agent else None, wait_s=2.0)
+        if reason is not None:
+            await self.handle.terminate(reason=f"cancelled; {reason}")
 
 
 def get_handle(client: Client, task_id: str, ag: Agent | None = None) -> TaskHandle:

@@ -95,3 +95,18 @@ class TaskFailed(Exception):
     def from_details(cls, task_id: str, failure_type: str, message: str, details: Any) -> TaskFailed:
         info = details if isinstance(details, dict) else {}
         return cls(task_id, str(info.get("status", "failed")), failure_type, message, info.get("cost_usd"))
+
+
+class StructuredOutputError(LlmError):
+    """The model's reply did not parse as, or validate against, the requested ``response_format``.
+
+    ``raw`` is the text the model sent, ``errors`` what did not validate; catch it to
+    retry the call, or to repair the output yourself.
+    """
+
+    failure_type = "StructuredOutputError"
+
+    def __init__(self, message: str, *, raw: str, errors: list[Any] | None = None) -> None:
+        super().__init__("invalid_output", message)
+        self.raw = raw
+        self.errors = errors or []

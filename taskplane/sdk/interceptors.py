@@ -10,8 +10,10 @@ prepared for the task it starts.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import client as tclient
@@ -51,6 +53,42 @@ def _read(headers: Mapping[str, Payload]) -> TaskContext | None:
     return None if payload is None else TaskContext.from_payload(payload)
 
 
+#: Model-call activities of agent frameworks -> taskplane's twin activity that makes the same
+#: call and also returns what the gateway charged (``taskplane.integrations`` register them).
+MODEL_CALLS: dict[str, str] = {}
+
+
+def _model_call(outbound: WorkflowOutboundInterceptor, input: StartActivityInput, twin: str, rt: Any) -> Any:
+    """A framework's model call as a taskplane LLM step: budget checked, step claimed, context
+    header sent, and on return its cost and attempts added to the task (search attributes,
+    outcome, budget guard) - the same book-keeping as ``llm.chat``."""
+    rt.check_cost()
+    budget_s = rt.budget_left()
+    ctx = rt.next_llm_context(steps_remaining=None, allow_fallback=None)
+    input.headers = _with(input.headers, ctx)
+    ret_type = input.ret_type
+    input.activity, input.ret_type = twin, None
+    if budget_s is not None:
+        cap = timedelta(seconds=budget_s)
+        input.schedule_to_close_timeout = min(input.schedule_to_close_timeout or cap, cap)
+    input.summary = f"LLM step {ctx.step} · {input.summary or twin}"
+    rt.set_current(f"LLM step {ctx.step}: {twin}")
+    handle = outbound.start_activity(input)
+
+    async def finish() -> Any:
+        out = await handle
+        rt.add_call(float(out.get("cost_usd") or 0.0), int(out.get("attempt") or 1))
+        rt.publish()
+        rt.set_current(f"LLM step {ctx.step} done")
+        rt.check_cost()
+        if ret_type is None:
+            return out.get("response")
+        pc = workflow.payload_converter()
+        return pc.from_payload(pc.to_payload(out.get("response")), ret_type)
+
+    return asyncio.ensure_future(finish())
+
+
 def _outgoing() -> TaskContext | None:
     """What the running agent wants to send: the prepared header, else a snapshot."""
     rt = getattr(workflow.instance(), "_tp", None)
@@ -63,6 +101,10 @@ def _outgoing() -> TaskContext | None:
 
 class _WorkflowOutbound(WorkflowOutboundInterceptor):
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        twin = MODEL_CALLS.get(input.activity)
+        rt = getattr(workflow.instance(), "_tp", None)
+        if twin is not None and rt is not None:
+            return _model_call(self.next, input, twin, rt)  # type: ignore[no-any-return]
         input.headers = _with(input.headers, _outgoing())
         return super().start_activity(input)
 

@@ -10,6 +10,7 @@ tokens, cost), and the cost is added to the task's spend at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,9 +26,11 @@ from temporalio.exceptions import (
 from taskplane.sdk import retry
 from taskplane.sdk.errors import DeadlineExceeded, LlmError
 from taskplane.sdk.runtime import TaskRuntime, runtime
+from taskplane.sdk.structured import Format, parse_output, request_format
+from taskplane.sdk.tools import Tool, run_tool_calls, tool_choice_value, tool_schema
 from taskplane.sdk.types import LlmRequest, LlmResponse
 
-__all__ = ["LlmResponse", "chat", "complete"]
+__all__ = ["LlmResponse", "chat", "complete", "run_tool_calls"]
 
 ACTIVITY_NAME = "llm_call"
 DEFAULT_TIMEOUT = timedelta(minutes=2)
@@ -43,17 +46,35 @@ async def chat(
     steps_remaining: int | None = None,
     allow_fallback: bool | None = None,
     timeout: timedelta | None = None,
+    tools: Sequence[Tool] | None = None,
+    tool_choice: Any = None,
+    response_format: Format | None = None,
     **params: Any,
 ) -> LlmResponse:
     """An OpenAI chat completion through the gateway, as one durable step of the task.
 
     ``params`` are OpenAI request fields (``max_tokens``, ``temperature``...).
+    ``tools`` are @step functions (schema from signature and docstring) or OpenAI tool
+    dicts; ``tool_choice`` is ``"auto"``, ``"none"``, ``"required"`` or one tool (a step
+    or its name); the reply's ``tool_calls`` run with :func:`run_tool_calls`.
+    ``response_format`` is a pydantic model class or a JSON schema: ``response.parsed`` is
+    the validated value, and a reply that does not validate raises
+    :class:`~taskplane.sdk.errors.StructuredOutputError`.
     ``steps_remaining`` overrides the task's estimate for this call; ``timeout`` bounds
     one attempt (the task's deadline bounds all of them).
     """
     body: dict[str, Any] = {"model": model, "messages": messages, **params}
-    summary = f"{model} · {len(messages)} messages"
-    return await _call("chat", body, summary, steps_remaining, allow_fallback, timeout)
+    if tools:
+        body["tools"] = [tool_schema(t) for t in tools]
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice_value(tool_choice)
+    if response_format is not None:
+        body["response_format"] = request_format(response_format)
+    summary = f"{model} · {len(messages)} messages" + (f" · {len(tools)} tools" if tools else "")
+    result = await _call("chat", body, summary, steps_remaining, allow_fallback, timeout)
+    if response_format is not None and not result.tool_calls:
+        result.__dict__["_parsed"] = parse_output(result.text, response_format, result.finish_reason)
+    return result
 
 
 async def complete(

@@ -22,9 +22,7 @@ from rich.console import Console
 
 from taskplane.errors import UserError
 from taskplane.sdk.agent import Agent
-from taskplane.sdk.errors import TaskFailed
 
-out = Console()
 err = Console(stderr=True)
 
 
@@ -54,11 +52,11 @@ def parse_arg(raw: str) -> Any:
         return raw
 
 
-def _jsonable(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    return value
+def result_json(value: Any) -> str:
+    """The result as JSON text: pydantic models, dataclasses, datetimes... as Temporal sends them."""
+    from pydantic_core import to_jsonable_python
+
+    return json.dumps(to_jsonable_python(value, fallback=str), indent=2, ensure_ascii=False)
 
 
 async def run_agent(
@@ -88,17 +86,18 @@ async def run_agent(
         err.print(f"task [bold]{handle.task_id}[/] ({ag.name}) started", highlight=False)
         try:
             outcome = await handle.outcome()
-        except TaskFailed as exc:
-            cost = exc.cost_usd if exc.cost_usd is not None else await handle.cost()
-            err.print(f"[bold red]task {exc.task_id} {exc.status}[/] ({exc.failure_type}): {exc.message}",
-                      highlight=False, soft_wrap=True)
-            err.print(f"spent ${cost:.6f} in {time.monotonic() - t0:.1f} s", highlight=False)
-            return 1
+            if outcome.status != "succeeded":
+                err.print(f"[bold red]task {handle.task_id} {outcome.status}[/] ({outcome.failure_type}): "
+                          f"{outcome.error}", highlight=False, soft_wrap=True)
+                err.print(f"spent ${outcome.cost_usd:.6f} in {time.monotonic() - t0:.1f} s · "
+                          f"{outcome.llm_calls} LLM calls", highlight=False)
+                return 1
+            result = await handle.result()
         except asyncio.CancelledError:
             await handle.cancel()
             raise
-        result = await handle.result()
-    out.print_json(json.dumps(_jsonable(result), default=str))
+    sys.stdout.write(result_json(result) + "\n")
+    sys.stdout.flush()
     err.print(
         f"[green]succeeded[/] in {time.monotonic() - t0:.1f} s · cost ${outcome.cost_usd:.6f} · "
         f"{outcome.llm_calls} LLM calls ({outcome.attempts} attempts) · task id {handle.task_id}",

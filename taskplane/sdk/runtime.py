@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from temporalio import workflow
 
 from taskplane import temporal_names as tn
 from taskplane.sdk.errors import AgentError, BudgetExceeded, DeadlineExceeded
+from taskplane.sdk.spec import AgentSpec
 from taskplane.sdk.state import TaskContext
 from taskplane.sdk.types import Decision, TaskView
-
-if TYPE_CHECKING:
-    from taskplane.sdk.agent import AgentSpec
-
 
 #: Spend and call-count search attributes are refreshed at most this often (workflow time).
 PUBLISH_INTERVAL_S = 2.0
@@ -97,9 +94,21 @@ class TaskRuntime:
         self.ctx.llm_calls += 1
         self.ctx.attempts += max(attempts, 1)
 
-    def add_child_cost(self, cost_usd: float) -> None:
+    def add_child(self, cost_usd: float, llm_calls: int = 0, attempts: int = 0) -> None:
+        """Roll a finished sub-agent's spend, calls and attempts into this task's."""
         self.ctx.sunk_cost_usd += max(cost_usd, 0.0)
         self.ctx.child_cost_usd += max(cost_usd, 0.0)
+        self.ctx.child_llm_calls += max(llm_calls, 0)
+        self.ctx.child_attempts += max(attempts, 0)
+
+    @property
+    def total_calls(self) -> int:
+        """LLM calls of the whole tree: this task's and its sub-agents'."""
+        return self.ctx.llm_calls + self.ctx.child_llm_calls
+
+    @property
+    def total_attempts(self) -> int:
+        return self.ctx.attempts + self.ctx.child_attempts
 
     # --- Temporal UI -----------------------------------------------------------------
 
@@ -108,7 +117,7 @@ class TaskRuntime:
         spent = f"${self.ctx.sunk_cost_usd:.6f}"
         limit = f" of ${self.ctx.max_cost_usd:.4f}" if self.ctx.max_cost_usd is not None else ""
         workflow.set_current_details(
-            f"**{self.status}** · {text}\n\nLLM calls: {self.ctx.llm_calls} · spent {spent}{limit}"
+            f"**{self.status}** · {text}\n\nLLM calls: {self.total_calls} · spent {spent}{limit}"
         )
 
     def publish(self, *, status: str | None = None) -> None:
@@ -131,9 +140,9 @@ class TaskRuntime:
         if cost != self.reported_cost:
             self.reported_cost = cost
             updates.append(tn.COST_USD.value_set(cost))
-        if self.ctx.llm_calls != self.reported_calls:
-            self.reported_calls = self.ctx.llm_calls
-            updates.append(tn.LLM_CALLS.value_set(self.ctx.llm_calls))
+        if self.total_calls != self.reported_calls:
+            self.reported_calls = self.total_calls
+            updates.append(tn.LLM_CALLS.value_set(self.total_calls))
         if updates:
             workflow.upsert_search_attributes(updates)
 
@@ -146,7 +155,7 @@ class TaskRuntime:
             status=self.status,
             session_id=self.ctx.session_id or self.ctx.task_id,
             step=self.ctx.step,
-            llm_calls=self.ctx.llm_calls,
+            llm_calls=self.total_calls,
             cost_usd=self.ctx.sunk_cost_usd,
             max_cost_usd=self.ctx.max_cost_usd,
             deadline=self.ctx.deadline,

@@ -39,8 +39,10 @@ class TaskContext:
     sunk_cost_usd: float = 0.0  # this task's own spend, sub-agents included
     child_cost_usd: float = 0.0  # the part of sunk_cost_usd its sub-agents spent
     inherited_cost_usd: float = 0.0  # the parent's spend when this sub-agent started
-    llm_calls: int = 0
+    llm_calls: int = 0  # this task's own calls
     attempts: int = 0
+    child_llm_calls: int = 0  # its sub-agents' calls and attempts (rolled up)
+    child_attempts: int = 0
     children: int = 0
     started_at: str | None = None
     run: int = 0  # continue-as-new generation

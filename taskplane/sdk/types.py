@@ -7,8 +7,35 @@ workflow sandbox needs nothing heavy to build them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for: ``arguments`` is the decoded JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    raw_arguments: str = "{}"
+
+
+def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall]:
+    """The assistant message's tool calls with their arguments decoded (``{}`` if not JSON)."""
+    out: list[ToolCall] = []
+    for c in message.get("tool_calls") or []:
+        fn = c.get("function") or {}
+        raw = fn.get("arguments") or "{}"
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        except (ValueError, TypeError):
+            args = {}
+        out.append(ToolCall(id=str(c.get("id") or ""), name=str(fn.get("name") or ""),
+                            arguments=args if isinstance(args, dict) else {"value": args},
+                            raw_arguments=raw if isinstance(raw, str) else json.dumps(raw)))
+    return out
 
 
 @dataclass
@@ -57,9 +84,33 @@ class LlmResponse:
         return str(first.get("text") or "")
 
     @property
+    def raw_message(self) -> dict[str, Any]:
+        """The first choice's ``message`` as the engine sent it ({} for a text completion)."""
+        choices = self.response.get("choices") or []
+        return dict((choices[0].get("message") or {}) if choices else {})
+
+    @property
     def message(self) -> dict[str, Any]:
-        """The assistant message, ready to append to the conversation."""
+        """The assistant message, ready to append to the conversation (with its tool calls)."""
+        calls = self.raw_message.get("tool_calls") or []
+        if calls:
+            return {"role": "assistant", "content": self.raw_message.get("content"), "tool_calls": calls}
         return {"role": "assistant", "content": self.text}
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool calls the model asked for (run them with ``llm.run_tool_calls``)."""
+        return parse_tool_calls(self.raw_message)
+
+    @property
+    def finish_reason(self) -> str | None:
+        choices = self.response.get("choices") or []
+        return choices[0].get("finish_reason") if choices else None
+
+    @property
+    def parsed(self) -> Any:
+        """The validated structured output when the call passed ``response_format`` (else None)."""
+        return self.__dict__.get("_parsed")
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -81,9 +132,11 @@ class TaskRowInput:
     finished_at: str | None = None
     cost_usd: float = 0.0  # everything, sub-agents included
     child_cost_usd: float = 0.0  # the sub-agents' part of cost_usd
-    attempts: int = 0
+    attempts: int = 0  # own attempts (the sub-agents' are child_attempts)
+    child_attempts: int = 0
     retries: int = 0
-    llm_calls: int = 0
+    llm_calls: int = 0  # own calls (the sub-agents' are child_llm_calls)
+    child_llm_calls: int = 0
     error: str | None = None
     parent_task_id: str | None = None
 
@@ -100,14 +153,20 @@ class TaskRowResult:
 
 @dataclass
 class AgentOutput:
-    """The workflow's result: the agent's return value wrapped with what it cost."""
+    """The workflow's result: the agent's return value wrapped with what it cost.
+
+    ``TaskHandle.outcome()`` returns one for every finished task; for a task that did not
+    succeed ``result`` is None and ``failure_type`` / ``error`` say why.
+    """
 
     result: Any
     task_id: str
     status: str
     cost_usd: float
-    llm_calls: int
+    llm_calls: int  # sub-agents' calls included
     attempts: int = 0
+    failure_type: str | None = None  # set when the task did not succeed
+    error: str | None = None
 
 
 @dataclass

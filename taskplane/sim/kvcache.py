@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from taskplane.scheduler.hashing import RepeatedBlocks
+from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from taskplane.sim.tokens import RepeatedBlocks
 
 
 @dataclass(slots=True, eq=False)

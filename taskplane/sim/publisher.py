@@ -20,7 +20,8 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from taskplane.engines.kv_events import END_SEQ, KVEvent, encode_batch
+from taskplane.engines.kv_events import END_SEQ
+from taskplane.scheduler.kv.events import KVEvent, encode_batch
 
 log = structlog.get_logger(__name__)
 

@@ -23,20 +23,36 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from taskplane.engines.tokenize import chat_tokens, tokenize
+from taskplane.engines.tokenize import tokenize
+from taskplane.sim import responses
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.faults import Faults, apply_updates, parse_fault_spec
+from taskplane.sim.metrics import E2E_BUCKETS, TTFT_BUCKETS, EngineCollector
+from taskplane.sim.openai_api import (
+    ApiError,
+    chat_prompt,
+    check_length,
+    completion_prompt,
+    error_response,
+    require_model,
+    validate_sampling,
+)
 from taskplane.sim.publisher import KVEventPublisher
+from taskplane.sim.streaming import SimCall, completion_body, stream
+from taskplane.sim.structured import (
+    Choice,
+    SchemaError,
+    chat_logprobs,
+    completion_logprobs,
+    structured_choice,
+)
 from taskplane.sim.textgen import (
     apply_stop,
     engine_block_hashes,
@@ -49,44 +65,7 @@ from taskplane.sim.textgen import (
 log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 STREAM_TICK_S = 0.02  # wall seconds between streamed chunks while decoding
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
-
-
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    """vLLM's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"),
-                      "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
-
-
-@dataclass(slots=True, eq=False)
-class _Call:
-    req_id: str
-    prompt_len: int
-    text: str
-    finish_reason: str
-    stream: bool
-    arrival_wall: float
-    done: asyncio.Future[Finished]
-    first: asyncio.Future[float]
-    queue: asyncio.Queue[str | None] | None = None
-    sent: int = 0
-    decoding: bool = False
-    finished: Finished | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class SimReplica:
@@ -132,7 +111,7 @@ class SimReplica:
             KVEventPublisher(host, kv_events_port, replay_port=kv_replay_port, seed=seed)
             if kv_events_port is not None else None
         )
-        self.calls: dict[str, _Call] = {}
+        self.calls: dict[str, SimCall] = {}
         self._ids = itertools.count()
         self._sample_counter = itertools.count()
         self._err_rng = random.Random(seed ^ 0x5EED)
@@ -145,7 +124,7 @@ class SimReplica:
                               labels, buckets=TTFT_BUCKETS, registry=self.registry).labels(model, "0")
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              labels, buckets=E2E_BUCKETS, registry=self.registry).labels(model, "0")
-        self.registry.register(_EngineCollector(self))
+        self.registry.register(EngineCollector(self.engine, model))
 
     # ---------------------------------------------------------------- clock and driver
     def vnow(self) -> float:
@@ -238,35 +217,56 @@ class SimReplica:
         if f.error_rate > 0 and self._err_rng.random() < f.error_rate:
             raise ApiError(500, "Internal server error (injected fault error_rate)")
 
-    def make_call(self, prompt: list[int], body: dict[str, Any], stream: bool) -> tuple[_Call, SimRequest]:
+    def _choice(self, rng: random.Random, body: dict[str, Any], room: int) -> Choice:
+        """One choice: tool calls / schema-shaped JSON when asked, else seeded text."""
+        try:
+            shaped = structured_choice(body, rng)
+        except SchemaError as exc:
+            raise ApiError(400, str(exc), "tools" if body.get("tools") else "response_format") from None
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+        if shaped is not None:
+            if shaped.content is not None and max_tokens is not None and len(shaped.content) > max_tokens:
+                shaped.content, shaped.finish_reason = shaped.content[:max_tokens], "length"  # as vLLM cuts it
+            return shaped
         stops = body.get("stop") or []
         if isinstance(stops, str):
             stops = [stops]
-        req_seed = body.get("seed")
-        salt = f"seed={req_seed}" if req_seed is not None else (
-            "greedy" if temperature == 0 else f"sample={next(self._sample_counter)}")
-        rng = request_rng(self.seed, prompt, salt)
-        room = self.max_model_len - len(prompt)
         if max_tokens is None:
             n, reason = min(natural_length(rng), room), "stop"
         else:
             n, reason = int(max_tokens), "length"
-        text = generate_text(rng, n)
-        text, stopped = apply_stop(text, stops)
-        if stopped:
-            reason = "stop"
-        out_tokens = tokenize(text)
-        n_engine = max(1, len(out_tokens))
+        text, stopped = apply_stop(generate_text(rng, n), stops)
+        return Choice(content=text, finish_reason="stop" if stopped else reason)
+
+    def make_call(self, prompt: list[int], body: dict[str, Any], stream: bool, *, chat: bool = True,
+                  ) -> tuple[SimCall, SimRequest]:
+        """The engine request and what it answers: ``n`` seeded choices (the first is decoded)."""
+        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+        req_seed = body.get("seed")
+        salt = f"seed={req_seed}" if req_seed is not None else (
+            "greedy" if temperature == 0 else f"sample={next(self._sample_counter)}")
+        room = self.max_model_len - len(prompt)
+        choices = [self._choice(request_rng(self.seed, prompt, salt if i == 0 else f"{salt}#{i}"), body, room)
+                   for i in range(int(body.get("n", 1)))]
+        logprobs: list[dict[str, Any] | None] = [None] * len(choices)
+        wants = body.get("logprobs")
+        if wants:  # chat: true (+ top_logprobs); completions: the number of alternatives
+            top = int(body.get("top_logprobs") or 0) if chat else int(wants)
+            lp_rng = request_rng(self.seed, prompt, salt + "#logprobs")
+            shape = chat_logprobs if chat else completion_logprobs
+            logprobs = [shape(c.text, lp_rng, min(top, 20)) for c in choices]
+        first = choices[0]
+        out_tokens = tokenize(first.text)
+        n_engine = max(1, max(len(tokenize(c.text)) for c in choices))
         all_tokens = prompt + out_tokens
         hashes = engine_block_hashes(all_tokens, self.block_size, self.root)
         n_prompt_blocks = len(prompt) // self.block_size
         req_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         loop = asyncio.get_running_loop()
-        call = _Call(
-            req_id=req_id, prompt_len=len(prompt), text=text, finish_reason=reason, stream=stream,
-            arrival_wall=time.monotonic(), done=loop.create_future(), first=loop.create_future(),
+        call = SimCall(
+            req_id=req_id, prompt_len=len(prompt), text=first.content or "", finish_reason=first.finish_reason,
+            stream=stream, arrival_wall=time.monotonic(), done=loop.create_future(), first=loop.create_future(),
+            choices=choices, logprobs=logprobs, completion_tokens=sum(len(tokenize(c.text)) for c in choices),
             queue=asyncio.Queue() if stream else None,
         )
         sim = SimRequest(
@@ -276,12 +276,12 @@ class SimReplica:
         )
         return call, sim
 
-    def submit(self, call: _Call, sim: SimRequest) -> None:
+    def submit(self, call: SimCall, sim: SimRequest) -> None:
         self.calls[call.req_id] = call
         self.engine.submit(sim, self.vnow())
         self.wake()
 
-    def abort(self, call: _Call) -> None:
+    def abort(self, call: SimCall) -> None:
         if call.req_id in self.calls:
             self.calls.pop(call.req_id, None)
             self.engine.abort(call.req_id, self.vnow())
@@ -309,119 +309,6 @@ class SimReplica:
             "faults": self.faults.as_dict(),
         }
 
-
-class _EngineCollector(Collector):
-    """Gauges and counters read from the engine at scrape time, with vLLM's names."""
-
-    def __init__(self, rep: SimReplica) -> None:
-        self.rep = rep
-
-    def collect(self) -> Iterable[Any]:
-        e, model = self.rep.engine, self.rep.model
-        lv = [model, "0"]
-        labels = ["model_name", "engine"]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(lv, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(lv, value)
-            return c
-
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.num_running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.num_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage())
-        s = e.stats
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      s.prefix_queries)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      s.prefix_hits)
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
-        yield counter("vllm:request_success", "Count of successfully processed requests.", s.finished)
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
-                    "num_gpu_blocks", "num_cpu_blocks", "engine"])
-        info.add_metric([str(e.block_size), "auto", "True", "0.9", str(e.num_blocks), "0", "0"], 1.0)
-        yield info
-
-
-# -------------------------------------------------------------------- request parsing
-
-def _require_model(rep: SimReplica, body: dict[str, Any]) -> None:
-    model = body.get("model")
-    if model is None:
-        raise ApiError(400, "model is required", "model")
-    if model != rep.model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
-
-
-def _validate_sampling(body: dict[str, Any]) -> None:
-    for key in ("max_tokens", "max_completion_tokens"):
-        v = body.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise ApiError(400, f"{key} must be at least 1, got {v}.", key)
-    n = body.get("n", 1)
-    if n != 1:
-        raise ApiError(400, "n must be 1 (the simulator returns one choice).", "n")
-    t = body.get("temperature")
-    if t is not None and (not isinstance(t, int | float) or isinstance(t, bool) or not 0 <= t <= 2):
-        raise ApiError(400, f"temperature must be within [0, 2], got {t}.", "temperature")
-    stop = body.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
-        raise ApiError(400, "stop must be a string or a list of strings.", "stop")
-    if not isinstance(body.get("stream", False), bool):
-        raise ApiError(400, "stream must be a boolean.", "stream")
-
-
-def _check_length(rep: SimReplica, prompt_len: int, body: dict[str, Any]) -> None:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    limit = rep.max_model_len
-    if max_tokens is None:
-        if prompt_len >= limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your "
-                                f"request has {prompt_len} input tokens. Please reduce the length of the "
-                                "input messages.", "messages")
-        return
-    if prompt_len + max_tokens > limit:
-        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
-                            "the completion). Please reduce the length of the messages or completion.", "messages")
-
-
-def _chat_prompt(body: dict[str, Any]) -> list[int]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "messages must be a non-empty list.", "messages")
-    for m in msgs:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, "each message must be an object with a role.", "messages")
-    return chat_tokens(msgs)
-
-
-def _completion_prompt(body: dict[str, Any]) -> list[int]:
-    p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
-        p = p[0]
-    if isinstance(p, str):
-        toks = tokenize(p)
-    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if any(t < 0 or t > 255 for t in p):
-            raise ApiError(400, "token ids must be within the vocabulary (0..255).", "prompt")
-        toks = list(p)
-    else:
-        raise ApiError(400, "prompt must be a string, a list of token ids, or a list with one of those.",
-                       "prompt")
-    if not toks:
-        raise ApiError(400, "prompt must not be empty.", "prompt")
-    return toks
-
-
-# -------------------------------------------------------------------- app
 
 def create_app(rep: SimReplica) -> FastAPI:
     @contextlib.asynccontextmanager
@@ -451,23 +338,18 @@ def create_app(rep: SimReplica) -> FastAPI:
         if rep.faults.hang:
             await asyncio.Event().wait()
 
-    async def _serve(request: Request, chat: bool) -> Response:
-        body = await _json(request)
-        _require_model(rep, body)
-        _validate_sampling(body)
-        prompt = _chat_prompt(body) if chat else _completion_prompt(body)
-        _check_length(rep, len(prompt), body)
+    async def _run(body: dict[str, Any], chat: bool) -> tuple[SimCall, Finished | None]:
+        """Validate, apply faults, put the call on the engine; await it unless it streams."""
+        require_model(rep.model, body)
+        validate_sampling(body)
+        prompt = chat_prompt(body) if chat else completion_prompt(body)
+        check_length(rep.max_model_len, len(prompt), body)
         await _hang_if_needed()
         rep.check_faults_on_request()
-        stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        call, sim = rep.make_call(prompt, body, stream)
+        call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat)
         rep.submit(call, sim)
-        created = int(time.time())
-        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        if stream:
-            return StreamingResponse(_stream(rep, call, chat, cid, created, include_usage),
-                                     media_type="text/event-stream")
+        if call.stream:
+            return call, None
         try:
             fin = await call.done
         except asyncio.CancelledError:
@@ -475,18 +357,19 @@ def create_app(rep: SimReplica) -> FastAPI:
             raise
         if fin.error is not None:
             raise ApiError(500, f"Request failed: {fin.error}")
-        usage = _usage(call, fin)
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.text,
-                                                               "tool_calls": []},
-                                      "logprobs": None, "finish_reason": call.finish_reason, "stop_reason": None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": call.text, "logprobs": None, "finish_reason": call.finish_reason,
-                      "stop_reason": None}
-            obj = "text_completion"
-        return JSONResponse({"id": cid, "object": obj, "created": created, "model": rep.model,
-                             "choices": [choice], "usage": usage})
+        return call, fin
+
+    async def _serve(request: Request, chat: bool) -> Response:
+        body = await _json(request)
+        call, fin = await _run(body, chat)
+        created = int(time.time())
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if fin is None:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+            return StreamingResponse(stream(call, chat=chat, cid=cid, created=created, model=rep.model,
+                                            include_usage=include_usage, abort=rep.abort),
+                                     media_type="text/event-stream")
+        return JSONResponse(completion_body(call, fin, chat=chat, cid=cid, created=created, model=rep.model))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -495,6 +378,42 @@ def create_app(rep: SimReplica) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _serve(request, chat=False)
+
+    @app.post("/v1/responses")
+    async def responses_api(request: Request) -> Response:
+        """The Responses API, served through the chat path (tools, text.format honoured)."""
+        body = await _json(request)
+        call, fin = await _run(responses.responses_to_chat(body), chat=True)
+        assert fin is not None
+        chat = completion_body(call, fin, chat=True, cid="chatcmpl-" + uuid.uuid4().hex,
+                               created=int(time.time()), model=rep.model)
+        return JSONResponse(responses.chat_to_response(chat, body))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        """Embeddings: a prefill-only engine request per input, seeded unit vectors."""
+        body = await _json(request)
+        require_model(rep.model, body)
+        inputs = responses.embedding_inputs(body)
+        for toks in inputs:
+            check_length(rep.max_model_len, len(toks), {})
+        await _hang_if_needed()
+        rep.check_faults_on_request()
+        out = responses.embeddings_body(body, inputs, rep.model, rep.seed)
+        waits = []
+        for toks in inputs:
+            call, sim = rep.make_call(toks, {"max_tokens": 1}, False, chat=False)
+            rep.submit(call, sim)
+            waits.append(call)
+        try:
+            finished = [await c.done for c in waits]
+        except asyncio.CancelledError:
+            for c in waits:
+                rep.abort(c)
+            raise
+        if any(f.error is not None for f in finished):
+            raise ApiError(500, "Request failed: the engine lost an embedding request")
+        return JSONResponse(out)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -544,60 +463,6 @@ def create_app(rep: SimReplica) -> FastAPI:
         return rep.state()
 
     return app
-
-
-def _usage(call: _Call, fin: Finished) -> dict[str, Any]:
-    completion = len(call.text)
-    return {"prompt_tokens": call.prompt_len, "total_tokens": call.prompt_len + completion,
-            "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
-
-
-async def _stream(rep: SimReplica, call: _Call, chat: bool, cid: str, created: int,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-        if chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if finish is not None:
-            choice["stop_reason"] = None
-        return {"id": cid, "object": obj, "created": created, "model": rep.model, "choices": [choice]}
-
-    assert call.queue is not None
-    try:
-        await call.first
-        if chat:
-            yield _sse(chunk("", None, role=True))
-        while True:
-            piece = await call.queue.get()
-            if piece is None:
-                break
-            yield _sse(chunk(piece, None))
-        fin = call.finished
-        if fin is None or fin.error is not None:
-            err = {"error": {"message": f"Request failed: {fin.error if fin else 'unknown'}",
-                             "type": "InternalServerError", "param": None, "code": 500}}
-            yield _sse(err)
-            return
-        yield _sse(chunk(None, call.finish_reason))
-        if include_usage:
-            yield _sse({"id": cid, "object": obj, "created": created, "model": rep.model, "choices": [],
-                        "usage": _usage(call, fin)})
-        yield b"data: [DONE]\n\n"
-    finally:
-        if call.finished is None:
-            rep.abort(call)
 
 
 def serve(

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, round_robin, simulate
 from taskplane.sim.workloads.mooncake import load_mooncake
 
@@ -35,12 +36,7 @@ def time_mooncake_replay(
     t0 = time.perf_counter()
     wl = load_mooncake(trace, duration_s=duration_s, time_scale=time_scale)
     t1 = time.perf_counter()
-    if policy == "round-robin-plain":
-        pol: Any = round_robin()
-    else:
-        from taskplane.scheduler.policies import build_policy
-
-        pol = build_policy(policy, seed=seed, metrics=False)
+    pol: Any = round_robin() if policy == "round-robin-plain" else build_policy(policy, seed=seed, metrics=False)
     res = simulate(ClusterSpec.fleet(f"{gpu}:{replicas}"), wl, pol, seed=seed)
     t2 = time.perf_counter()
     return {

@@ -91,17 +91,3 @@ def downgrade(database_url: str, revision: str) -> None:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _run_in_thread(url, revision, downgrade=True)
-
-
-def upgrade_cli(database_url: str | None, state_dir: Path) -> None:
-    """``taskplane db upgrade``: find the database (flag, env, dev stack), migrate, say so."""
-    if database_url is None:
-        from taskplane.dev.stack import resolve_database_url
-
-        database_url = resolve_database_url(None, state_dir)
-    upgrade(database_url)
-    from rich.console import Console
-
-    Console(stderr=True).print(
-        f"database {describe_url(database_url)} is at the latest schema", highlight=False, soft_wrap=True
-    )

@@ -26,6 +26,17 @@ class Outcome(StrEnum):
 GATEWAY_LOST = "gateway_lost"
 
 
+class Stored(StrEnum):
+    """Where a cost writer put a row."""
+
+    OUTBOX = "outbox"  # the durable local outbox (the normal path)
+    DIRECT = "postgres"  # straight to Postgres: the outbox could not take it (disk full?)
+
+
+class RowNotStored(Exception):
+    """Neither the outbox nor Postgres took a row: the caller must not serve unbilled calls."""
+
+
 class TaskStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

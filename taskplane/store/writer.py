@@ -6,7 +6,10 @@ batches: attempts with ``INSERT ... ON CONFLICT (attempt_key) DO NOTHING``, task
 an upsert that never turns a terminal status back into ``running``. A row leaves the
 outbox only after Postgres committed it. While Postgres is down the loop retries with
 capped exponential backoff; a new writer on the same outbox replays what is left.
-So nothing is lost (outbox first) and nothing is doubled (idempotent writes).
+So nothing is lost (outbox first) and nothing is doubled (idempotent writes). If the
+outbox itself cannot be written (disk full), a row goes straight to Postgres instead; if
+that fails too the caller gets ``RowNotStored`` and ``refusing()`` says why for a few
+seconds, so a gateway can refuse calls rather than serve them unbilled.
 
 The writer also keeps the outbox's in-flight journal (``inflight.py``): ``open_attempt``
 notes an attempt before it is sent (sharing the group commit), its row closes the note,
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import random
+import sqlite3
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,13 +40,17 @@ from taskplane.store import inflight
 from taskplane.store.db import create_engine, describe_url, is_unreachable, sqlstate
 from taskplane.store.models import LlmCall, Task
 from taskplane.store.outbox import Outbox, OutboxRow
-from taskplane.store.records import AttemptRecord, TaskRecord, TaskStatus
+from taskplane.store.records import AttemptRecord, RowNotStored, Stored, TaskRecord, TaskStatus
 
 log = structlog.get_logger("taskplane.store.writer")
 
 ATTEMPT = "attempt"
 TASK = "task"
 OPEN = "open"  # an in-flight note, not a row: it goes to the journal, never to Postgres
+#: A row that cannot go to the outbox gets this long to reach Postgres directly.
+DIRECT_TIMEOUT_S = 5.0
+#: After a row could be stored nowhere, new calls are refused this long (then one is tried).
+REFUSE_S = 5.0
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -212,6 +220,10 @@ class CostWriter:
         self._last_error: str | None = None
         self._last_error_at: float | None = None
         self._postgres_ok: bool | None = None
+        self._outbox_error: str | None = None  # the outbox's last write failure, until it takes a row again
+        self._direct_rows = 0  # rows written straight to Postgres
+        self._unstorable: str | None = None
+        self._unstorable_at: float | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -272,10 +284,13 @@ class CostWriter:
 
     # ---- the public writes ------------------------------------------------------------
 
-    async def record_attempt(self, rec: AttemptRecord) -> None:
-        """Record one LLM call attempt (idempotent on ``rec.attempt_key``)."""
-        await self._append(ATTEMPT, rec.attempt_key, rec.model_dump_json())
-        self._open.discard(rec.attempt_key)
+    async def record_attempt(self, rec: AttemptRecord) -> Stored:
+        """Record one LLM call attempt (idempotent on ``rec.attempt_key``); where it went.
+        Raises ``RowNotStored`` when neither the outbox nor Postgres could take it."""
+        try:
+            return await self._store(ATTEMPT, rec.attempt_key, rec)
+        finally:
+            self._open.discard(rec.attempt_key)
 
     async def open_attempt(self, attempt_key: str, note: str) -> None:
         """Note an attempt as in flight (fsynced on return); its ``record_attempt`` closes the
@@ -292,9 +307,45 @@ class CostWriter:
         Each stays noted until a row with its key is recorded through this writer."""
         return list(self._orphans)
 
-    async def upsert_task(self, rec: TaskRecord) -> None:
+    async def upsert_task(self, rec: TaskRecord) -> Stored:
         """Create or update a task row; a terminal status is never overwritten by ``running``."""
-        await self._append(TASK, rec.task_id, rec.model_dump_json())
+        return await self._store(TASK, rec.task_id, rec)
+
+    def refusing(self) -> str | None:
+        """Why new rows could not be stored right now (the outbox and then Postgres failed
+        within ``REFUSE_S``), else None. After ``REFUSE_S`` one more row is tried."""
+        if self._unstorable_at is not None and time.monotonic() - self._unstorable_at < REFUSE_S:
+            return self._unstorable
+        return None
+
+    async def _store(self, kind: str, key: str, rec: AttemptRecord | TaskRecord) -> Stored:
+        """The outbox first; if it cannot be written (disk full, I/O error), Postgres directly."""
+        try:
+            await self._append(kind, key, rec.model_dump_json())
+        except (OSError, sqlite3.Error) as exc:
+            return await self._direct(kind, rec, exc)
+        if self._outbox_error is not None:
+            log.info("the outbox takes rows again", direct_rows=self._direct_rows)
+            self._outbox_error = None
+        return Stored.OUTBOX
+
+    async def _direct(self, kind: str, rec: AttemptRecord | TaskRecord, outbox_exc: BaseException) -> Stored:
+        if self._outbox_error is None:
+            log.error("the outbox cannot be written: rows go straight to Postgres", outbox=str(self.outbox.path),
+                      error=str(outbox_exc)[:200])
+        self._outbox_error = str(outbox_exc)[:200] or type(outbox_exc).__name__
+        try:
+            assert self._engine is not None
+            attempts = [rec] if isinstance(rec, AttemptRecord) else []
+            tasks = [rec] if isinstance(rec, TaskRecord) else []
+            await asyncio.wait_for(write_records(self._engine, attempts, tasks), timeout=DIRECT_TIMEOUT_S)
+        except Exception as exc:
+            self._unstorable = f"outbox unwritable ({self._outbox_error}) and Postgres failed ({str(exc)[:120] or type(exc).__name__})"
+            self._unstorable_at = time.monotonic()
+            raise RowNotStored(self._unstorable) from exc
+        self._direct_rows += 1
+        self._unstorable_at = None
+        return Stored.DIRECT
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every record appended so far is in Postgres; False if ``timeout`` ran out."""
@@ -328,6 +379,9 @@ class CostWriter:
             "last_error_at": self._last_error_at,
             "outbox": str(self.outbox.path),
             "open_attempts": len(self._open),
+            "outbox_ok": self._outbox_error is None,
+            "outbox_error": self._outbox_error,
+            "direct": self._direct_rows,
         }
 
     # ---- internals ---------------------------------------------------------------------
@@ -370,6 +424,7 @@ class CostWriter:
     async def _heartbeat(self) -> None:
         """While attempts are in flight and nothing else committed lately, stamp the outbox
         as alive: a crash then leaves their estimated end at most ``heartbeat_s`` early."""
+        beat_failing = False
         while True:
             due = self._last_commit + self.heartbeat_s - time.monotonic()
             if not self._open or due > 0:
@@ -378,7 +433,11 @@ class CostWriter:
             try:
                 await self._io(self.outbox.beat)
             except Exception as exc:  # a failed beat only shortens a crash estimate
-                log.warning("outbox heartbeat failed", error=str(exc)[:200])
+                if not beat_failing:  # once per outage, not once a second
+                    log.warning("outbox heartbeat failed", error=str(exc)[:200])
+                beat_failing = True
+            else:
+                beat_failing = False
             self._last_commit = time.monotonic()
 
     async def _send_loop(self) -> None:

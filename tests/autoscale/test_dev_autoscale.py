@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import free_base
 
 pytestmark = pytest.mark.stack
 
@@ -26,12 +26,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 def _base_port() -> int:
-    for _ in range(50):
-        base = random.randrange(20000, 31000, 10)
-        ports = [base + i for i in (0, 1, 2, 3, 5, *range(10, 14), *range(110, 114), *range(1110, 1114))]
-        if not any(proc.port_in_use(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range")
+    return free_base(4)  # a whole block of the port plan, free now
 
 
 def _replicas(state: Path) -> list[dict[str, object]]:

@@ -11,7 +11,7 @@ from taskplane.bench.diurnal import DayCurve, autoscaler_metrics, warp_workload
 from taskplane.bench.diurnal_command import diurnal_workload
 from taskplane.bench.workloads import agent_workload
 from taskplane.scheduler.policies import build_policy
-from taskplane.sim.fleet import generation, simulate_fleet
+from taskplane.sim.elastic import generation, simulate_fleet
 from taskplane.store.records import TaskStatus
 
 DAY = DayCurve(day_s=900.0, ramp_s=150.0, peak_s=200.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,11 @@ CASES: list[dict[str, Any]] = yaml.safe_load((CORPUS / "requests.yaml").read_tex
 
 
 def expand(value: Any) -> Any:
-    """``{$repeat: S, times: N}`` -> S*N and ``{$repeat-list: X, times: N}`` -> [X]*N, anywhere."""
+    """``{$repeat: S, times: N}`` -> S*N, ``{$repeat-list: X, times: N}`` -> [X]*N and
+    ``{$nest: N}`` -> N lists nested in each other, anywhere."""
     if isinstance(value, dict):
+        if "$nest" in value:  # spliced in as text by request_bytes (json.dumps would recurse too deep)
+            return f"@@NEST{int(value['$nest'])}@@"
         if "$repeat" in value:
             return str(value["$repeat"]) * int(value["times"])
         if "$repeat-list" in value:
@@ -38,7 +42,10 @@ def request_bytes(case: dict[str, Any]) -> bytes:
         return str(case["raw"]).encode("latin-1")
     body: bytes | None = None
     if "json" in case:
-        body = json.dumps(expand(case["json"]), ensure_ascii=False).encode()
+        text = json.dumps(expand(case["json"]), ensure_ascii=False)
+        for depth in re.findall(r'"@@NEST(\d+)@@"', text):
+            text = text.replace(f'"@@NEST{depth}@@"', "[" * int(depth) + "]" * int(depth))
+        body = text.encode()
     elif "text" in case:
         body = str(expand(case["text"])).encode()
     elif "file" in case:

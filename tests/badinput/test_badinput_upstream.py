@@ -34,7 +34,10 @@ def bad_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
     log = work / "gateway.log"
     pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"),
-                      "--port", str(port)], log, env={"TASKPLANE_STATE_DIR": str(work)})
+                      "--port", str(port)], log,
+                     # the Python data plane: through Envoy a stream broken mid-way is a reset connection,
+                     # not the proxy's closing error event (docs/benchmarks.md, data plane)
+                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": "python"})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
         yield f"http://127.0.0.1:{port}", upstream, log

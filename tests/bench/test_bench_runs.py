@@ -129,7 +129,9 @@ def test_agents_command_writes_the_sweep_and_its_plot(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"engine": "vllm"}, "not available yet"),
+        ({"engine": "vllm", "workload": "mooncake"}, "agents workload"),
+        ({"engine": "vllm", "replicas": 16}, "--replicas 2"),
+        ({"engine": "tpu"}, "--engine must be sim or vllm"),
         ({"workload": "nope"}, "--workload"),
         ({"policies": "round-robin,bogus"}, "unknown policy bogus"),
         ({"fleet": "h100:2,tpu:4"}, "--fleet"),
@@ -138,7 +140,5 @@ def test_agents_command_writes_the_sweep_and_its_plot(tmp_path: Path) -> None:
     ],
 )
 def test_user_errors(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
-    if kwargs.get("engine") == "vllm" and Path(__file__).parents[2].joinpath("taskplane/bench/real.py").exists():
-        pytest.skip("the real-engine bench exists")
     with pytest.raises(UserError, match=message):
         run_bench(out=tmp_path, **kwargs)

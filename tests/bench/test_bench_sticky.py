@@ -25,7 +25,7 @@ def _call(step: int, session: str = "s") -> CallRequest:
 
 def test_pinned_session_stays_and_moves_only_when_its_replica_cannot_take_it() -> None:
     sched = build_policy("taskplane", seed=1, metrics=False)
-    assert sched.sticky
+    assert sched.pipeline.sticky
     table = _fleet(200)
     first = sched.decide(_call(0), table, 0.0)
     assert first.action == Action.PLACE

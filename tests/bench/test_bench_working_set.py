@@ -4,7 +4,7 @@ steps of tasks in flight always go ahead, and a finished task gives its room bac
 
 from __future__ import annotations
 
-from taskplane.scheduler.admission import AdmissionSettings
+from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.policies import build_policy
 from taskplane.scheduler.sessions import SessionPins
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, ReplicaView

@@ -1,6 +1,6 @@
 """A tiny real-engine bench: taskplane's gateway, a peer router (vllm-router
 consistent_hash, when scripts/install-peers.sh has run) and client-side round-robin, each
-in front of the same two real vLLM replicas, complete the workload, and every figure the
+in front of the same two real vLLM replicas, run the workload, and every figure the
 bench reports is the replicas' own: prompt tokens queried equal what the client sent,
 prefix hits equal the cached tokens vLLM reported call by call.
 
@@ -40,18 +40,31 @@ def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
         m = results["policies"][name]
         tasks = [json.loads(line) for line in (tmp_path / f"calls-{name}.jsonl").read_text().splitlines()]
         calls = [c for t in tasks for c in t["calls"]]
-        # Everything completed (deadlines are tens of seconds; four tasks are light work).
-        assert m["calls_ok"] == m["calls"] == len(calls) > 4, (name, m)
-        assert all(t["completed"] for t in tasks), name
+        ok = [c for c in calls if c["ok"]]
+        assert m["calls"] == len(calls) and m["calls_ok"] == len(ok) > 4, (name, m)
+        # A call fails only by its task's deadline (the gateway refusing a budget it cannot
+        # meet, or the agent giving up): with 15 s triage deadlines that depends on what else
+        # runs on the shared cores, so how many is not asserted. Such a call reaches no replica.
+        assert all(c["ok"] or "deadline" in c["error"] for c in calls), (name, [c["error"] for c in calls])
+        assert all(t["completed"] or "deadline" in t["error"] for t in tasks), name
         # The replicas' counters saw exactly the prompts the client sent ...
-        assert m["prefix_cache_queries"] == sum(c["prompt_tokens"] for c in calls), name
+        assert m["prefix_cache_queries"] == sum(c["prompt_tokens"] for c in ok), name
         # ... and their prefix hits are the cached tokens vLLM reported for those calls.
-        assert m["prefix_cache_hits"] == sum(c["cached_tokens"] for c in calls), name
+        assert m["prefix_cache_hits"] == sum(c["cached_tokens"] for c in ok), name
         assert m["prefix_cache_hits"] > 0, name  # later steps reuse earlier ones
         assert m["prefix_hit_ratio"] == pytest.approx(m["prefix_cache_hits"] / m["prefix_cache_queries"], abs=1e-4)
         assert 0 < m["ttft_p50_ms"] <= m["ttft_p99_ms"] < m["call_e2e_p99_ms"] + 1
-        assert m["busy_cpu_s"] > 0 and m["inference_s"] > 0 and m["engine_steps"] >= m["calls"]
-        assert m["tasks_succeeded"] == m["tasks"] == 4 and m["deadline_met_ratio"] == 1.0
+        assert m["busy_cpu_s"] > 0 and m["inference_s"] > 0 and m["engine_steps"] >= m["calls_ok"]
+        # Tasks within deadline are counted from the tasks' own records.
+        for t in tasks:
+            assert t["deadline_met"] == (t["completed"] and t["finished_s"] - t["arrival_s"] <= t["deadline_s"]), name
+        met = sum(1 for t in tasks if t["deadline_met"])
+        completed = sum(1 for t in tasks if t["completed"])
+        assert m["tasks"] == len(tasks) == 4 and m["tasks_succeeded"] == met, name
+        assert m["deadline_met_ratio"] == met / 4 and m["tasks_late"] == completed - met, name
+    # taskplane's gateway reports its own TTFT and the scheduler's decision time (its /metrics).
+    tp_figures = results["policies"]["taskplane"]
+    assert tp_figures["gateway_ttft_mean_ms"] > 0 and tp_figures["decision_mean_us"] > 0
     # The gateway's fast /metrics parse reads real vLLM pages to the same values as a full parse.
     pages = sorted((tmp_path / "work").glob("*/metrics-replica-*.txt"))
     assert len(pages) == 2 * len(routers)
@@ -69,5 +82,5 @@ def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
     # taskplane's gateway names the replica that served each call; a task stays on one.
     tp = [json.loads(line) for line in (tmp_path / "calls-taskplane.jsonl").read_text().splitlines()]
     for task in tp:
-        assert len({c["replica"] for c in task["calls"]}) == 1, task["task_id"]
-        assert task["calls"][0]["replica"] in {"replica-0", "replica-1"}
+        served = {c["replica"] for c in task["calls"] if c["ok"]}  # a refused call has none
+        assert len(served) == min(1, sum(c["ok"] for c in task["calls"])) and served <= {"replica-0", "replica-1"}, task["task_id"]

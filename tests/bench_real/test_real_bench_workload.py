@@ -9,14 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from taskplane.bench.real import evaluate_targets, run_bench, run_real_bench
-from taskplane.bench.real_client import routing_headers
+from taskplane.bench.ceiling import prompt_hit_ceiling
+from taskplane.bench.metrics import task_figures
+from taskplane.bench.real import run_bench, run_real_bench
+from taskplane.bench.real_client import CallResult, TaskRun, routing_headers, task_outcome
 from taskplane.bench.real_routers import ROUTERS, gateway_config, parse_routers, router_command
-from taskplane.bench.real_workload import hit_ceiling, real_agent_workload, text_of
+from taskplane.bench.real_workload import RealWorkload, real_agent_workload, text_of
+from taskplane.bench.render import real_results_markdown
+from taskplane.bench.targets import evaluate
 from taskplane.config import parse_gateway_config
 from taskplane.context import Priority, parse_headers
 from taskplane.engines.vllm_launcher import VllmReplica
 from taskplane.errors import UserError
+from taskplane.store.records import TaskStatus
 
 
 def _requests(seed: int) -> list[tuple[str, int, tuple[tuple[str, str], ...], int, float]]:
@@ -54,6 +59,10 @@ def test_texts_are_unique_per_key_and_exact_length() -> None:
     assert len(a.encode()) == 1000 and a != b and text_of("x", 1000) == a
 
 
+def hit_ceiling(w: RealWorkload) -> float:
+    return prompt_hit_ceiling(w.prompts(), 128)
+
+
 def test_hit_ceiling_counts_whole_blocks_of_shared_prefixes() -> None:
     w = real_agent_workload(20, 2)
     c = hit_ceiling(w)
@@ -62,6 +71,11 @@ def test_hit_ceiling_counts_whole_blocks_of_shared_prefixes() -> None:
     one = real_agent_workload(1, 2)
     one.tasks = one.tasks[:1]
     assert hit_ceiling(one) > 0
+    # by hand: 300 bytes (2 full blocks, nothing cached yet), then the same 300 and 100 more
+    # (3 full blocks: the first two hit, the third is new); the prompt's last token never hits
+    assert prompt_hit_ceiling([b"a" * 300, b"a" * 300 + b"b" * 100], 128) == 256 / 700
+    assert prompt_hit_ceiling([b"a" * 256, b"a" * 256], 128) == 128 / 512
+    assert prompt_hit_ceiling([b"a" * 300, b"c" + b"a" * 299], 128) == 0.0  # chained: no shared prefix
 
 
 def test_taskplane_headers_parse_as_the_gateway_parses_them() -> None:
@@ -126,11 +140,42 @@ def test_targets_against_the_best_peer() -> None:
         "a": {"prefix_hit_ratio": 0.55, "ttft_p50_ms": 100.0},
         "b": {"prefix_hit_ratio": 0.65, "ttft_p50_ms": 80.0},
     }
-    hits, ttft = evaluate_targets(policies)
+    hits, ttft = evaluate("agents-vllm", policies)
     assert hits["best_baseline"] == "b" and hits["met"] is False and hits["ratio"] == pytest.approx(0.923, abs=1e-3)
     assert ttft["best_baseline"] == "b" and ttft["met"] is False and ttft["ratio"] == 0.875
     policies["taskplane"] = {"prefix_hit_ratio": 0.7, "ttft_p50_ms": 60.0}
-    assert all(t["met"] for t in evaluate_targets(policies))
+    assert all(t["met"] for t in evaluate("agents-vllm", policies))
+    page = real_results_markdown({
+        "workload": "agents-vllm", "replicas": 2, "seed": 1, "time_scale": 1.0, "hit_ceiling": 0.7,
+        "policies": {n: {"rule": n, **m} for n, m in policies.items()}, "targets": evaluate("agents-vllm", policies),
+        "workload_info": {"tasks": 3, "calls": 9, "agents": "coder", "tenants": "acme"},
+        "engine_info": {"num_blocks": 64, "block_size": 128}, "machine": {"cpu_model": "cpu", "nproc": 2}})
+    assert "| router | prefix hits |" in page and "| taskplane | 70.0% |" in page
+    assert "| TTFT p50 <= 0.8x the best peer's | 60 | b (80) | 0.75 | yes |" in page
+
+
+def _call(ok: bool, error: str | None = None) -> CallResult:
+    return CallResult(task_id="t", step=0, tenant="acme", priority="interactive", sent_s=0.0, ok=ok, error=error,
+                      attempts=2)
+
+
+def test_a_task_counts_as_succeeded_by_the_rule_of_the_simulated_bench() -> None:
+    w = real_agent_workload(4, 1)
+    task = w.tasks[0]
+    assert task.deadline_s is not None
+    in_time = task_outcome(task, [_call(True)], None, task.arrival_s + task.deadline_s)
+    late = task_outcome(task, [_call(True)], None, task.arrival_s + task.deadline_s + 0.1)
+    failed = task_outcome(task, [_call(False, "HTTP 500: x")], "HTTP 500: x", task.arrival_s + 1)
+    gave_up = task_outcome(task, [], "deadline passed", task.arrival_s + task.deadline_s + 1)
+    assert in_time.status is late.status is TaskStatus.SUCCEEDED and in_time.deadline_met and not late.deadline_met
+    assert failed.status is TaskStatus.FAILED and gave_up.status is TaskStatus.FAILED_DEADLINE
+    assert in_time.attempts == 2 and in_time.calls_done == 1 and in_time.calls_total == len(task.calls)
+    figures = task_figures([in_time, late, failed, gave_up])
+    assert figures["tasks"] == 4 and figures["tasks_succeeded"] == 1 and figures["deadline_met_ratio"] == 0.25
+    assert figures["task_e2e_p50_s"] == pytest.approx(task.deadline_s)
+    line = TaskRun(task=task, result=late, started_s=task.arrival_s, calls=[_call(True)]).as_json()
+    assert line["completed"] and not line["abandoned"] and line["deadline_met"] is False
+    assert line["deadline_s"] == task.deadline_s and line["calls"][0]["attempts"] == 2
 
 
 def test_refusals_come_before_anything_starts(tmp_path: Path) -> None:
@@ -143,3 +188,34 @@ def test_refusals_come_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown router"):
         run_real_bench(tmp_path, replicas=2, policies="bogus", seed=1, tasks=None, time_scale=1.0)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_gateway_histograms_are_read_over_every_label_set() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import Histogram as PromHistogram
+
+    from taskplane.bench.real import DECISION, TTFT, _gateway_figures
+    from taskplane.bench.real_metrics import histograms
+
+    reg = CollectorRegistry()
+    ttft = PromHistogram(TTFT, "ttft", ["model"], registry=reg, buckets=(0.1, 1.0))
+    decision = PromHistogram(DECISION, "decision", ["policy"], registry=reg, buckets=(50e-6, 100e-6, 1e-3))
+
+    def page() -> str:
+        return generate_latest(reg).decode()
+
+    before = histograms(page(), (TTFT, DECISION))
+    assert before[TTFT].count == 0 and before[DECISION].buckets == {}  # no label set observed yet
+    ttft.labels("a").observe(0.2)
+    ttft.labels("b").observe(0.4)
+    for _ in range(99):
+        decision.labels("taskplane").observe(40e-6)
+    decision.labels("other").observe(500e-6)
+    after = histograms(page(), (TTFT, DECISION))
+    assert after[TTFT].count == 2 and after[TTFT].sum == pytest.approx(0.6)
+    assert after[DECISION].buckets[50e-6] == 99 and after[DECISION].buckets[float("inf")] == 100
+    figures = _gateway_figures(before, after)
+    assert figures["gateway_ttft_mean_ms"] == 300.0
+    assert figures["decision_mean_us"] == pytest.approx((99 * 40 + 500) / 100, abs=0.1)
+    assert figures["decision_p99_us"] == 50.0  # 99 of 100 within the 50 µs bucket
+    assert histograms("", [TTFT])[TTFT].count == 0

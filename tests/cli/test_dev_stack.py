@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import free_base
 from taskplane.store import embedded
 
 
@@ -22,12 +22,22 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 
 def _base_port() -> int:
-    for _ in range(50):
-        base = random.randrange(20000, 31000, 10)  # below the ephemeral range (see taskplane/ports.py)
-        ports = [base + i for i in (0, 1, 2, 3, 10, 11, 110, 111, 1110, 1111)]
-        if not any(proc.port_in_use(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range")
+    return free_base(2)  # a whole block of the port plan, free now
+
+
+def _assert_data_plane(info: dict[str, object]) -> None:
+    """Envoy answers on the gateway port; the endpoint picker's gRPC health says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    chat = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = httpx.post(f"{info['gateway_url']}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 200 and r.headers["server"] == "envoy", r.text
+    with grpc.insecure_channel(str(info["epp_address"])) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            got = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert got.status == health_pb2.HealthCheckResponse.SERVING, service
 
 
 def test_dev_up_status_down(tmp_path: Path) -> None:
@@ -45,6 +55,7 @@ def test_dev_up_status_down(tmp_path: Path) -> None:
         assert {p["name"] for p in info["parts"]} == {"temporal", "postgres", "replica-0", "replica-1", "gateway", "worker"}
         assert all(p["alive"] for p in info["parts"])
         assert httpx.get(f"{info['gateway_url']}/healthz", timeout=5).json()["healthy_replicas"] == 2
+        _assert_data_plane(info)
         assert httpx.get(info["temporal_ui_url"], timeout=10).status_code == 200
         for r in info["replicas"]:
             assert "vllm:num_requests_running" in httpx.get(r["metrics_url"], timeout=5).text

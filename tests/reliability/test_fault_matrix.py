@@ -12,6 +12,7 @@ then the drain after the restart). The matrix is printed at the end of the run (
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 import uuid
@@ -85,8 +86,8 @@ async def _drained(stack: RelStack, prefix: str, bound_s: float = 60) -> tuple[l
     while True:
         want = {r["attempt_key"] for r in stack.gateway_rows(prefix)}
         try:
-            calls = await _pg(stack, "SELECT attempt_key, outcome, error_type, replica FROM llm_calls WHERE task_id LIKE $1",
-                              prefix + "%")
+            calls = await _pg(stack, "SELECT attempt_key, outcome, error_type, replica, gpu_seconds FROM llm_calls "
+                              "WHERE task_id LIKE $1", prefix + "%")
             tasks = await _pg(stack, "SELECT task_id, status, error FROM tasks WHERE task_id LIKE $1", prefix + "%")
         except (OSError, asyncpg.PostgresError):
             calls, tasks = [], []
@@ -180,9 +181,11 @@ async def run_case(stack: RelStack, client: Client, fault: str, inject: Callable
     handles = [await taskplane.submit(agents.rel_session, STEPS, f"{fault}-{i}", client=client, task_id=f"{prefix}-{i}")
                for i in range(TASKS)]
     await asyncio.sleep(1.5)  # tasks are mid-session now
-    await inject(prefix)
-    await asyncio.sleep(hold_s)
-    await clear()
+    try:
+        await inject(prefix)
+        await asyncio.sleep(hold_s)
+    finally:
+        await clear()  # a fault that failed half-way must not outlive its case
     kv_s = await _kv_recovered(stack)
     outcomes = await asyncio.gather(*(_outcome(h, 150) for h in handles))
     calls, tasks = await _drained(stack, prefix)
@@ -193,9 +196,11 @@ async def run_case(stack: RelStack, client: Client, fault: str, inject: Callable
         "ok": outcomes.count("ok"), "failed": outcomes.count("failed"), "lost": outcomes.count("lost"),
         "rows_gateway": len(set(gw_keys)), "rows_db": len(db_keys),  # lost attempts: logged by the next gateway
         "rows_lost": len(set(gw_keys) - set(db_keys)),
+        "lost_keys": sorted(set(gw_keys) - set(db_keys))[:5],
         "rows_doubled": (len(db_keys) - len(set(db_keys))) + len(set(db_keys) - set(gw_keys)),
         "rows_not_success": sum(1 for r in calls if r["outcome"] != "success"),
         "rows_gateway_lost": sum(1 for r in calls if r["error_type"] == GATEWAY_LOST),
+        "gpu_s_max": max((float(r["gpu_seconds"]) for r in calls), default=0.0),
         "kv_recovery_s": kv_s, "wall_s": time.monotonic() - t0,
         "task_rows": {t["task_id"]: t["status"] for t in tasks},
         "failed_errors": [t["error"] for t in tasks if t["status"] != "succeeded"],
@@ -330,3 +335,59 @@ async def test_restart_temporal_keeping_its_database(stack: RelStack, client: Cl
         await asyncio.to_thread(stack.start_temporal)
 
     _check(await run_case(stack, client, "restart Temporal", inject, clear, 2.0))
+
+
+async def test_pause_the_gateway_20s(stack: RelStack, client: Client) -> None:
+    """SIGSTOP the gateway for 20 s with calls in flight: nobody is charged for the pause."""
+    assert stack.cluster.gateway_pid is not None
+    pid = stack.cluster.gateway_pid
+
+    async def inject(_: str) -> None:
+        await wait_for_calls_in_flight(stack)
+        os.kill(pid, signal.SIGSTOP)
+
+    async def clear() -> None:
+        os.kill(pid, signal.SIGCONT)
+
+    row = await run_case(stack, client, "pause the gateway 20 s", inject, clear, 20.0)
+    _check(row, may_fail=True)
+    baseline = next((r for r in MATRIX if r["fault"] == "none (baseline)"), None)
+    # a charge for the pause would be >= 20 s / batch; the sim's calls take well under 5 s
+    assert row["gpu_s_max"] < 5.0, (row["gpu_s_max"], baseline and baseline["gpu_s_max"])
+
+
+async def test_outbox_disk_full(stack: RelStack, client: Client) -> None:
+    """The gateway's outbox filesystem full for 8 s: calls go on, rows go straight to Postgres."""
+    if stack.outbox_fs is None:
+        pytest.skip("no rights to mount a small filesystem for the outbox")
+
+    async def inject(_: str) -> None:
+        await asyncio.to_thread(stack.fill_outbox_fs)
+
+    async def clear() -> None:
+        await asyncio.to_thread(stack.free_outbox_fs)
+
+    before = await _gateway_metric(stack, "taskplane_gateway_rows_direct_total")
+    row = await run_case(stack, client, "outbox disk full 8 s", inject, clear, 8.0)
+    row["rows_direct"] = await _gateway_metric(stack, "taskplane_gateway_rows_direct_total") - before
+    _check(row)
+    assert row["rows_direct"] > 0, "no row took the direct path: the outbox was not full?"
+
+
+async def test_kill_9_postgres(stack: RelStack, client: Client) -> None:
+    """SIGKILL the postmaster mid-run (crash recovery at restart), down 10 s."""
+
+    async def inject(_: str) -> None:
+        await wait_for_calls_in_flight(stack)
+        stack.kill_postgres()
+
+    async def clear() -> None:
+        await asyncio.to_thread(stack.restart_killed_postgres)
+
+    _check(await run_case(stack, client, "kill -9 Postgres", inject, clear, 10.0))
+
+
+async def _gateway_metric(stack: RelStack, name: str) -> float:
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+        text = (await http.get(f"{stack.cluster.gateway_url}/metrics")).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + " ") or ln.startswith(name + "{"))

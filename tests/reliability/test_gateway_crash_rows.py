@@ -105,10 +105,10 @@ async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db_
             with contextlib.suppress(httpx.HTTPError):
                 await hanging  # the client sees the connection drop (its activity would retry)
         await _faults(replica_urls, clear=True)
-        assert _open_notes(outbox) == ["lost-call:1:0"], "the dead gateway left its in-flight attempt journalled"
+        assert _open_notes(outbox) == ["acme/lost-call:1:0"], "the dead gateway left its in-flight attempt journalled"
 
         await asyncio.to_thread(cluster.start_gateway)  # same config, same outbox directory
-        await _wait_row(fresh_db_url, "lost-call:1:0")
+        await _wait_row(fresh_db_url, "acme/lost-call:1:0")
         assert await asyncio.to_thread(_open_notes, outbox) == []
         # a graceful restart and another call: the lost attempt is not recorded again
         await asyncio.to_thread(cluster.stop_gateway)
@@ -117,16 +117,16 @@ async def test_an_attempt_in_flight_at_a_gateway_kill_is_recorded_once(fresh_db_
             after = await http.post("/v1/chat/completions", json=_body("a call after the restarts"),
                                     headers=_call_headers("after-call"))
             assert after.status_code == 200, after.text
-        await _wait_row(fresh_db_url, "after-call:1:0")
+        await _wait_row(fresh_db_url, "acme/after-call:1:0")
 
     rows = await _rows(fresh_db_url, "SELECT * FROM llm_calls WHERE task_id = 'crash-task' ORDER BY id")
     by_key: dict[str, list[asyncpg.Record]] = {}
     for r in rows:
         by_key.setdefault(r["attempt_key"], []).append(r)
-    assert sorted(by_key) == ["after-call:1:0", "done-call:1:0", "lost-call:1:0"], rows
+    assert sorted(by_key) == ["acme/after-call:1:0", "acme/done-call:1:0", "acme/lost-call:1:0"], rows
     assert all(len(v) == 1 for v in by_key.values()), "no attempt is doubled"
-    assert by_key["done-call:1:0"][0]["outcome"] == "success"
-    (row,) = by_key["lost-call:1:0"]
+    assert by_key["acme/done-call:1:0"][0]["outcome"] == "success"
+    (row,) = by_key["acme/lost-call:1:0"]
     assert row["outcome"] == Outcome.ERROR.value and row["error_type"] == GATEWAY_LOST
     assert row["replica"] in {r.name for r in cluster.replicas} and row["gpu"] == "h100"
     assert row["model_requested"] == MODEL and row["tenant"] == "acme" and row["prompt_tokens"] > 0

@@ -272,3 +272,16 @@ async def test_header_limit_holds_for_a_request_pipelined_behind_another(secure:
     writer.close()
     assert data.startswith(b"HTTP/1.1 200")
     assert b"HTTP/1.1 431" in data and b"header block exceeds" in data
+
+
+async def test_metrics_name_tenants_only_to_the_admin(secure: LocalCluster) -> None:
+    """On an auth-on gateway /metrics stays scrapeable without a token, but series labelled
+    by tenant (their names and spend) need the admin token."""
+    async with httpx.AsyncClient(base_url=secure.gateway_url, timeout=30) as client:
+        assert (await client.post("/v1/chat/completions", json=_chat("hi"), headers=bearer("acme"))).status_code == 200
+        anyone = (await client.get("/metrics")).text
+        admin = (await client.get("/metrics", headers=bearer("admin"))).text
+        tenant_key = (await client.get("/metrics", headers=bearer("acme"))).text
+    assert "taskplane_gateway_requests_total" in anyone
+    assert 'tenant="' not in anyone and 'tenant="' not in tenant_key
+    assert 'taskplane_gateway_cost_usd_total{tenant="acme"}' in admin

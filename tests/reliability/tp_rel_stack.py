@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,16 @@ class RelStack:
         # outgoing connection could take a port while its server is down
         self.cluster = pin_ports(LocalCluster(workdir, replicas=replicas, gpus=["h100", "l40s", "h100"],
                                               database_url=self.database_url, speed=5.0))
+        # the gateway's outbox on a small filesystem of its own, so the disk-full fault can
+        # fill it (needs mount rights: root in a container; else that fault is skipped)
+        self.outbox_fs: Path | None = workdir / "outbox-fs"
+        self.outbox_fs.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(self.outbox_fs)],
+                                 capture_output=True).returncode == 0
+        if mounted:
+            self.cluster.config_overrides["outbox_dir"] = str(self.outbox_fs / "outbox")
+        else:
+            self.outbox_fs = None
 
     @property
     def temporal_address(self) -> str:
@@ -103,6 +116,46 @@ class RelStack:
         self.cluster.stop()
         self.stop_temporal()
         embedded.destroy(self.pg_dir)
+        if self.outbox_fs is not None:
+            subprocess.run(["umount", "-l", str(self.outbox_fs)], capture_output=True)
+
+    def kill_postgres(self) -> None:
+        """SIGKILL the postmaster (no shutdown checkpoint); its backends die with it."""
+        pid = int((self.pg_dir / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pid, signal.SIGKILL)
+
+    def restart_killed_postgres(self, bound_s: float = 60.0) -> None:
+        """Start Postgres again after a SIGKILL (crash recovery), once its orphans are gone."""
+        deadline = time.monotonic() + bound_s
+        while True:
+            try:
+                embedded.start(self.pg_dir, self.pg_port)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def fill_outbox_fs(self) -> None:
+        """Fill the outbox's filesystem to the last byte (ENOSPC for the gateway's outbox)."""
+        assert self.outbox_fs is not None
+        try:
+            fd = os.open(self.outbox_fs / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError:
+            return  # already full
+        try:
+            for chunk in (1 << 20, 1 << 12, 1 << 9, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * chunk)
+                except OSError:
+                    continue  # ENOSPC at this size: go on with smaller writes
+        finally:
+            os.close(fd)
+
+    def free_outbox_fs(self) -> None:
+        assert self.outbox_fs is not None
+        (self.outbox_fs / "filler").unlink(missing_ok=True)
 
     # ---- views -------------------------------------------------------------------------
     def gateway_rows(self, prefix: str) -> list[dict[str, Any]]:
@@ -143,7 +196,8 @@ def _lines(path: Path) -> Iterator[str]:
 MATRIX: list[dict[str, Any]] = []
 
 COLUMNS = [("fault", 24), ("tasks", 6), ("ok", 4), ("failed", 7), ("lost", 5), ("rows", 5), ("in db", 6),
-           ("lost", 5), ("doubled", 8), ("not ok", 7), ("gw lost", 8), ("kv sync s", 10), ("wall s", 7)]
+           ("lost", 5), ("doubled", 8), ("not ok", 7), ("gw lost", 8), ("max gpu s", 10), ("kv sync s", 10),
+           ("wall s", 7)]
 
 
 def render_matrix(rows: list[dict[str, Any]] | None = None) -> str:
@@ -151,11 +205,12 @@ def render_matrix(rows: list[dict[str, Any]] | None = None) -> str:
     head = "".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(COLUMNS))
     lines = ["fault matrix (tasks: ok / failed with a recorded failure / lost; cost rows: handed over by the gateway,",
              "in Postgres, lost, doubled, how many of them record a failed attempt, and how many of those a killed gateway's",
-             "successor recorded from its in-flight journal; KV view back in sync after)", head]
+             "successor recorded from its in-flight journal; the most GPU time one attempt was charged; KV view back in",
+             "sync after)", head]
     for r in rows:
         kv = "-" if r["kv_recovery_s"] is None else f"{r['kv_recovery_s']:.1f}"
         vals = [r["fault"], r["tasks"], r["ok"], r["failed"], r["lost"], r["rows_gateway"], r["rows_db"],
-                r["rows_lost"], r["rows_doubled"], r["rows_not_success"], r.get("rows_gateway_lost", 0), kv,
-                f"{r['wall_s']:.0f}"]
+                r["rows_lost"], r["rows_doubled"], r["rows_not_success"], r.get("rows_gateway_lost", 0),
+                f"{r.get('gpu_s_max', 0.0):.2f}", kv, f"{r['wall_s']:.0f}"]
         lines.append("".join(f"{v!s:>{w}}" if i else f"{v!s:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, COLUMNS, strict=True))))
     return "\n".join(lines)

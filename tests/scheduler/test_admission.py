@@ -6,7 +6,8 @@ import math
 
 from _sched_util import request
 
-from taskplane.scheduler.admission import AdmissionQueue, band_rank, check_priority_cap
+from taskplane.scheduler.flowcontrol.queue import AdmissionQueue
+from taskplane.scheduler.flowcontrol.settings import band_rank, check_priority_cap
 
 
 def drain(q: AdmissionQueue) -> list[str]:

@@ -207,7 +207,7 @@ def test_queued_call_past_its_deadline_is_released_as_unmeetable() -> None:
 
 
 def test_full_queue_displaces_least_valuable() -> None:
-    from taskplane.scheduler.admission import AdmissionSettings
+    from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 
     s = build_scheduler(policy="taskplane", admission=AdmissionSettings(max_queue=2))
     sat = fleet(1, num_waiting=2)

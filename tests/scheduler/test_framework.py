@@ -7,7 +7,8 @@ import pytest
 from taskplane.config import PluginConfig, SchedulerConfig
 from taskplane.errors import ConfigError
 from taskplane.scheduler import build_policy, policy_names
-from taskplane.scheduler.framework import REGISTRY, Kind
+from taskplane.scheduler.framework.plugin import Kind
+from taskplane.scheduler.framework.registry import REGISTRY
 from taskplane.scheduler.policies import build_scheduler
 
 
@@ -70,15 +71,15 @@ def test_from_scheduler_config_with_overrides() -> None:
         admission=False,
         response_cache_entries=16,
     )
-    from taskplane.scheduler import Scheduler
+    from taskplane.scheduler import FlowControl
 
-    s = Scheduler.from_config(cfg)
-    assert [x.type_name for x in s.scorers] == ["least-loaded"]
-    assert [x.type_name for x in s.filters] == ["healthy", "tenant-gpu", "memory-headroom", "latency-budget"]
-    assert s.admission is None and s.seed == 7
+    s = FlowControl.from_config(cfg)
+    assert [x.type_name for x in s.pipeline.scorers] == ["least-loaded"]
+    assert [x.type_name for x in s.pipeline.filters] == ["healthy", "tenant-gpu", "memory-headroom", "latency-budget"]
+    assert s.admission is None and s.pipeline.seed == 7
     assert s.response_cache is not None and s.response_cache.max_entries == 16
     with pytest.raises(ConfigError, match="scheduler scorer 'x'"):
-        Scheduler.from_config({"policy": "taskplane", "scorers": [{"type": "x"}]})
+        FlowControl.from_config({"policy": "taskplane", "scorers": [{"type": "x"}]})
 
 
 def test_every_preset_builds_and_baselines_have_no_admission() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from _sched_util import BS, engine_store_events, removed, stored, tokens
 
-from taskplane.engines import kv_events as wire
 from taskplane.scheduler.hashing import chain_hashes
-from taskplane.scheduler.kvindex import BatchStatus, KVIndex, normalize_event
+from taskplane.scheduler.kv import events as wire
+from taskplane.scheduler.kv.events import normalize_event
+from taskplane.scheduler.kvindex import BatchStatus, KVIndex
 
 
 def test_stored_then_match_uses_our_hashes() -> None:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from taskplane.scheduler.hashing import chain_hashes
+from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex, Source
 
 # --------------------------------------------------------------------------- apply_events

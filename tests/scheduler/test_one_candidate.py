@@ -8,7 +8,9 @@ import random
 import numpy as np
 from _sched_util import engine_store_events, replica, request, tokens
 
-from taskplane.scheduler.framework import CycleState, Filter, OneCandidate
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.policies import build_scheduler
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
@@ -71,8 +73,8 @@ def test_one_candidate_matches_the_array_path() -> None:
     rng = random.Random(7)
     for _ in range(300):
         sched, table, req = _case(rng)
-        one = OneCandidate(sched, req, table, 1, 2.0)  # type: ignore[arg-type]
-        state = CycleState(sched, req, table, np.array([1], dtype=np.intp), 2.0, "m")  # type: ignore[arg-type]
+        one = OneCandidate(sched.pipeline.handle, req, table, 1, 2.0)  # type: ignore[attr-defined]
+        state = CycleState(sched.pipeline.handle, req, table, np.array([1], dtype=np.intp), 2.0, "m")  # type: ignore[attr-defined]
         state._pinned = 0
         assert one.matched() == float(state.matched()[0])
         assert one.new_blocks_needed() == float(state.new_blocks_needed()[0])
@@ -83,7 +85,7 @@ def test_one_candidate_matches_the_array_path() -> None:
         assert one.saturated == bool(state.saturated[0])
         room = state.room
         assert one.room == (None if room is None else bool(room[0]))
-        for f in sched.filters:  # type: ignore[attr-defined]
+        for f in sched.pipeline.filters:  # type: ignore[attr-defined]
             keep = f.filter(state)
             assert f.keeps(one) == (keep is None or bool(keep[0])), f.name
             assert Filter.keeps(f, one) == f.keeps(one), f.name  # the generic fallback agrees

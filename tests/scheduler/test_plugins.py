@@ -8,22 +8,26 @@ import numpy as np
 import pytest
 from _sched_util import BS, engine_store_events, fleet, replica, request, tokens
 
-from taskplane.scheduler import Scheduler
-from taskplane.scheduler.framework import REGISTRY, CycleState, Kind
+from taskplane.scheduler.core import Scheduler
+from taskplane.scheduler.flowcontrol.controller import FlowControl
+from taskplane.scheduler.framework.plugin import Kind
+from taskplane.scheduler.framework.registry import REGISTRY
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.policies import build_scheduler
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
 
-def make_state(pool: list[ReplicaView], req: CallRequest, sched: Scheduler | None = None) -> CycleState:
+def make_state(pool: list[ReplicaView], req: CallRequest, sched: Scheduler | FlowControl | None = None) -> CycleState:
     sched = sched or Scheduler(name="t", metrics=False)
     table = ReplicaTable(pool)
-    return CycleState(sched, req, table, table.pool(req.model), 0.0, req.model)
+    handle = sched.pipeline.handle if isinstance(sched, FlowControl) else sched.handle
+    return CycleState(handle, req, table, table.pool(req.model), 0.0, req.model)
 
 
 def kept(type_name: str, pool: list[ReplicaView], req: CallRequest, params: dict[str, Any] | None = None,
-         sched: Scheduler | None = None) -> list[str]:
+         sched: Scheduler | FlowControl | None = None) -> list[str]:
     f = REGISTRY.build(Kind.FILTER, {"type": type_name, "params": params or {}})
     state = make_state(pool, req, sched)
     mask = f.filter(state)  # type: ignore[attr-defined]
@@ -33,7 +37,7 @@ def kept(type_name: str, pool: list[ReplicaView], req: CallRequest, params: dict
 
 
 def scores(type_name: str, pool: list[ReplicaView], req: CallRequest, params: dict[str, Any] | None = None,
-           sched: Scheduler | None = None) -> dict[str, float]:
+           sched: Scheduler | FlowControl | None = None) -> dict[str, float]:
     s = REGISTRY.build(Kind.SCORER, {"type": type_name, "params": params or {}})
     state = make_state(pool, req, sched)
     out = s.score(state)  # type: ignore[attr-defined]

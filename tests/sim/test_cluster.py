@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from taskplane.scheduler.hashing import ROOT, chain_hashes, repeated_block_hash
+from taskplane.scheduler.hashing import ROOT, chain_hashes
 from taskplane.scheduler.types import Action, CallRequest, Decision, ReplicaView
 from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, round_robin, simulate
+from taskplane.sim.tokens import repeated_block_hash
 from taskplane.sim.workloads.agents import AgentWorkloadConfig, generate_agent_tasks
 from taskplane.sim.workloads.mooncake import load_mooncake
 from taskplane.store.records import Outcome, TaskStatus

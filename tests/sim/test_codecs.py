@@ -5,16 +5,16 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from taskplane.engines.kv_events import (
+from taskplane.engines.kv_events import replay_endpoint_for
+from taskplane.engines.metrics import parse_metrics
+from taskplane.scheduler.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     decode_batch,
     encode_batch,
     fold_hash,
-    replay_endpoint_for,
 )
-from taskplane.engines.metrics import parse_metrics
 
 enc = msgspec.msgpack.Encoder()
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from taskplane.engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import GPUS, default_kv_blocks
 

@@ -8,15 +8,10 @@ from typing import Any
 
 import httpx
 
-from taskplane.engines.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEvent,
-    KVEventSubscriber,
-)
+from taskplane.engines.kv_events import KVEventSubscriber
 from taskplane.engines.metrics import parse_metrics
 from taskplane.engines.tokenize import chat_tokens
+from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 from .conftest import SimProc
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taskplane.engines.kv_events import BlockRemoved
+from taskplane.scheduler.kv.events import BlockRemoved
 from taskplane.sim.kvcache import Holding, KVCache
 
 

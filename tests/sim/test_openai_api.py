@@ -122,7 +122,7 @@ def test_bad_input_is_rejected_like_vllm(sim: SimProc) -> None:
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
     for bad in ({"model": sim.model, "messages": []},
                 {"model": sim.model, "messages": MSGS, "max_tokens": 0},
-                {"model": sim.model, "messages": MSGS, "n": 2},
+                {"model": sim.model, "messages": MSGS, "n": 99},
                 {"model": sim.model, "messages": MSGS, "temperature": 5},
                 {"model": sim.model, "messages": [{"role": "user", "content": "x" * 9000}]},
                 {"model": sim.model, "messages": MSGS, "max_tokens": 8190}):

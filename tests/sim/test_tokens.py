@@ -1,35 +1,64 @@
-"""The cluster simulator's lazy token ids: slices equal the materialised list and hash
-exactly as it does (BlockStored events)."""
+"""The simulator's lazily repeated blocks hash (through the scheduler's ``BlockContents``
+protocol) exactly as their tokens packed one by one."""
 
 from __future__ import annotations
 
-import random
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from taskplane.scheduler.hashing import RepeatedBlocks, chain_hashes
-
-
-def test_slices_equal_the_list_and_hash_the_same() -> None:
-    rng = random.Random(3)
-    for _ in range(2000):
-        nb, bs = rng.randrange(0, 40), rng.choice([1, 2, 16])
-        contents = [rng.getrandbits(63) - (1 << 62) for _ in range(nb)]
-        n = nb * bs - rng.randrange(0, bs) if nb else 0
-        toks, full = RepeatedBlocks(contents, bs, n), [c for c in contents for _ in range(bs)][:n]
-        a, b = rng.randrange(0, n + 2), rng.randrange(0, n + 2)
-        assert list(toks[a:b]) == full[a:b] and list(toks[a:b:2]) == full[a:b:2]
-        assert [toks[i] for i in range(-n, n)] == full[-n:] + full
-        a, b = rng.randrange(0, nb + 1) * bs, rng.randrange(0, nb + 1) * bs
-        sl = toks[a:b]
-        assert list(sl) == full[a:b] and bool(sl) == bool(full[a:b])
-        assert chain_hashes(sl, bs) == chain_hashes(full[a:b], bs)
+from taskplane.scheduler.hashing import MASK64, ROOT, chain_hashes
+from taskplane.sim import tokens as sim_tokens
+from taskplane.sim.tokens import RepeatedBlocks
 
 
-def test_index_past_the_end_raises_although_contents_run_on() -> None:
-    toks = RepeatedBlocks([1, 2, 3], 2, 3)
-    assert list(toks) == [1, 1, 2] and toks[-1] == 2
-    for i in (3, -4):
-        try:
-            toks[i]
-        except IndexError:
-            continue
-        raise AssertionError(i)
+def reference_chain(tokens: list[int], block_size: int, parent: int = ROOT) -> list[int]:
+    """The original definition: pack every token, hash block by block."""
+    import hashlib
+    import struct
+
+    n = len(tokens) // block_size
+    raw = struct.pack(f"<{n * block_size}q", *tokens[: n * block_size])
+    out, h = [], parent & MASK64
+    step = block_size * 8
+    for i in range(n):
+        digest = hashlib.blake2b(h.to_bytes(8, "little") + raw[i * step : (i + 1) * step], digest_size=8).digest()
+        h = int.from_bytes(digest, "little")
+        out.append(h)
+    return out
+
+
+def test_repeated_block_hash_is_shared_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    hashing = sim_tokens
+    monkeypatch.setattr(hashing, "_MEMOS", {})
+    monkeypatch.setattr(hashing, "MEMO_GENERATION", 2)
+    h = hashing.repeated_block_hash(ROOT, 5, 4)
+    assert h == reference_chain([5] * 4, 4)[0]
+    assert chain_hashes(RepeatedBlocks([5], 4, 4), 4)[0] is h  # the index's re-hash is the simulator's object
+    assert chain_hashes([5] * 4, 4)[0] == h  # a real token list: packed and hashed, equal
+    for token in range(6):  # two generations of 2: 5 drops out, then is recomputed equal
+        hashing.repeated_block_hash(ROOT, 100 + token, 4)
+    assert hashing.repeated_block_hash(ROOT, 5, 4) == h
+    assert len(hashing._MEMOS[4].young) + len(hashing._MEMOS[4].old) <= 4
+
+
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6),
+    st.sampled_from([1, 2, 3, 4, 16]),
+    st.integers(0, 15),
+    st.integers(0, MASK64),
+    st.sampled_from([0, 1, 2]),
+)
+@settings(max_examples=300, deadline=None)
+def test_repeated_blocks_hash_as_their_tokens(
+    contents: list[int], bs: int, cut: int, parent: int, extra: int
+) -> None:
+    # mixed ids (some equal), a partial last block, ids past its length, any parent; also
+    # hashed at other block sizes (materialised)
+    ids = contents + contents[:1]
+    n = max(0, len(ids) * bs - cut % bs)
+    seq = RepeatedBlocks(ids + [1] * extra, bs, n)
+    toks = list(seq)
+    assert toks == [c for c in ids for _ in range(bs)][:n] and len(seq) == n
+    for size in {bs, 1, 2, 5}:
+        assert chain_hashes(seq, size, parent) == chain_hashes(toks, size, parent) == reference_chain(toks, size, parent)

@@ -11,8 +11,9 @@ import zmq
 import zmq.asyncio
 from vllm_helpers import NUM_BLOCKS, EventLog, block_chain, subscribe, unique_text, wait_for
 
-from taskplane.engines.kv_events import END_SEQ, BlockStored, decode_batch
+from taskplane.engines.kv_events import END_SEQ
 from taskplane.engines.vllm_launcher import BLOCK_SIZE, VllmReplica
+from taskplane.scheduler.kv.events import BlockStored, decode_batch
 
 
 async def _complete(replica: VllmReplica, prompt: str, max_tokens: int = 1) -> dict:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from taskplane.engines.kv_events import BlockRemoved, BlockStored, KVEvent, KVEventSubscriber
+from taskplane.engines.kv_events import KVEventSubscriber
 from taskplane.engines.metrics import MetricsSnapshot, parse_metrics
 from taskplane.engines.tokenize import tokenize
 from taskplane.engines.vllm_launcher import BLOCK_SIZE, VllmReplica
+from taskplane.scheduler.kv.events import BlockRemoved, BlockStored, KVEvent
 
 NUM_BLOCKS = 32
 """KV blocks per test replica: 31 usable (vLLM keeps a null block) = 3968 tokens."""

@@ -31,6 +31,7 @@ from taskplane.autoscale.observe import AutoscaleMetrics
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSignals, WorkflowSignal
 from taskplane.dev import processes as proc
+from taskplane.dev.ports import plan as ports_plan
 from taskplane.engines.file_discovery import write_replicas
 
 log = structlog.get_logger("taskplane.autoscale")
@@ -43,6 +44,8 @@ class DevReplica:
     gpu: str
     port: int
     kv_port: int
+    replay_port: int
+    slot: int
     pid: int
     log: str
 
@@ -52,7 +55,7 @@ class DevReplica:
 
     def published(self, draining: bool) -> dict[str, Any]:
         return {"url": self.url, "gpu": self.gpu, "name": self.name, "kv_events": f"tcp://127.0.0.1:{self.kv_port}",
-                "kv_replay": f"tcp://127.0.0.1:{self.kv_port + 1000}", "draining": draining}
+                "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining}
 
 
 @dataclass
@@ -70,11 +73,13 @@ class DevFleet:
 
     def spawn(self, name: str, gpu: str) -> DevReplica:
         i = self._free.pop(0)
-        port, kv = self.base_port + 10 + i, self.base_port + 110 + i
+        ports = ports_plan(self.base_port, self.max_replicas).replica(i)  # the stack's plan: slot i's three ports
         log_file = self.state_dir / "logs" / f"{name}.log"
-        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(port), "--gpu", gpu, "--model", POOL,
-               "--kv-blocks", "2048", "--kv-events-port", str(kv), "--seed", str(i), "--speed", str(self.speed)]
-        rep = DevReplica(name, gpu, port, kv, proc.spawn(cmd, log_file), str(log_file))
+        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(ports.http), "--gpu", gpu, "--model", POOL,
+               "--kv-blocks", "2048", "--kv-events-port", str(ports.kv_events), "--kv-replay-port", str(ports.kv_replay),
+               "--seed", str(i), "--speed", str(self.speed)]
+        rep = DevReplica(name, gpu, ports.http, ports.kv_events, ports.kv_replay, i, proc.spawn(cmd, log_file),
+                         str(log_file))
         self.replicas[name] = rep
         return rep
 
@@ -82,7 +87,7 @@ class DevFleet:
         rep = self.replicas.pop(name, None)
         if rep is not None:
             proc.stop_pid(rep.pid)
-            self._free.append(rep.port - self.base_port - 10)
+            self._free.append(rep.slot)
 
     def publish(self, book: FleetBook) -> None:
         """The gateway's replicas file (serving and draining ones) and autoscale.json."""

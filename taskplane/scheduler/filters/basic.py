@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Filter, OneCandidate, register
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 
 
 @register("healthy")
@@ -23,7 +26,7 @@ class TenantGpuFilter(Filter):
     """Drops GPU generations the call's tenant excludes (``tenants[].excluded_gpus``)."""
 
     def filter(self, state: CycleState) -> np.ndarray | None:
-        tenant = state.scheduler.tenants.get(state.request.tenant)
+        tenant = state.handle.tenants.get(state.request.tenant)
         if tenant is None or not tenant.excluded_gpus:
             return None
         codes = [c for c in (state.table.gpu_code(g) for g in tenant.excluded_gpus) if c is not None]
@@ -32,5 +35,5 @@ class TenantGpuFilter(Filter):
         return ~np.isin(state.c(state.gpu_codes), codes)
 
     def keeps(self, one: OneCandidate) -> bool:
-        tenant = one.scheduler.tenants.get(one.request.tenant)
+        tenant = one.handle.tenants.get(one.request.tenant)
         return tenant is None or one.view.gpu not in tenant.excluded_gpus

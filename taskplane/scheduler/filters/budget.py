@@ -7,14 +7,11 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import (
-    CycleState,
-    Filter,
-    OneCandidate,
-    keeps_all,
-    param,
-    register,
-)
+from taskplane.scheduler.framework.normalise import keeps_all
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.workflow import call_budget_ms
 
 

@@ -6,14 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import (
-    CycleState,
-    Filter,
-    OneCandidate,
-    keeps_all,
-    param,
-    register,
-)
+from taskplane.scheduler.framework.normalise import keeps_all
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 
 
 @dataclass(slots=True)

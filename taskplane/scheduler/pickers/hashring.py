@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Picker, param, register
+from taskplane.scheduler.framework.plugin import Picker, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 
 
 def _h64(data: bytes) -> int:

@@ -7,7 +7,9 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Picker, param, register
+from taskplane.scheduler.framework.plugin import Picker, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.pickers.basic import argmax_seeded, argmin_seeded
 
 
@@ -33,6 +35,10 @@ class SglangCacheAwarePicker(Picker):
 
     Params = SglangParams
 
+    @property
+    def kv_source(self) -> str | None:
+        return str(self.params.source)
+
     def pick(self, state: CycleState, totals: np.ndarray) -> int:
         p: SglangParams = self.params
         load = state.c(state.running) + state.c(state.waiting)
@@ -47,7 +53,7 @@ class SglangCacheAwarePicker(Picker):
             if ratio[best] > p.cache_threshold:
                 return best
         if p.low_match == "smallest-cache":
-            approx = state.scheduler.kv_index.approx
+            approx = state.handle.kv_index.approx
             sizes = np.array([approx.size_of(state.name(int(i))) for i in state.sel], dtype=np.float64)
             return argmin_seeded(sizes, state.rng)
         return argmin_seeded(load, state.rng)

@@ -1,10 +1,6 @@
 """Scorers: a normalised score in [0, 1] per candidate replica, higher is better."""
 
-from taskplane.scheduler.scorers.cache import (
-    PrefixCacheScorer,
-    SessionAffinityScorer,
-    WorkingSetScorer,
-)
+from taskplane.scheduler.scorers.cache import PrefixCacheScorer, WorkingSetScorer
 from taskplane.scheduler.scorers.cost import DynamoCostScorer, GpuPriceScorer
 from taskplane.scheduler.scorers.load import KvUsageScorer, LeastLoadedScorer, QueueScorer
 from taskplane.scheduler.scorers.resources import (
@@ -12,6 +8,7 @@ from taskplane.scheduler.scorers.resources import (
     MemoryHeadroomScorer,
     WeightWarmthScorer,
 )
+from taskplane.scheduler.scorers.session import SessionAffinityScorer
 from taskplane.scheduler.scorers.workflow import WorkflowContextScorer
 
 __all__ = [

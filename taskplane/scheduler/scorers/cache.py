@@ -1,4 +1,5 @@
-"""KV cache state (axis 3) and session pins: go where the prompt's prefix already lives."""
+"""KV cache state (axis 3): go where the prompt's prefix already lives, and spread the
+KV that new tasks' sessions will hold."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Literal
 import numpy as np
 from prometheus_client import Histogram
 
-from taskplane.scheduler.arrays import ONE
-from taskplane.scheduler.framework import CycleState, Scorer, param, register
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.metrics import SCORE_BUCKETS
 
 MATCH_RATIO = Histogram(
@@ -39,46 +41,18 @@ class PrefixCacheScorer(Scorer):
         super().__init__(params, **kw)  # type: ignore[arg-type]
         self._ratio = MATCH_RATIO.labels(self.policy)
 
+    @property
+    def kv_source(self) -> str | None:
+        return str(self.params.source)
+
     def score(self, state: CycleState) -> np.ndarray:
         blocks = state.prompt_blocks
         if blocks <= 0:
             return np.zeros(len(state.sel))
-        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, ONE)
-        if ratio.size and state.scheduler.metrics:
+        ratio = np.minimum(state.c(state.matched(self.params.source)) / blocks, 1.0)
+        if ratio.size and state.handle.metrics:
             self._ratio.observe(float(ratio.max()))
         return ratio
-
-
-@dataclass(slots=True)
-class SessionAffinityParams:
-    break_when_saturated: bool = param(
-        True, "give the pinned replica no bonus when it is saturated, so the session moves to the best overlap"
-    )
-
-
-@register("session-affinity")
-class SessionAffinityScorer(Scorer):
-    """1 for the replica the call's session is pinned to (its KV cache), 0 elsewhere.
-
-    The pin outlives tool-call gaps by a TTL learned per agent (``SessionPins``); when the
-    pinned replica is gone, unhealthy, filtered out or saturated the bonus disappears and
-    the prefix scorer moves the session to the replica with the best remaining overlap.
-    """
-
-    Params = SessionAffinityParams
-
-    def score(self, state: CycleState) -> np.ndarray:
-        out = np.zeros(len(state.sel))
-        pinned = state.pinned
-        if pinned < 0:
-            return out
-        pos = state.candidate_position(pinned)
-        if pos < 0:
-            return out
-        if self.params.break_when_saturated and bool(state.saturated[pinned]):
-            return out
-        out[pos] = 1.0
-        return out
 
 
 @dataclass(slots=True)
@@ -106,7 +80,7 @@ class WorkingSetScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         out = np.ones(len(state.sel))
-        pins = state.scheduler.sessions
+        pins = state.handle.sessions
         if pins is None or not state.starts_task or out.size < 2:
             return out
         pins.sweep(state.now_s)

@@ -6,18 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.arrays import constant
-from taskplane.scheduler.framework import (
-    CycleState,
-    Scorer,
-    minmax_low_is_better,
-    param,
-    ratio_low_is_better,
-    register,
-)
+from taskplane.scheduler.framework.normalise import minmax_low_is_better, ratio_low_is_better
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.workflow import call_budget_ms
-
-_S_PER_HOUR, _MS_PER_S = constant(3600.0), constant(1000.0)  # 0-d: see scheduler.arrays
 
 
 @dataclass(slots=True)
@@ -46,7 +39,7 @@ class GpuPriceScorer(Scorer):
         if p.per_call:
             pred = state.prediction
             # over the whole pool, then restricted once (fewer copies than restricting each input)
-            cost = state.c(state.cost_per_hour / _S_PER_HOUR * ((pred.prefill_ms + pred.decode_ms) / _MS_PER_S))
+            cost = state.c(state.cost_per_hour / 3600.0 * ((pred.prefill_ms + pred.decode_ms) / 1000.0))
         else:
             cost = state.c(state.cost_per_hour)
         budget = call_budget_ms(state.request)
@@ -74,6 +67,10 @@ class DynamoCostScorer(Scorer):
     + this call's prompt blocks."""
 
     Params = DynamoCostParams
+
+    @property
+    def kv_source(self) -> str | None:
+        return str(self.params.source)
 
     def score(self, state: CycleState) -> np.ndarray:
         p: DynamoCostParams = self.params

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taskplane.scheduler.framework import CycleState, Scorer, minmax_low_is_better, param, register
+from taskplane.scheduler.framework.normalise import minmax_low_is_better
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 
 
 @dataclass(slots=True)

@@ -7,14 +7,10 @@ from typing import Literal
 
 import numpy as np
 
-from taskplane.scheduler.arrays import ONE, ZERO
-from taskplane.scheduler.framework import (
-    CycleState,
-    Scorer,
-    param,
-    ratio_low_is_better,
-    register,
-)
+from taskplane.scheduler.framework.normalise import ratio_low_is_better
+from taskplane.scheduler.framework.plugin import Scorer, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.workflow import call_budget_ms
 
 
@@ -28,7 +24,7 @@ class MemoryHeadroomScorer(Scorer):
 
     def score(self, state: CycleState) -> np.ndarray:
         left = state.c((state.free - state.new_blocks_needed()) / state.total)  # one restriction, not three
-        return left.clip(ZERO, ONE)  # the method: np.clip only wraps it
+        return left.clip(0.0, 1.0)
 
 
 @register("weight-warmth")

@@ -17,8 +17,8 @@ EDF is applied inside a tenant rather than across tenants on purpose: across ten
 tenant could take the whole band by sending tight deadlines.
 
 The queue is plain data driven by the caller with explicit times, so the asyncio gateway
-and the discrete-event simulator use it the same way (through ``Scheduler.decide`` and
-``Scheduler.release``).
+and the discrete-event simulator use it the same way (through ``FlowControl.decide`` and
+``FlowControl.release``).
 """
 
 from __future__ import annotations
@@ -28,61 +28,9 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from taskplane.context import Priority
-from taskplane.scheduler.types import CallRequest
+from taskplane.scheduler.flowcontrol.settings import band_rank
+from taskplane.scheduler.types import CallRequest, Priority
 from taskplane.scheduler.workflow import task_value
-
-BANDS: tuple[str, ...] = tuple(p.value for p in Priority)  # most urgent first
-_RANK = {name: i for i, name in enumerate(BANDS)}
-
-
-_STANDARD = _RANK[Priority.STANDARD.value]
-
-
-def band_rank(priority: str) -> int:
-    """0 for critical ... 3 for batch; unknown names count as standard."""
-    rank = _RANK.get(priority)  # the usual case: a band's name as given (or a Priority)
-    return rank if rank is not None else _RANK.get(str(priority).lower(), _STANDARD)
-
-
-def check_priority_cap(requested: str, max_priority: str) -> bool:
-    """True when a tenant capped at ``max_priority`` may ask for ``requested``.
-
-    The gateway answers 403 ``forbidden`` when this is False.
-    """
-    return band_rank(requested) >= band_rank(max_priority)
-
-
-@dataclass(slots=True)
-class AdmissionSettings:
-    """How admission control behaves (defaults suit an agent fleet)."""
-
-    max_waiting_per_replica: int = 2  # a replica with this many engine-queued calls is saturated
-    max_queue: int = 4096  # calls held per pool; beyond it the least valuable call is shed
-    shed_bands: tuple[str, ...] = ("interactive", "standard", "batch")  # critical is never shed
-    fair_unit: str = "tokens"  # fair share counts "tokens" (prompt + max_tokens) or "calls"
-    min_retry_after_s: float = 1.0
-    max_retry_after_s: float = 60.0
-    # KV working-set admission: a task's first call is admitted on a replica only while the
-    # contexts of the sessions pinned there, plus this call's, fit in this fraction of its
-    # KV cache (per priority band; a band not listed is never held back). Without it, new
-    # tasks evict the contexts of tasks paused on a tool call, every later step re-prefills
-    # its whole context and throughput collapses under overload. Empty: off.
-    # The shares leave room for contexts growing step by step and for the blocks of calls
-    # running; lower bands give way first (see docs/benchmarks.md for the sweep that chose them).
-    working_set_limits: dict[str, float] = field(
-        default_factory=lambda: {"interactive": 0.8, "standard": 0.75, "batch": 0.7}
-    )
-    working_set_retry_after_s: float = 30.0  # Retry-After of a task's first call refused for room
-    # A task whose deadline budget is shorter than this many Retry-Afters is never refused
-    # for room: the wait alone would likely cost it its deadline, so it is admitted and
-    # takes its chance with the engine's LRU (found on real vLLM with tasks due in 15-45 s,
-    # where every refusal became a missed deadline). Tasks without a budget can wait. At 2
-    # (60 s) the simulated agents (deadlines 120-900 s) are refused exactly as before.
-    working_set_min_budget_retries: float = 2.0
-
-    def retry_after(self, wait_s: float) -> float:
-        return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
 
 
 @dataclass(slots=True, eq=False)
@@ -130,7 +78,7 @@ class AdmissionQueue:
         else:
             self._weight = weight_of
         self.fair_unit = fair_unit
-        self._bands = [_Band() for _ in BANDS]
+        self._bands = [_Band() for _ in Priority]
         self._entries: dict[int, QueuedCall] = {}  # id(call) -> entry
         self._seq = 0
 
@@ -144,7 +92,7 @@ class AdmissionQueue:
         return id(call) in self._entries
 
     def depths(self) -> dict[str, int]:
-        return {name: self._bands[i].size for i, name in enumerate(BANDS)}
+        return {p.value: self._bands[p.rank].size for p in Priority}
 
     # -- in
 
@@ -153,7 +101,10 @@ class AdmissionQueue:
         deadline = now_s + call.budget_ms / 1000.0 if call.budget_ms is not None else math.inf
         cost = 1.0 if self.fair_unit == "calls" else float(max(call.prompt_tokens + call.max_tokens, 1))
         self._seq += 1
-        entry = QueuedCall(call, self._seq, band, call.tenant, now_s, deadline, task_value(call), cost, service_s)
+        entry = QueuedCall(
+            call=call, seq=self._seq, band=band, tenant=call.tenant, enqueued_s=now_s, deadline_s=deadline,
+            value=task_value(call), cost=cost, service_s=service_s,
+        )
         b = self._bands[band]
         heap = b.heaps.get(call.tenant)
         if heap is None:

@@ -1,0 +1,205 @@
+"""The project's import graph, read from source: cycles, the scheduler's layering, module sizes.
+
+Every ``import x`` and ``from x import y`` counts, wherever it stands: at the top, inside a
+function (a lazy import is still a dependency) and under ``if TYPE_CHECKING:`` (a type
+that needs a cycle to be named is a sign the two modules are one). An edge goes to the
+most specific module of the project that the statement names: ``from a.b import c`` is
+an edge to ``a.b.c`` when that is a module, else to ``a.b``. Parent packages are not
+counted as imported (every ``__init__.py`` here is small and imports nothing eagerly).
+
+    python scripts/import_graph.py [ROOT]     # prints the findings; exit 1 when there are any
+
+``tests/test_import_graph.py`` asserts that there is nothing to print.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGES = ("taskplane", "workflows")
+MAX_LINES = 600
+#: what the pure scheduling core may not import (it is also run by the simulator and the bench)
+SCHEDULER = "taskplane.scheduler"
+SCHEDULER_FORBIDDEN = tuple(f"taskplane.{p}" for p in ("gateway", "store", "engines", "sim", "bench", "dev"))
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+
+def module_files(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file below the packages."""
+    out: dict[str, Path] = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of ``name`` that is a module of the project."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    keep = len(package) - (node.level - 1)
+    base = package[:keep]
+    if node.module:
+        base.append(node.module)
+    return ".".join(base)
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[Edge]:
+    """Every edge from ``module`` to another module of the project, nested imports included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    edges: list[Edge] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(module, is_package, node)
+            names = [f"{base}.{alias.name}" if base else alias.name for alias in node.names if alias.name != "*"]
+            names = names or [base]
+        for name in names:
+            target = _resolve(name, modules)
+            if target is not None and target != module:
+                edges.append(Edge(module, target, node.lineno))
+    return edges
+
+
+def graph(root: Path) -> tuple[dict[str, Path], dict[str, list[Edge]]]:
+    modules = module_files(root)
+    return modules, {m: imports_of(m, p, modules) for m, p in modules.items()}
+
+
+def cycles(edges: dict[str, list[Edge]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+
+    def visit(root: str) -> None:  # iterative: the graph is deep enough to matter
+        nonlocal counter
+        work = [(root, iter(sorted({e.target for e in edges.get(root, [])})))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted({e.target for e in edges.get(child, [])}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return sorted(out)
+
+
+def one_cycle(component: list[str], edges: dict[str, list[Edge]]) -> list[Edge]:
+    """A shortest cycle through the component's first module, as edges (for the message)."""
+    inside = set(component)
+    start = component[0]
+    previous: dict[str, Edge] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for e in edges.get(node, []):
+                if e.target not in inside:
+                    continue
+                if e.target == start:
+                    path = [e]
+                    while path[0].source != start:
+                        path.insert(0, previous[path[0].source])
+                    return path
+                if e.target not in previous:
+                    previous[e.target] = e
+                    nxt.append(e.target)
+        frontier = nxt
+    return []
+
+
+def scheduler_violations(edges: dict[str, list[Edge]]) -> list[Edge]:
+    """Imports from the scheduling core into the layers above it."""
+    return [e for m, es in sorted(edges.items()) if m == SCHEDULER or m.startswith(SCHEDULER + ".")
+            for e in es if any(e.target == f or e.target.startswith(f + ".") for f in SCHEDULER_FORBIDDEN)]
+
+
+def oversized(modules: dict[str, Path], limit: int = MAX_LINES) -> list[tuple[str, int]]:
+    """Modules of more than ``limit`` lines, largest first."""
+    sizes = [(m, len(p.read_text(encoding="utf-8").splitlines())) for m, p in modules.items()]
+    return sorted(((m, n) for m, n in sizes if n > limit), key=lambda x: -x[1])
+
+
+def report(root: Path) -> list[str]:
+    """One line per finding (empty when the project is clean)."""
+    modules, edges = graph(root)
+    lines = []
+    for component in cycles(edges):
+        path = " -> ".join(f"{e.source}:{e.line}" for e in one_cycle(component, edges))
+        lines.append(f"cycle of {len(component)} modules ({', '.join(component)}); e.g. {path} -> {component[0]}")
+    for e in scheduler_violations(edges):
+        lines.append(f"scheduler imports a layer above it: {e.source}:{e.line} -> {e.target}")
+    for m, n in oversized(modules):
+        lines.append(f"module over {MAX_LINES} lines: {modules[m].relative_to(root)} ({n})")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
+    findings = report(root)
+    print("\n".join(findings) if findings else "no import cycles, scheduler imports nothing above it, "
+          f"no module over {MAX_LINES} lines")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""taskplane's endpoint picker and the Envoy data plane in front of it."""

@@ -1,0 +1,87 @@
+"""Envoy's gRPC access log, received by the picker: how a stream's row gets its usage.
+
+Envoy's Lua filter scans the streamed answer for the usage event and ``[DONE]`` and puts
+what it found into the ``taskplane`` dynamic-metadata namespace; at the end of the stream
+Envoy logs the request, metadata included, over gRPC. The entry finds its call by the
+key the picker set when routing, and settles the served attempt: succeeded with the
+engine's exact usage, failed (the stream broke off), or cancelled (the client left).
+No Python runs per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from envoy.service.accesslog.v3 import als_pb2 as als
+from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
+from google.protobuf.json_format import MessageToDict
+
+from taskplane.epp.calls import PickedCall
+from taskplane.epp.envoy_config import TP_NAMESPACE
+from taskplane.gateway import failures
+
+log = structlog.get_logger(__name__)
+
+
+def stream_usage(md: dict[str, Any]) -> dict[str, Any]:
+    """The Lua filter's findings as the OpenAI usage object the ledger reads."""
+    usage: dict[str, Any] = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        if key in md:
+            usage[key] = int(md[key])
+    if "cached_tokens" in md:
+        usage["prompt_tokens_details"] = {"cached_tokens": int(md["cached_tokens"])}
+    return usage
+
+
+def client_left(entry: al.HTTPAccessLogEntry) -> bool:
+    flags = entry.common_properties.response_flags
+    return bool(flags.downstream_connection_termination or flags.downstream_remote_reset)
+
+
+async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
+    """Settle a streamed call from its access-log entry."""
+    served = picked.served
+    if served is None:
+        await picked.settle()
+        return
+    first_ms = md.get("first_token_ms")
+    ttft_ms = None
+    if first_ms:
+        ttft_ms = max(0.0, float(first_ms) - served.started.timestamp() * 1000.0)
+        picked.lc.first_token(served, ttft_ms)
+    if md.get("done"):
+        await picked.succeeded(stream_usage(md))
+    elif client_left(entry):
+        await picked.cancelled(int(md.get("completion_tokens", 0)))
+    else:
+        what = "reported an error" if md.get("stream_error") else "ended the stream before it finished"
+        await picked.failed(failures.broken_stream(served.replica.name, what, transport=not md.get("stream_error")))
+
+
+class AccessLogs(als_grpc.AccessLogServiceServicer):
+    """The access-log service; ``settle`` finds the call an entry is about."""
+
+    def __init__(self, streams: Any) -> None:
+        self.streams = streams
+        self.entries = 0
+
+    async def StreamAccessLogs(self, request_iterator: AsyncIterator[als.StreamAccessLogsMessage], context: Any) -> als.StreamAccessLogsResponse:
+        async for msg in request_iterator:
+            for entry in msg.http_logs.log_entry:
+                self.entries += 1
+                ns = entry.common_properties.metadata.filter_metadata.get(TP_NAMESPACE)
+                if ns is None:
+                    continue
+                md = MessageToDict(ns)
+                picked = self.streams.pop(str(md.get("call", "")))
+                if picked is None:
+                    continue
+                try:
+                    await settle_from_log(picked, md, entry)
+                except Exception as exc:  # one bad entry must not end the log stream
+                    log.error("access_log_settle_failed", call=picked.key, error=type(exc).__name__, detail=str(exc)[:200])
+        return als.StreamAccessLogsResponse()

@@ -1,0 +1,152 @@
+"""One call the picker routed, from its choice to its settled rows.
+
+Envoy carries the bytes and makes the retries; the picker learns what happened from the
+response headers (which endpoint served: every endpoint listed before it failed) and
+from the response body or the access log (usage, the stream's end). Each attempt is
+driven through the gateway's transport-neutral ``AttemptLifecycle`` (the same leases,
+rows, keys, costs and scheduler feedback as the Python proxy), and each settles once,
+whatever arrives twice or never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from taskplane.engines.registry import ReplicaState
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import failures
+from taskplane.gateway.attempts import Attempt, response_headers
+from taskplane.gateway.intake import Call
+from taskplane.gateway.lifecycle import AttemptLifecycle, Choice
+from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.store.records import Outcome
+
+log = structlog.get_logger(__name__)
+
+
+class PickedCall:
+    """A routed call: its ordered replicas (the choice, then Envoy's fallbacks) and their attempts."""
+
+    def __init__(self, lifecycle: AttemptLifecycle, metrics: GatewayMetrics, call: Call, choice: Choice,
+                 fallbacks: list[ReplicaState], *, first_try: int = 0) -> None:
+        self.lc = lifecycle
+        self.metrics = metrics
+        self.call = call
+        self.choice = choice
+        self.order = [choice.replica, *fallbacks]
+        self.first_try = first_try
+        self.model = choice.decision.model or call.pool.model
+        self.attempts: dict[int, Attempt] = {}
+        self.attempts_tried: set[int] = set()
+        self.served: Attempt | None = None
+        self.settled = False
+
+    @property
+    def key(self) -> str:
+        """The call's id in Envoy's dynamic metadata (the access log brings it back)."""
+        return f"{self.call.call_id}:{self.call.ctx.attempt}"
+
+    async def begin(self, index: int = 0, replica: ReplicaState | None = None) -> Attempt:
+        """Start try ``index`` (on ``order[index]`` unless named), journalled before Envoy sends it."""
+        replica = replica or self.order[min(index, len(self.order) - 1)]
+        decision = self.choice.decision
+        if replica is not self.choice.replica:
+            decision = dataclasses.replace(decision, replica=replica.name, gpu=replica.config.gpu, cached_blocks=0)
+        attempt = await self.lc.begin(self.call, decision, replica, try_index=self.first_try + index,
+                                      queue_ms=self.choice.queue_ms)
+        self.attempts[index] = attempt
+        self.attempts_tried.add(index)
+        return attempt
+
+    def _replica_of_try(self, index: int, last: ReplicaState) -> ReplicaState:
+        """Envoy walks the list in order; tries past its end went where its fallback policy
+        sent them, which the last one (the replica that answered) stands for."""
+        return self.order[index] if index < len(self.order) else last
+
+    async def served_by(self, replica: ReplicaState | None, tries: int | None) -> Attempt | None:
+        """Envoy says who answered, and (``x-envoy-attempt-count``) after how many tries:
+        the tries before failed (one row each), the last is the answer."""
+        if replica is None:
+            return None
+        if tries is None:
+            tries = next((i for i, r in enumerate(self.order) if r is replica), 0) + 1
+        for i in range(tries - 1):
+            failed_on = self._replica_of_try(i, replica)
+            await self._fail(i, failures.unreachable(failed_on.name, "no answer; Envoy tried the next endpoint", timeout=False),
+                             failed_on)
+            self.metrics.retries.inc()
+        last = tries - 1
+        if last not in self.attempts or self.attempts[last].replica is not replica:
+            if last in self.attempts:  # begun on the list's replica, answered elsewhere
+                await self.lc.failed(self.attempts.pop(last), failures.internal(self.attempts_name(last), "superseded"))
+            await self.begin(last, replica)
+        self.served = self.attempts[last]
+        self.served.replica.saw_progress()
+        return self.served
+
+    def attempts_name(self, index: int) -> str:
+        return self.attempts[index].replica.name if index in self.attempts else "?"
+
+    async def _fail(self, index: int, failure: failures.Failure, replica: ReplicaState | None = None) -> None:
+        attempt = self.attempts.get(index) or await self.begin(index, replica)
+        await self.lc.failed(attempt, failure)
+
+    async def exhausted(self, last: TaskplaneError) -> TaskplaneError:
+        """Every try failed: the row the Python proxy writes when its next choice finds no
+        replica left (the same unplaced row), and the error the client gets."""
+        err = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last.message}", retry_after_s=1)
+        await self.lc.ledger.record_unplaced(self.call, err, Outcome.ERROR, try_index=self.first_try + len(self.attempts_tried))
+        return err
+
+    def headers(self) -> dict[str, str]:
+        """The X-Taskplane-* headers known when the response starts (no cost or tokens yet)."""
+        assert self.served is not None
+        a = self.served
+        return {"x-taskplane-replica": a.replica.name, "x-taskplane-gpu": a.replica.config.gpu,
+                "x-taskplane-queue-ms": f"{self.choice.queue_ms:.1f}", "x-taskplane-model": self.model}
+
+    async def succeeded(self, usage: Mapping[str, Any], ttft_ms: float | None = None) -> dict[str, str]:
+        """The served attempt's row with the engine's usage; returns its full response headers."""
+        assert self.served is not None
+        a = self.served
+        if ttft_ms is not None:
+            self.lc.first_token(a, ttft_ms)
+        rec = await self.lc.succeeded(a, usage)
+        await self.settle()
+        if rec is None:
+            return self.headers()
+        return {k.lower(): v for k, v in response_headers(a.replica, rec, self.choice.queue_ms, self.model).items()}
+
+    async def failed(self, failure: failures.Failure) -> None:
+        """The served attempt failed (a broken body or stream, the engine's refusal)."""
+        if self.served is not None:
+            await self.lc.failed(self.served, failure)
+        await self.settle()
+
+    async def cancelled(self, generated_tokens: int = 0) -> None:
+        """The client left mid-answer: the open attempts' rows say ``cancelled``."""
+        for attempt in self.attempts.values():
+            await self.lc.cancelled(attempt, generated_tokens if attempt is self.served else 0)
+        await self.settle()
+
+    async def all_failed(self, failure: failures.Failure, tried: int) -> TaskplaneError:
+        """Envoy answered the client itself: every try it made failed."""
+        for i in range(tried):
+            await self._fail(i, failure, self._replica_of_try(i, self.order[-1]))
+        err = await self.exhausted(failure.error)
+        await self.settle()
+        return err
+
+    async def settle(self) -> None:
+        """Close what is still open (the gateway lost track: blame nobody) and give the
+        tenant's slot back, once."""
+        if self.settled:
+            return
+        self.settled = True
+        for attempt in self.attempts.values():
+            await self.lc.failed(attempt, failures.internal(attempt.replica.name, "attempt ended without an answer"))
+        self.lc.leave(self.call)

@@ -1,0 +1,150 @@
+"""How many calls the picker decides per second on one core, at fleet size.
+
+    python -m taskplane.epp.decisions --replicas 256 --calls 5000
+
+Drives the real ``Picker`` (intake, admission, the taskplane scheduler, the attempt
+lifecycle with a no-op row sink, the response's settling) with ext_proc messages built
+and serialized as Envoy sends them, over a registry of N replicas that report free KV
+room; no network and no Envoy, so the figure is the picker's own work per call (the
+gRPC transport adds its cost on top; docs/benchmarks.md reports both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
+
+from taskplane.config import GatewayConfig
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.epp.endpoints import EndpointBook
+from taskplane.epp.server import Picker, StreamBook
+from taskplane.gateway.attempts import AttemptSink
+from taskplane.gateway.metrics import GatewayMetrics
+from taskplane.gateway.service import Gateway
+from taskplane.gateway.wiring import build_placer
+from taskplane.logs import configure_logging
+
+MODEL = "llama-3.1-8b"
+
+
+def fleet_config(replicas: int) -> GatewayConfig:
+    urls = [{"url": f"http://10.{i // 250}.{i % 250}.1:8000", "gpu": "h100", "name": f"r{i}", "kv_blocks": 8192,
+             "block_size": 16} for i in range(replicas)]
+    return GatewayConfig.model_validate({
+        "pools": [{"model": MODEL, "max_context_tokens": 8192, "replicas": urls}],
+        "tenants": [{"id": "bench", "max_priority": "critical", "max_concurrent": 1_000_000}],
+        "auth": False,
+        "scheduler": {"policy": "taskplane", "seed": 0},
+    })
+
+
+def _headers(pairs: dict[str, str], eos: bool = False) -> pb.HttpHeaders:
+    return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                                                              for k, v in pairs.items()]), end_of_stream=eos)
+
+
+def exchange(i: int) -> tuple[list[pb.ProcessingRequest], Any]:
+    """The messages Envoy sends for one unary chat call (serialized and parsed, as over
+    gRPC): the request's, and a function of the chosen endpoint for the response's."""
+    body = {"model": MODEL, "max_tokens": 16, "messages": [
+        {"role": "system", "content": "You are a careful agent working on ticket triage. " * 8},
+        {"role": "user", "content": f"step {i % 7} of task {i // 7}: tool output " + "x " * 40}]}
+    session = f"task-{i // 7}"
+    usage = {"prompt_tokens": 200, "completion_tokens": 16, "prompt_tokens_details": {"cached_tokens": 128}}
+    answer = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+              "usage": usage}
+    request = [
+        pb.ProcessingRequest(request_headers=_headers({":method": "POST", ":path": "/v1/chat/completions",
+                                                       "content-type": "application/json", "x-taskplane-tenant": "bench",
+                                                       "x-taskplane-session-id": session, "x-taskplane-task-id": session})),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)),
+    ]
+    answer_bytes = json.dumps(answer).encode()
+
+    def response(served: str) -> list[pb.ProcessingRequest]:
+        attrs = struct_pb2.Struct()
+        attrs.update({"upstream.address": served})
+        return [pb.ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "application/json"}),
+                                     attributes={"envoy.filters.http.ext_proc": attrs}),
+                pb.ProcessingRequest(response_body=pb.HttpBody(body=answer_bytes, end_of_stream=True))]
+
+    return [_wire(m) for m in request], lambda served: [_wire(m) for m in response(served)]
+
+
+def _wire(m: pb.ProcessingRequest) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest.FromString(m.SerializeToString())
+
+
+async def _stream(queue: asyncio.Queue[pb.ProcessingRequest | None]) -> AsyncIterator[pb.ProcessingRequest]:
+    while (m := await queue.get()) is not None:
+        yield m
+
+
+async def measure(replicas: int, calls: int) -> dict[str, Any]:
+    config = fleet_config(replicas)
+    registry = ReplicaRegistry(config)
+    for s in registry.replicas.values():
+        s.kv_blocks_total, s.block_size = 8192, 16
+    placer = build_placer(config, registry)
+    gw = Gateway(config, registry, placer, AttemptSink(), GatewayMetrics())
+    book = EndpointBook(registry)
+    book.refresh()
+    picker = Picker(gw, book, StreamBook())
+    placed: dict[str, int] = {}
+    per_call: list[float] = []
+    t0 = time.process_time()
+    wall0 = time.perf_counter()
+    for i in range(calls):
+        c0 = time.perf_counter()
+        request, response = exchange(i)
+        queue: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+        for m in request:
+            queue.put_nowait(m)
+        async for resp in picker.Process(_stream(queue), None):
+            _wire_out(resp)
+            if resp.HasField("request_body"):
+                first = next(h.header.raw_value.decode().split(",")[0] for h in resp.request_body.response.header_mutation.set_headers
+                             if h.header.key == "x-gateway-destination-endpoint")
+                placed[first] = placed.get(first, 0) + 1
+                for m in response(first):
+                    queue.put_nowait(m)
+                queue.put_nowait(None)
+            elif resp.HasField("immediate_response"):
+                queue.put_nowait(None)
+        per_call.append(time.perf_counter() - c0)
+    cpu = time.process_time() - t0
+    wall = time.perf_counter() - wall0
+    await gw.close()
+    xs = sorted(per_call)
+    return {"replicas": replicas, "calls": calls, "decisions_per_cpu_s": round(calls / cpu, 1),
+            "decisions_per_s": round(calls / wall, 1), "cpu_us_per_call": round(cpu * 1e6 / calls, 1),
+            "call_us_p50": round(xs[len(xs) // 2] * 1e6, 1), "call_us_p99": round(xs[int(len(xs) * 0.99)] * 1e6, 1),
+            "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed),
+            "rows": {o: int(gw.metrics.cost_rows.labels(outcome=o)._value.get()) for o in ("success", "error", "shed")}}
+
+
+def _wire_out(resp: pb.ProcessingResponse) -> bytes:
+    return resp.SerializeToString()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m taskplane.epp.decisions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=256)
+    p.add_argument("--calls", type=int, default=5000)
+    args = p.parse_args(argv)
+    configure_logging("warning")
+    print(json.dumps(asyncio.run(measure(args.replicas, args.calls)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,325 @@
+"""Envoy's bootstrap for taskplane's front door, generated from the gateway config.
+
+Envoy carries the bytes; the endpoint picker (``taskplane.epp.server``) decides. The
+inference routes pass through ext_proc (request headers and body to the picker, response
+headers back to it) and reach the replica the picker named through Envoy's
+``override_host`` load-balancing policy, which reads ``x-gateway-destination-endpoint``
+(or the ``envoy.lb`` metadata, the GIE protocol's two carriers) and walks its comma list
+on retries. The replica set reaches Envoy as EDS from a file the picker rewrites
+atomically (``write_endpoints``), so Envoy follows discovery and scaling without a
+restart. A Lua filter scans streamed responses for the usage event (per-chunk work in
+Envoy's C++/LuaJIT, not Python) and hands the numbers to the picker through dynamic
+metadata in the gRPC access log. Everything else (``/v1/models``, ``/healthz``,
+``/metrics``, ``/admin/*``, ``/reports``) goes to the Python HTTP app with ext_proc off.
+Envoy's own local replies (no route, upstream gone, body too large) are mapped to the
+contract's JSON error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taskplane.config import GatewayConfig
+from taskplane.epp.lua import USAGE_LUA
+from taskplane.gateway.openai_extra import PATHS
+
+#: The inference paths the picker decides (kind per path, as ``gateway.intake`` names them).
+INFERENCE_PATHS: dict[str, str] = {path: kind for kind, path in PATHS.items()}
+EPP_CLUSTER = "taskplane_epp"
+REPLICA_CLUSTER = "taskplane_replicas"
+APP_CLUSTER = "taskplane_app"
+ALS_LOG_NAME = "taskplane"
+DEST_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+#: The namespace of taskplane's own dynamic metadata (the attempt's id, the Lua usage).
+TP_NAMESPACE = "taskplane"
+_BIG = 1_000_000  # circuit-breaker limits: admission is taskplane's job, not Envoy's
+
+_T = "type.googleapis.com/"
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """Where each part listens: clients on ``host:port``, the picker, the Python app, Envoy's admin."""
+
+    host: str
+    port: int
+    epp_port: int
+    app_port: int
+    admin_port: int
+    endpoints_file: Path
+
+
+def _addr(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def _static_cluster(name: str, port: int, *, http2: bool) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr("127.0.0.1", port)}}]}]},
+        "circuit_breakers": {"thresholds": [_thresholds()]},
+    }
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 100_000}},
+            }
+        }
+    return cluster
+
+
+def _thresholds() -> dict[str, Any]:
+    return {"max_connections": _BIG, "max_pending_requests": _BIG, "max_requests": _BIG, "max_retries": _BIG}
+
+
+def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
+    """The replicas: EDS from a watched file; the host comes from the picker's header or
+    ``envoy.lb`` metadata (``override_host``), which lists fallbacks in retry order."""
+    return {
+        "name": REPLICA_CLUSTER,
+        "type": "EDS",
+        "connect_timeout": "5s",
+        "eds_cluster_config": {
+            "eds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": {"path": str(endpoints_file), "watched_directory": {"path": str(endpoints_file.parent)}},
+            }
+        },
+        "circuit_breakers": {"thresholds": [_thresholds()]},
+        "load_balancing_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": _T + "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{"header": DEST_HEADER},
+                                          {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DEST_HEADER}]}}],
+                "fallback_policy": {"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.round_robin",
+                    "typed_config": {"@type": _T + "envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"},
+                }}]},
+            },
+        }}]},
+    }
+
+
+def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
+    """Request headers and the buffered body to the picker, response headers back to it;
+    the picker asks for a unary response body itself (``mode_override``). A call held by
+    admission waits inside the picker, so the message timeout is the call's own limit.
+    ``stream_usage="picker"`` sends every response body through the picker instead
+    (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative to the Lua scan."""
+    hold = config.limits.request_timeout_s + 5.0
+    duplex = stream_usage == "picker"
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "timeout": _dur(hold)},
+            "failure_mode_allow": False,
+            "status_on_error": {"code": 503},
+            "message_timeout": _dur(hold),
+            "max_message_timeout": _dur(hold),
+            "allow_mode_override": True,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SEND",
+                "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
+                "response_trailer_mode": "SEND" if duplex else "SKIP",
+            },
+            "response_attributes": ["upstream.address"],
+            "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]},
+                                 "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE]}},
+        },
+    }
+
+
+def lua_filter() -> dict[str, Any]:
+    return {"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
+        "source_codes": {"usage": {"inline_string": USAGE_LUA}},
+    }}
+
+
+def access_log(epp_cluster: str = EPP_CLUSTER) -> dict[str, Any]:
+    """One gRPC access-log entry per inference call, carrying taskplane's dynamic metadata
+    (the attempt's id, the stream's usage): how a stream's row gets its numbers."""
+    return {"name": "envoy.access_loggers.http_grpc", "filter": {"metadata_filter": {
+        "matcher": {"filter": TP_NAMESPACE, "path": [{"key": "call"}], "value": {"present_match": True}},
+    }}, "typed_config": {
+        "@type": _T + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+        "common_config": {"log_name": ALS_LOG_NAME, "transport_api_version": "V3",
+                          "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}},
+                          "buffer_flush_interval": "0.05s", "buffer_size_bytes": 16384},
+    }}
+
+
+def _enabled(config: dict[str, Any]) -> dict[str, Any]:
+    return {"@type": _T + "envoy.config.route.v3.FilterConfig", "disabled": False, "config": config}
+
+
+_EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
+_LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+
+
+def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
+    return {
+        # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
+        "typed_per_filter_config": {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON},
+        "match": {"path": path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
+        "route": {
+            "cluster": REPLICA_CLUSTER,
+            "timeout": "0s",  # a stream lasts as long as it lasts; idle limits guard hangs
+            "idle_timeout": _dur(config.limits.request_timeout_s),
+            "retry_policy": {
+                # before anything reached the client: refused, reset, 5xx/429 from the engine
+                "retry_on": "connect-failure,refused-stream,reset-before-request,gateway-error,retriable-status-codes",
+                "retriable_status_codes": [429, 500, 503],
+                "num_retries": 2,
+                "per_try_idle_timeout": _dur(config.limits.request_timeout_s),
+            },
+        },
+    }
+
+
+def _app_route(prefix: str) -> dict[str, Any]:
+    return {"match": {"prefix": prefix}, "route": {"cluster": APP_CLUSTER, "timeout": "120s"}}
+
+
+def _error_mapper(flags: str, status: int, error_type: str, message: str) -> dict[str, Any]:
+    return {
+        "filter": {"response_flag_filter": {"flags": flags.split(",")}},
+        "status_code": status,
+        "body_format_override": {"json_format": {"error": {"type": error_type, "message": message}},
+                                 "content_type": "application/json"},
+    }
+
+
+def _cel_mapper(expression: str, message: str, error_type: str = "invalid_request") -> dict[str, Any]:
+    return {
+        "filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": _T + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter", "expression": expression}}},
+        "body_format_override": {"json_format": {"error": {"type": error_type, "message": message}},
+                                 "content_type": "application/json"},
+    }
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Envoy's own replies in the contract's ``{"error": {"type", "message"}}`` shape. The
+    picker's ImmediateResponses already carry that shape and no response flag, so the
+    mappers match on Envoy's flags only and leave them untouched."""
+    return {"mappers": [
+        _error_mapper("UH,UF,URX,UO,NC", 503, "no_replica", "no replica answered: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("UT,UC,UR,UMSDR", 502, "replica_error", "replica failed: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("NR", 404, "invalid_request", "no route for this path"),
+        _error_mapper("DPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("UPE", 502, "replica_error", "the replica broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
+        # the HTTP/1 codec's refusals (bad request line, header characters, content-length)
+        _cel_mapper("response.code_details.startsWith('http1.') && response.code < 413",
+                    "malformed HTTP request: %RESPONSE_CODE_DETAILS%"),
+        {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 413, "runtime_key": "tp_413"}}}},
+         "body_format_override": {"json_format": {"error": {"type": "payload_too_large", "message": "request body exceeds the limit"}},
+                                  "content_type": "application/json"}},
+        _cel_mapper("response.code == 408 && response.code_details == 'request_header_timeout'",
+                    "request headers not received in time (%RESPONSE_CODE_DETAILS%)"),
+        _cel_mapper("response.code == 408", "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
+        {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 431, "runtime_key": "tp_431"}}}},
+         "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request header block too large"}},
+                                  "content_type": "application/json"}},
+    ]}
+
+
+def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lua") -> dict[str, Any]:
+    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua`` (the Lua
+    scan + access log, the default) or ``picker`` (bodies through the picker; see
+    ``ext_proc_filter``)."""
+    if stream_usage not in ("lua", "picker"):
+        raise ValueError(f"stream_usage must be lua or picker, not {stream_usage!r}")
+    limits = config.limits
+    routes = [_inference_route(p, config) for p in INFERENCE_PATHS] + [_app_route("/")]
+    hcm = {
+        "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "taskplane",
+        "codec_type": "AUTO",
+        "request_headers_timeout": _dur(limits.header_timeout_s),
+        "stream_idle_timeout": _dur(limits.request_timeout_s),
+        "max_request_headers_kb": 64,
+        # a malformed request gets its 400 (431, 413) answer, as the contract says, not a dropped connection
+        "http_protocol_options": {"override_stream_error_on_invalid_http_message": True},
+        "common_http_protocol_options": {"idle_timeout": "60s", "headers_with_underscores_action": "ALLOW"},
+        "route_config": {"name": "taskplane", "virtual_hosts": [{"name": "taskplane", "domains": ["*"], "routes": routes,
+                                                                       "include_attempt_count_in_response": True}]},
+        # Lua before ext_proc: on the way back Envoy runs them in reverse, so the Lua
+        # filter sees the headers only once the picker has released them, and its body
+        # edits cannot reach a header block that is still held.
+        # Off unless a route turns them on (the inference routes do): Envoy's own replies
+        # to malformed requests, which match no route, never wait on the picker.
+        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
+                         {"name": "envoy.filters.http.router",
+                          "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
+        "access_log": [access_log()],
+        "local_reply_config": local_reply_config(),
+    }
+    return {
+        "node": {"id": f"taskplane-{door.port}", "cluster": "taskplane"},
+        "admin": {"address": _addr("127.0.0.1", door.admin_port)},
+        "overload_manager": {"resource_monitors": [{"name": "envoy.resource_monitors.global_downstream_max_connections",
+                                                    "typed_config": {"@type": _T + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                                                                     "max_active_downstream_connections": 50_000}}]},
+        "static_resources": {
+            "listeners": [{
+                "name": "taskplane",
+                "address": _addr(door.host, door.port),
+                "per_connection_buffer_limit_bytes": limits.max_body_bytes,
+                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+            }],
+            "clusters": [replica_cluster(door.endpoints_file), _static_cluster(EPP_CLUSTER, door.epp_port, http2=True),
+                         _static_cluster(APP_CLUSTER, door.app_port, http2=False)],
+        },
+    }
+
+
+def endpoint_of(url: str) -> str:
+    """``ip:port`` of a replica URL, the GIE protocol's endpoint form (hostnames resolved)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.inet_aton(host)
+        ip = host
+    except OSError:
+        ip = socket.gethostbyname(host)
+    return f"{ip}:{port}"
+
+
+def write_endpoints(path: Path, endpoints: list[str]) -> None:
+    """Rewrite the replicas' EDS file atomically (write, then rename into the watched
+    directory), so Envoy never reads half a file."""
+    lb_endpoints = []
+    for ep in sorted(set(endpoints)):
+        host, _, port = ep.rpartition(":")
+        lb_endpoints.append({"endpoint": {"address": _addr(host, int(port))}})
+    doc = {"version_info": str(len(lb_endpoints)), "resources": [{
+        "@type": _T + "envoy.config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": REPLICA_CLUSTER,
+        "endpoints": [{"lb_endpoints": lb_endpoints}],
+    }]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)

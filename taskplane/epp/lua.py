@@ -1,0 +1,84 @@
+"""The Lua filter Envoy runs on streamed answers: the per-chunk work, out of Python.
+
+It passes every chunk through unbuffered (``bodyChunks``) and only looks for three
+things, with plain substring searches: the first content event (time to first token,
+milliseconds since the epoch), the usage event (its token counts; the event is removed
+when the client did not ask for usage, as the Python relay did) and ``[DONE]`` (the
+stream finished). The findings go into the ``taskplane`` dynamic-metadata namespace,
+which the gRPC access log carries to the picker, which writes the attempt's row.
+The picker marks a call as streamed (``stream``) and says whether to hide usage
+(``hide_usage``) in the same namespace when it routes the call.
+"""
+
+from __future__ import annotations
+
+USAGE_LUA = r"""
+local function now_ms(h)
+  local ok, t = pcall(function() return h:timestamp() end)
+  if ok and t then return t end
+  return 0
+end
+
+local function drop_usage_event(s)
+  -- remove a 'data: {...,"choices":[],...,"usage":{...}}' event (usage-only chunk)
+  local out = {}
+  local pos = 1
+  while true do
+    local a, b = string.find(s, "\n\n", pos, true)
+    local ev
+    if a == nil then ev = string.sub(s, pos) else ev = string.sub(s, pos, b) end
+    if not (string.find(ev, '"usage"', 1, true) and string.find(ev, '"choices":[]', 1, true)) then
+      out[#out + 1] = ev
+    end
+    if a == nil then break end
+    pos = b + 1
+  end
+  return table.concat(out)
+end
+
+local function put(h, key, value)
+  -- fetched anew each time: objects from before a yield (bodyChunks) are out of scope
+  h:streamInfo():dynamicMetadata():set("taskplane", key, value)
+end
+
+function envoy_on_request(h)
+end
+
+function envoy_on_response(h)
+  local md = h:streamInfo():dynamicMetadata():get("taskplane")
+  if md == nil or not md["stream"] then
+    return
+  end
+  local hide = md["hide_usage"] and true or false
+  local first = nil
+  local carry = ""
+  for chunk in h:bodyChunks() do
+    local n = chunk:length()
+    if n > 0 then
+      local s = chunk:getBytes(0, n)
+      if first == nil and (string.find(s, '"content"', 1, true) or string.find(s, '"text"', 1, true)) then
+        first = now_ms(h)
+        put(h, "first_token_ms", first)
+      end
+      local scan = carry .. s
+      if string.find(scan, '"usage"', 1, true) then
+        local p = string.match(scan, '"prompt_tokens":%s*(%d+)')
+        local c = string.match(scan, '"completion_tokens":%s*(%d+)')
+        local k = string.match(scan, '"cached_tokens":%s*(%d+)')
+        if p then put(h, "prompt_tokens", tonumber(p)) end
+        if c then put(h, "completion_tokens", tonumber(c)) end
+        if k then put(h, "cached_tokens", tonumber(k)) end
+        if hide and string.find(s, '"usage"', 1, true) then
+          chunk:setBytes(drop_usage_event(s))
+        end
+      end
+      if string.find(scan, "data: [DONE]", 1, true) then
+        put(h, "done", true)
+      elseif string.find(scan, 'data: {"error"', 1, true) then
+        put(h, "stream_error", true)
+      end
+      carry = string.sub(s, -64)
+    end
+  end
+end
+"""

@@ -1,0 +1,173 @@
+"""Running the picker: ``taskplane epp`` (the picker alone, for an Envoy configured the
+GIE way by someone else) and ``taskplane gateway`` (Envoy on the client port, the picker
+and the Python HTTP app beside it, Envoy as a child process).
+
+The picker drives the very ``Gateway`` the Python HTTP app builds (its registry, placer,
+ledger, response cache, KV subscriptions and discovery): the app's lifespan builds it,
+and the gRPC server (ext_proc, access log, health) is served in the same event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+import uvicorn
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from fastapi import FastAPI
+from grpc_health.v1 import health_pb2_grpc
+
+from taskplane.config import GatewayConfig, load_gateway_config, state_dir
+from taskplane.epp import health
+from taskplane.epp.accesslog import AccessLogs
+from taskplane.epp.endpoints import EndpointBook
+from taskplane.epp.envoy_config import FrontDoor, bootstrap
+from taskplane.epp.envoy_process import EnvoyProcess
+from taskplane.epp.server import Picker, StreamBook
+from taskplane.gateway.app import build_app
+from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
+from taskplane.gateway.service import Gateway
+from taskplane.logs import configure_logging
+from taskplane.ports import free_port
+
+log = structlog.get_logger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: on SIGTERM the front door stops Envoy and
+    settles the picker's calls first, while the app (and its cost writer) still runs;
+    uvicorn would re-raise the signal and end the process mid-cleanup."""
+
+    stopping: asyncio.Event
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        self.stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stopping.set)
+        yield
+
+
+@dataclass
+class PickerServer:
+    """The picker's gRPC server over one gateway: ext_proc, access log, health."""
+
+    picker: Picker
+    access_logs: AccessLogs
+    server: grpc.aio.Server
+    health: health.health.aio.HealthServicer
+    port: int
+
+
+async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | None) -> tuple[PickerServer, EndpointBook]:
+    """Bind the picker on ``host:port`` (0: any free port) and start following the replicas."""
+    book = EndpointBook(gw.registry, eds_file)
+    book.refresh()
+    streams = StreamBook()
+    picker = Picker(gw, book, streams)
+    logs = AccessLogs(streams)
+    hs = health.new_health()
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000), ("grpc.max_receive_message_length", 64 << 20),
+                                      ("grpc.max_send_message_length", 64 << 20)])
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(picker, server)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(logs, server)
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    await health.set_ready(hs, True)
+    log.info("picker_listening", address=f"{host}:{bound}")
+    return PickerServer(picker, logs, server, hs, bound), book
+
+
+async def expire_streams(streams: StreamBook, max_age_s: float, every_s: float = 5.0) -> None:
+    """Until cancelled: settle streams that waited too long for their access-log entry."""
+    while True:
+        await asyncio.sleep(every_s)
+        if await streams.expire(max_age_s):
+            log.warning("streams_expired_without_log")
+
+
+@contextlib.asynccontextmanager
+async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
+    """The app's ``Gateway``, live for as long as the context (the app's own lifespan)."""
+    async with app.router.lifespan_context(app):
+        yield app.state.taskplane["gateway"]
+
+
+def _outbox(config: GatewayConfig, port: int, kind: str) -> Path:
+    return Path(config.outbox_dir) if config.outbox_dir else state_dir() / f"outbox-{kind}-{port}"
+
+
+async def run_epp(config_path: Path, *, host: str, port: int, database_url: str | None, eds_file: Path | None) -> None:
+    """``taskplane epp``: the picker alone, until interrupted."""
+    config = load_gateway_config(config_path)
+    configure_logging()
+    app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "epp"))
+    async with gateway_of(app) as gw:
+        ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
+        follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+        stopping = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
+        try:
+            await stopping.wait()
+        finally:
+            follow.cancel()
+            await health.set_ready(ps.health, False)
+            await ps.server.stop(grace=2)
+            await ps.picker.streams.abandon()
+
+
+async def run_front_door(config_path: Path, *, host: str, port: int, database_url: str | None,
+                         epp_port: int | None = None, envoy_concurrency: int = 2) -> None:
+    """``taskplane gateway``: Envoy on ``host:port`` with the picker and the HTTP app beside it."""
+    config = load_gateway_config(config_path)
+    configure_logging()
+    app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "gateway"))
+    app_port, admin_port = free_port(), free_port()
+    workdir = state_dir() / f"envoy-{port}"
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=app_port, log_level="warning", timeout_keep_alive=30,
+                                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                                           http=protocol_class(config.limits.header_timeout_s)))
+    serving = asyncio.create_task(server.serve(), name="http-app")
+    while not server.started:
+        if serving.done():
+            serving.result()
+            return
+        await asyncio.sleep(0.05)
+    gw: Gateway = app.state.taskplane["gateway"]
+    ps, book = await start_picker(gw, host="127.0.0.1", port=epp_port or 0, eds_file=workdir / "eds" / "replicas.json")
+    follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+    door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
+                     endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
+    # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)
+    usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", "lua")
+    envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)
+    try:
+        await envoy.start()
+        envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
+        stop = asyncio.create_task(server.stopping.wait(), name="signal")
+        done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if envoy_exit in done:
+            log.error("envoy_exited", code=envoy_exit.result(), log=str(envoy.log_file))
+    finally:
+        follow.cancel()
+        await envoy.stop()
+        await health.set_ready(ps.health, False)
+        await ps.server.stop(grace=1)
+        left = await ps.picker.streams.abandon()  # Envoy is gone: no access-log entry will come
+        if left:
+            log.warning("streams_settled_without_log", streams=left)
+        if not serving.done():
+            server.should_exit = True
+            await serving

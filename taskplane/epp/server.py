@@ -1,0 +1,410 @@
+"""taskplane's endpoint picker: Envoy's ext_proc service, speaking the Gateway API
+Inference Extension's endpoint-picker protocol.
+
+Per HTTP request Envoy opens one ext_proc stream. The picker reads the request headers
+and body (BUFFERED, or FULL_DUPLEX_STREAMED chunks accumulated to the end of the
+stream), runs the SAME intake as the Python gateway (auth, priority caps, validation,
+tenant limits, the response cache) and the SAME placer (admission may hold the call
+here: Envoy's message timeout is the call's own limit), and answers with the chosen
+endpoint and its fallbacks in ``x-gateway-destination-endpoint`` and the ``envoy.lb``
+metadata, the body the replica should get (``upstream_body``), or an ImmediateResponse
+with the contract's JSON error. On the way back it reads which endpoint served
+(``x-gateway-destination-endpoint-served`` metadata, else Envoy's ``upstream.address``
+attribute), adds the ``X-Taskplane-*`` headers, and settles the attempts: a unary body
+is buffered to it (``mode_override``); a stream's usage comes from the Lua filter via
+the access log (``accesslog``), or, if this Envoy streams the body to the picker (a
+GIE-style full-duplex config), from the chunks themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from taskplane.engines.registry import ReplicaState
+from taskplane.epp import protocol as P
+from taskplane.epp.calls import PickedCall
+from taskplane.epp.endpoints import EndpointBook
+from taskplane.epp.envoy_config import DEST_HEADER, INFERENCE_PATHS, LB_NAMESPACE, TP_NAMESPACE
+from taskplane.errors import ErrorType, TaskplaneError
+from taskplane.gateway import failures
+from taskplane.gateway.intake import Call
+from taskplane.gateway.openai_extra import reply_usage
+from taskplane.gateway.service import Gateway
+from taskplane.gateway.streaming import filter_usage_event
+from taskplane.gateway.upstream import upstream_body
+from taskplane.store.records import Outcome
+
+log = structlog.get_logger(__name__)
+
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+MAX_FALLBACKS = 2  # Envoy's num_retries: the primary and two more
+#: Client headers the replica must not see (the tenant's key, taskplane's own headers).
+_STRIP_PREFIXES = ("x-taskplane-",)
+_DUPLEX = (pm.ProcessingMode.FULL_DUPLEX_STREAMED, pm.ProcessingMode.STREAMED)
+
+
+def _attempt_count(headers: dict[str, str]) -> int | None:
+    """Envoy's tries for this request (``x-envoy-attempt-count``), when it says."""
+    value = headers.get("x-envoy-attempt-count", "")
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+class StreamBook:
+    """Streamed calls whose rows wait for their access-log entry (the Lua filter's usage)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, PickedCall] = {}
+        self.since: dict[str, float] = {}
+
+    def put(self, picked: PickedCall) -> None:
+        self.pending[picked.key] = picked
+        self.since[picked.key] = time.monotonic()
+
+    def pop(self, key: str) -> PickedCall | None:
+        self.since.pop(key, None)
+        return self.pending.pop(key, None)
+
+    async def expire(self, max_age_s: float) -> int:
+        """Settle streams whose log entry never came (lost with an Envoy restart, say), so
+        no lease stays open for ever: failed, blaming nobody."""
+        now = time.monotonic()
+        old = [k for k, t in self.since.items() if now - t > max_age_s]
+        for key in old:
+            picked = self.pop(key)
+            if picked is not None:
+                await picked.settle()
+        return len(old)
+
+    async def abandon(self) -> int:
+        """Settle every stream still waiting for its log entry as cancelled (Envoy went away,
+        or the picker is stopping): its row is written now rather than lost."""
+        n = 0
+        while self.pending:
+            key, picked = self.pending.popitem()
+            self.since.pop(key, None)
+            await picked.cancelled()
+            n += 1
+        return n
+
+
+@dataclass
+class _Exchange:
+    """What one ext_proc stream (one HTTP request) has seen so far."""
+
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    path: str = ""
+    kind: str | None = None
+    body: bytearray = field(default_factory=bytearray)
+    request_duplex: bool = False
+    response_duplex: bool = False
+    picked: PickedCall | None = None
+    status: int = 0
+    response_body: bytearray = field(default_factory=bytearray)
+    sse_buf: bytes = b""
+    usage: dict[str, Any] = field(default_factory=dict)
+    stream_done: bool = False
+
+
+class Picker(pb_grpc.ExternalProcessorServicer):
+    """The ext_proc service over one ``Gateway`` (its registry, placer, ledger, cache)."""
+
+    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook) -> None:
+        self.gw = gw
+        self.book = book
+        self.streams = streams
+        self.decisions = 0
+
+    async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
+        ex = _Exchange()
+        try:
+            async for req in request_iterator:
+                if req.HasField("protocol_config"):
+                    ex.request_duplex = req.protocol_config.request_body_mode in _DUPLEX
+                    ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
+                for resp in await self._on(req, ex):
+                    yield resp
+        finally:
+            picked = ex.picked
+            if picked is not None and not picked.settled and picked.key not in self.streams.pending:
+                # the client (or Envoy) went away before the answer settled
+                await asyncio.shield(picked.cancelled())
+
+    async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        which = req.WhichOneof("request")
+        if which == "request_headers":
+            return self._request_headers(req, ex)
+        if which == "request_body":
+            return await self._request_body(req, ex)
+        if which == "response_headers":
+            return await self._response_headers(req, ex)
+        if which == "response_body":
+            return await self._response_body(req, ex)
+        if which == "request_trailers":
+            return [pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
+        if which == "response_trailers":
+            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+        return []
+
+    # ---- request ----------------------------------------------------------------
+    def _request_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        ex.headers = P.header_pairs(req.request_headers)
+        pseudo = dict(ex.headers)
+        ex.path = pseudo.get(":path", "").split("?", 1)[0]
+        if pseudo.get(":method", "POST") == "POST":
+            ex.kind = INFERENCE_PATHS.get(ex.path)
+        if ex.kind is None:
+            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+        if req.request_headers.end_of_stream:
+            ex.request_duplex = False
+            return [self._body_less(ex)]
+        if ex.request_duplex:
+            return []  # answered with the body, once it is whole
+        return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+
+    def _body_less(self, ex: _Exchange) -> pb.ProcessingResponse:
+        return P.error_reply(TaskplaneError(ErrorType.INVALID_REQUEST, "request body is missing"))
+
+    async def _request_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        if ex.kind is None:  # not ours: pass the body on as it came
+            if ex.request_duplex:
+                return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(
+                    body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=req.request_body.body,
+                                                                                   end_of_stream=req.request_body.end_of_stream)))))]
+            return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+        ex.body += req.request_body.body
+        if len(ex.body) > self.gw.config.limits.max_body_bytes:
+            return [P.error_reply(TaskplaneError(ErrorType.PAYLOAD_TOO_LARGE,
+                                                 f"request body exceeds the {self.gw.config.limits.max_body_bytes}-byte limit"))]
+        if not req.request_body.end_of_stream:
+            return [] if ex.request_duplex else [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+        return await self._route(req, ex)
+
+    async def _route(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        gw, lc = self.gw, self.gw.lifecycle
+        assert ex.kind is not None
+        try:
+            call = lc.prepare(ex.kind, bytes(ex.body), P.as_headers(ex.headers))
+            await lc.admit(call)
+        except TaskplaneError as exc:
+            return [P.error_reply(exc)]
+        try:
+            if gw.response_cache is not None and call.deterministic:
+                cached = gw.response_cache.get(gw._cache_key(call))
+                if cached is not None:
+                    return [await self._cached(call, cached)]
+            answer = await self._pick(req, call, ex)
+        except BaseException:
+            if ex.picked is None:
+                lc.leave(call)
+            raise
+        if ex.picked is None:
+            lc.leave(call)
+        return answer
+
+    async def _cached(self, call: Call, cached: dict[str, Any]) -> pb.ProcessingResponse:
+        gw = self.gw
+        gw.metrics.cache_hits.inc()
+        gw.metrics.requests.labels(model=call.pool.model, outcome="cached").inc()
+        await gw.ledger.record_cached(call)
+        return P.json_reply(200, cached, {"x-taskplane-replica": "response-cache", "x-taskplane-gpu": "none",
+                                          "x-taskplane-cached-tokens": str(call.prompt_tokens), "x-taskplane-queue-ms": "0",
+                                          "x-taskplane-cost-usd": "0", "x-taskplane-model": call.pool.model})
+
+    def _subset_exclusions(self, req: pb.ProcessingRequest, call: Call) -> set[str] | None:
+        """Replicas outside the data plane's subset hint (GIE: pick only from that list);
+        None when no replica of the pool is in it."""
+        subset = P.metadata_value(req, SUBSET_NAMESPACE, SUBSET_KEY)
+        if subset is None:
+            return set()
+        allowed = {self.book.replica(str(ep)) for ep in (subset if isinstance(subset, list) else [subset])}
+        names = {s.name for s in self.gw.registry.for_model(call.pool.model)}
+        if not names & allowed:
+            return None
+        return names - {n for n in allowed if n}
+
+    async def _pick(self, req: pb.ProcessingRequest, call: Call, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        gw, lc = self.gw, self.gw.lifecycle
+        outside = self._subset_exclusions(req, call)
+        if outside is None:
+            err = TaskplaneError(ErrorType.NO_REPLICA, "no replica of the data plane's endpoint subset serves this call", retry_after_s=1)
+            await gw.ledger.record_unplaced(call, err, Outcome.ERROR)
+            return [P.error_reply(err)]
+        tries = lc.tries(call)
+        tries.exclude |= outside
+        tries.exclude |= self.book.unreachable
+        choice = await lc.choose(call, tries)
+        self.decisions += 1
+        if isinstance(choice, TaskplaneError):
+            return [P.error_reply(choice)]
+        model = choice.decision.model or call.pool.model
+        fallbacks = self._fallbacks(model, choice.replica, tries.exclude)
+        picked = PickedCall(lc, gw.metrics, call, choice, fallbacks, first_try=tries.index)
+        ex.picked = picked
+        await picked.begin(0)
+        return self._routed(picked, ex)
+
+    def _fallbacks(self, model: str, primary: ReplicaState, exclude: set[str]) -> list[ReplicaState]:
+        """Where Envoy goes if the choice fails before anything streamed: the least loaded
+        other healthy replicas of the model, in that order (a cheap look: no views)."""
+        now = time.monotonic()
+        others = (s for s in self.gw.registry.for_model(model)
+                  if s.healthy and now >= s.down_until and s is not primary and s.name not in exclude)
+        return heapq.nsmallest(MAX_FALLBACKS, others, key=lambda s: (s.inflight, s.num_running + s.num_waiting))
+
+    def _routed(self, picked: PickedCall, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        call = picked.call
+        endpoints = ",".join(e for e in (self.book.endpoint(r.name) for r in picked.order) if e)
+        body = json.dumps(upstream_body(call, picked.model), separators=(",", ":")).encode()
+        remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k == "authorization"]
+        headers = P.header_mutation({DEST_HEADER: endpoints, "content-length": str(len(body)),
+                                     "content-type": "application/json"}, remove=sorted(set(remove)))
+        metadata = P.struct({LB_NAMESPACE: {DEST_HEADER: endpoints},
+                             TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}})
+        if ex.request_duplex:
+            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=P.common(headers=headers)),
+                                          dynamic_metadata=metadata),
+                    pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(
+                        body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=True)))))]
+        return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(headers=headers, body=pb.BodyMutation(body=body))),
+                                      dynamic_metadata=metadata)]
+
+    # ---- response ---------------------------------------------------------------
+    def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> ReplicaState | None:
+        """Who answered: the protocol's ``x-gateway-destination-endpoint-served`` metadata,
+        else Envoy's ``upstream.address`` attribute; an Envoy that sends neither is taken
+        at its attempt count, else the first choice. None: Envoy answered itself."""
+        served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY) or P.attribute(req, "upstream.address")
+        if served:
+            name = self.book.replica(str(served))
+            return self.gw.registry.replicas.get(name) if name else None
+        if headers.get(":status", "").startswith("5") and "x-envoy-upstream-service-time" not in headers:
+            return None
+        tries = _attempt_count(headers) or 1
+        return picked.order[min(tries - 1, len(picked.order) - 1)]
+
+    async def _response_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        picked = ex.picked
+        response = dict(P.header_pairs(req.response_headers))
+        status = int(response.get(":status", "0") or 0)
+        ex.status = status
+        if picked is None:
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+        tries = _attempt_count(response)
+        served = await picked.served_by(self._served_replica(req, picked, response), tries)
+        call = picked.call
+        if served is None:  # Envoy answered itself: every endpoint it tried failed
+            failure = failures.unreachable(picked.order[-1].name, f"Envoy answered {status}", timeout=False)
+            await picked.all_failed(failure, tried=(tries or len(picked.order)) if status >= 500 else 0)
+            self.gw.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+        if status >= 400:
+            return [self._buffer_response(ex, P.header_mutation())]
+        headers = picked.headers()
+        if call.stream:
+            headers["cache-control"] = "no-cache"
+            if not ex.response_duplex:
+                self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+        return [self._buffer_response(ex, P.header_mutation(headers))]
+
+    def _buffer_response(self, ex: _Exchange, headers: pb.HeaderMutation) -> pb.ProcessingResponse:
+        """Ask Envoy for the whole response body (unary answers and errors are small)."""
+        resp = pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=headers)))
+        if not ex.response_duplex:
+            resp.mode_override.CopyFrom(pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFERED))
+        return resp
+
+    async def _response_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        chunk, eos = req.response_body.body, req.response_body.end_of_stream
+        picked = ex.picked
+        if picked is None or picked.settled or picked.served is None:
+            return [self._pass_body(ex, chunk, eos)]
+        if picked.call.stream and ex.status < 400:
+            out = self._scan_stream(ex, chunk)
+            if eos:
+                await self._settle_scanned(ex, picked)
+            return [self._pass_body(ex, out, eos)]
+        ex.response_body += chunk
+        if ex.response_duplex and not eos:
+            return []
+        raw = bytes(ex.response_body)
+        name = picked.served.replica.name
+        if ex.status >= 400:
+            failure = failures.from_status(name, ex.status, raw)
+            await picked.failed(failure)
+            err = failure.error
+            if failure.retry:  # Envoy ran out of retries on failing engines
+                err = await picked.exhausted(err)
+            return [self._replace_body(ex, err)]
+        try:
+            data = json.loads(raw)
+            usage = reply_usage(picked.call.kind, data)
+        except ValueError as exc:
+            failure = failures.broken_response(name, type(exc).__name__)
+            await picked.failed(failure)
+            return [self._replace_body(ex, await picked.exhausted(failure.error))]
+        headers = await picked.succeeded(usage)
+        if self.gw.response_cache is not None and picked.call.deterministic:
+            self.gw.response_cache.put(self.gw._cache_key(picked.call), data)
+        if ex.response_duplex:
+            return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(
+                headers=P.header_mutation(headers),
+                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=raw, end_of_stream=True)))))]
+        return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=P.header_mutation(headers))))]
+
+    def _replace_body(self, ex: _Exchange, err: TaskplaneError) -> pb.ProcessingResponse:
+        """The contract's error instead of what the engine sent."""
+        body = json.dumps(err.body()).encode()
+        extra = {"retry-after": str(max(1, round(err.retry_after_s)))} if err.retry_after_s is not None else {}
+        headers = P.header_mutation({":status": str(err.status), "content-type": "application/json",
+                                     "content-length": str(len(body)), **extra})
+        if ex.response_duplex:
+            return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=headers,
+                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=True)))))
+        return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=headers, body=pb.BodyMutation(body=body))))
+
+    def _scan_stream(self, ex: _Exchange, chunk: bytes) -> bytes:
+        """A streamed answer the data plane sends through the picker (a GIE full-duplex
+        Envoy): usage, first token and the end read from the events, as the Python relay does."""
+        picked = ex.picked
+        assert picked is not None and picked.served is not None
+        buf = ex.sse_buf + chunk
+        *events, ex.sse_buf = buf.split(b"\n\n")
+        outs = []
+        for event in events:
+            out = filter_usage_event(event, ex.usage, picked.call.client_wants_usage)
+            if picked.served.ttft_ms is None and (b'"content"' in event or b'"text"' in event):
+                picked.lc.first_token(picked.served)
+            if event.strip() == b"data: [DONE]":
+                ex.stream_done = True
+            if out is not None:
+                outs.append(out + b"\n\n")
+        return b"".join(outs)
+
+    def _pass_body(self, ex: _Exchange, chunk: bytes, eos: bool) -> pb.ProcessingResponse:
+        if ex.response_duplex:
+            tail = ex.sse_buf if eos else b""
+            return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(
+                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=chunk + tail, end_of_stream=eos)))))
+        return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(body=pb.BodyMutation(body=chunk))))
+
+    async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> None:
+        assert picked.served is not None
+        if ex.stream_done:
+            await picked.succeeded(ex.usage)
+        else:
+            await picked.failed(failures.broken_stream(picked.served.replica.name, "ended the stream before it finished",
+                                                       transport=False))

@@ -1,0 +1,111 @@
+"""Assembling a placement pipeline and the flow control around it, from a preset (with
+optional plugin overrides) or a ``taskplane.config.SchedulerConfig``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from taskplane.config import SchedulerConfig
+from taskplane.errors import ConfigError
+from taskplane.scheduler import filters as _filters  # noqa: F401  (registers the plugins)
+from taskplane.scheduler import pickers as _pickers  # noqa: F401
+from taskplane.scheduler import scorers as _scorers  # noqa: F401
+from taskplane.scheduler.core import Scheduler
+from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
+from taskplane.scheduler.flowcontrol.workingset import admission_load
+from taskplane.scheduler.framework.plugin import Filter, Kind, Picker, Scorer
+from taskplane.scheduler.framework.registry import REGISTRY
+from taskplane.scheduler.presets import PRESETS
+
+
+def _build_list(kind: Kind, specs: Iterable[Any], policy: str) -> list[Any]:
+    return [REGISTRY.build(kind, spec, policy=policy) for spec in specs]
+
+
+def assemble(
+    *,
+    policy: str = "taskplane",
+    filters: Iterable[Any] | None = None,
+    scorers: Iterable[Any] | None = None,
+    picker: Any | None = None,
+    seed: int = 0,
+    admission: bool | AdmissionSettings | None = None,
+    response_cache_entries: int = 0,
+    tenants: Iterable[Any] | None = None,
+    pools: Iterable[Any] | None = None,
+    name: str | None = None,
+    metrics: bool = True,
+) -> dict[str, Any]:
+    """A preset's pipeline (with optional plugin overrides) and the flow-control settings
+    around it, as the keyword arguments of ``FlowControl``."""
+    preset = PRESETS.get(policy)
+    if preset is None:
+        raise ConfigError(
+            f"scheduler policy {policy!r}: no such preset; choose one of {', '.join(PRESETS)}"
+        )
+    label = name or policy
+    built_filters: list[Filter] = _build_list(Kind.FILTER, preset.filters if filters is None else filters, label)
+    built_scorers: list[Scorer] = _build_list(Kind.SCORER, preset.scorers if scorers is None else scorers, label)
+    built_picker: Picker = REGISTRY.build(Kind.PICKER, preset.picker if picker is None else picker, policy=label)  # type: ignore[assignment]
+    if isinstance(admission, AdmissionSettings):
+        settings: AdmissionSettings | None = admission
+    elif admission is None:
+        settings = AdmissionSettings() if preset.admission else None
+    else:
+        settings = AdmissionSettings() if (admission and preset.admission) else None
+    pipeline = Scheduler(
+        name=label,
+        filters=built_filters,
+        scorers=built_scorers,
+        picker=built_picker,
+        seed=seed,
+        tenants=tenants,
+        load=admission_load(settings),
+        sticky=preset.sticky,
+        metrics=metrics,
+    )
+    fallbacks = {p.model: p.fallback for p in (pools or ()) if getattr(p, "fallback", None)}
+    return {
+        "pipeline": pipeline,
+        "admission": settings,
+        "fallbacks": fallbacks,
+        "response_cache_entries": response_cache_entries,
+    }
+
+
+def assemble_from_config(
+    config: Any,
+    *,
+    tenants: Iterable[Any] | None = None,
+    pools: Iterable[Any] | None = None,
+    name: str | None = None,
+    metrics: bool = True,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """``assemble`` for a ``taskplane.config.SchedulerConfig`` (or a mapping of its fields).
+
+    ``admission: true`` keeps a preset's admission control (only "taskplane" has it);
+    ``false`` turns it off. Baseline presets never gain admission control, so they stay
+    faithful to the systems they reproduce.
+    """
+    if isinstance(config, Mapping):
+        try:
+            config = SchedulerConfig.model_validate(dict(config))
+        except ValidationError as exc:
+            raise ConfigError(f"scheduler config: {exc}") from None
+    return assemble(
+        policy=config.policy,
+        filters=config.filters,
+        scorers=config.scorers,
+        picker=getattr(config, "picker", None),
+        seed=config.seed if seed is None else seed,
+        admission=bool(config.admission),
+        response_cache_entries=config.response_cache_entries,
+        tenants=tenants,
+        pools=pools,
+        name=name,
+        metrics=metrics,
+    )

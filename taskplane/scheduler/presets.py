@@ -1,0 +1,95 @@
+"""Named placement policies: each a configuration of the same pipeline and flow control.
+
+The baselines reproduce the published rule of each system as closely as plain replica
+state allows; docs/scheduler.md gives each rule and its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    summary: str  # the rule, in one sentence
+    source: str  # where the rule comes from
+    filters: tuple[Any, ...] = ("healthy",)
+    scorers: tuple[Any, ...] = ()
+    picker: Any = "max-score"
+    admission: bool = False
+    sticky: bool = False  # a pinned session's call is decided over its replica first
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _s(type_name: str, weight: float = 1.0, **params: Any) -> dict[str, Any]:
+    return {"type": type_name, "weight": weight, "params": params}
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "round-robin",
+            "the next healthy replica in turn",
+            "the classic load-balancer default (e.g. Kubernetes Service / nginx upstream)",
+            picker="round-robin",
+        ),
+        Preset(
+            "least-loaded",
+            "fewest running + waiting requests; ties broken by the seed",
+            "least-request load balancing (Envoy LEAST_REQUEST, vLLM production-stack)",
+            scorers=(_s("least-loaded"),),
+        ),
+        Preset(
+            "session-hash",
+            "consistent hashing of the session id (else task id) on a ring with 100 virtual nodes per replica",
+            "session affinity by consistent hashing (vLLM production-stack session router, Envoy ring hash)",
+            picker="consistent-hash",
+        ),
+        Preset(
+            "sglang-cache-aware",
+            "if max-min load > 64 and max > 1.5x min: shortest queue; else the best prefix match "
+            "if its match ratio > 0.3; else the least loaded; prefixes from the router's own routing history",
+            "SGLang router, cache_aware policy (sgl-router; balance_abs_threshold=64, "
+            "balance_rel_threshold=1.5, cache_threshold=0.3)",
+            picker={"type": "sglang-cache-aware"},
+        ),
+        Preset(
+            "llm-d-scorers",
+            "weighted sum of prefix-cache match (3), queue length (2) and KV-cache utilisation (2); highest wins",
+            "llm-d inference scheduler / Gateway API Inference Extension endpoint picker default profile",
+            scorers=(_s("prefix-cache", 3.0), _s("queue", 2.0), _s("kv-usage", 2.0)),
+        ),
+        Preset(
+            "dynamo-cost",
+            "cost = uncached prompt blocks (prefill) + active KV blocks incl. this call (decode); lowest wins",
+            "NVIDIA Dynamo KV router (overlap_score_weight=1, temperature 0)",
+            scorers=(_s("dynamo-cost"),),
+        ),
+        Preset(
+            "taskplane",
+            "all seven axes: filters (health, tenant GPUs, memory headroom, latency budget), scorers "
+            "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1), "
+            "admission control with priority bands, fair share, EDF and shedding",
+            "this project",
+            filters=("healthy", "tenant-gpu", "memory-headroom", "latency-budget"),
+            scorers=(
+                _s("prefix-cache", 3.0),
+                _s("session-affinity", 2.0),
+                _s("latency", 2.0),
+                _s("memory-headroom", 1.0),
+                _s("weight-warmth", 1.0),
+                _s("gpu-price", 1.0),
+                _s("workflow-context", 1.0),
+            ),
+            admission=True,
+            sticky=True,
+        ),
+    )
+}
+
+
+def policy_names() -> list[str]:
+    return list(PRESETS)

@@ -1,0 +1,100 @@
+"""The cluster simulator's fleet: one engine per replica and the view a policy reads of it.
+
+A policy call must see every replica as it is at that moment, but copying every engine's
+state before every call would cost O(replicas) each. So a replica whose engine changed is
+marked, and only marked views are refreshed. A FlowControl also gets the fleet as a
+:class:`~taskplane.scheduler.table.ReplicaTable` (numpy columns it scores in bulk); its
+rows are rewritten only before the policy reads them, so a replica that changes several
+times between two policy calls has its row written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskplane.scheduler.table import ReplicaTable
+from taskplane.scheduler.types import ReplicaView
+from taskplane.sim.engine import SimEngine
+from taskplane.sim.fleet import ClusterSpec
+from taskplane.sim.results import ReplicaResult
+
+
+class SimReplicas:
+    """The engines, prices, health and policy-facing views of a simulated fleet."""
+
+    def __init__(self, cluster: ClusterSpec, block_size: int, *, kv_events: bool, table: bool) -> None:
+        self.engines: list[SimEngine] = []
+        self.views: list[ReplicaView] = []
+        self.prices: list[float] = []
+        self._index: dict[str, int] = {}
+        for i, r in enumerate(cluster.replicas):
+            if r.name in self._index:
+                raise ValueError(f"duplicate replica name {r.name!r}")
+            self._index[r.name] = i
+            eng = SimEngine(
+                r.gpu, r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
+                max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
+                cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=False,
+                removed_per_block=False,
+            )
+            price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd
+            self.engines.append(eng)
+            self.prices.append(price)
+            self.views.append(ReplicaView(
+                name=r.name, model=r.model, gpu=r.gpu, cost_per_hour_usd=price, healthy=True,
+                model_loaded=r.model_loaded, kv_blocks_total=eng.num_blocks, kv_blocks_free=eng.free_blocks(),
+                block_size=block_size, has_kv_events=kv_events, max_num_seqs=r.max_num_seqs))
+        self.healthy = [True] * len(self.engines)
+        self._table = ReplicaTable(self.views) if table else None
+        self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
+        self._unsynced: set[int] = set()  # replicas whose view changed since their table row was written
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def find(self, name: str | None) -> int | None:
+        """The index of the replica named ``name``."""
+        return self._index.get(name or "")
+
+    def name(self, i: int) -> str:
+        return self.views[i].name
+
+    def mark(self, i: int) -> None:
+        """Replica ``i``'s engine (or health) changed: its view is stale."""
+        self._dirty.add(i)
+
+    def snapshot(self) -> None:
+        """Copy the changed replicas' engine state into their views: the state a policy
+        call at this moment would see (their table rows wait for :meth:`for_policy`)."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        engines, views, healthy = self.engines, self.views, self.healthy
+        for i in dirty:
+            e, v = engines[i], views[i]
+            (v.num_running, v.num_waiting, v.kv_blocks_free, v.inflight_prefill_tokens,
+             v.inflight_decode_tokens) = e.load()
+            v.model_loaded = e.model_loaded
+            v.healthy = healthy[i]
+        if self._table is not None:
+            self._unsynced |= dirty
+        dirty.clear()
+
+    def for_policy(self) -> Any:
+        """The fleet, up to date, as the policy reads it (the table, or the list of views)."""
+        self.snapshot()
+        if self._table is None:
+            return self.views
+        unsynced = self._unsynced
+        if unsynced:
+            upsert, views = self._table.upsert, self.views
+            for i in unsynced:
+                upsert(views[i])
+            unsynced.clear()
+        return self._table
+
+    def results(self) -> list[ReplicaResult]:
+        return [ReplicaResult(name=v.name, gpu=v.gpu, cost_per_hour_usd=self.prices[i],
+                              busy_s=e.stats.busy_s, steps=e.stats.steps, prefix_queries=e.stats.prefix_queries,
+                              prefix_hits=e.stats.prefix_hits, finished=e.stats.finished)
+                for i, (v, e) in enumerate(zip(self.views, self.engines, strict=True))]

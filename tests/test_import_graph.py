@@ -1,0 +1,79 @@
+"""The code's shape, read from source by scripts/import_graph.py: no import cycles in
+taskplane/ and workflows/ (lazy and TYPE_CHECKING imports count), a scheduling core that
+imports nothing above it, no module over 600 lines. Plus a few checks that the reader
+itself sees what it must, so that a clean result means something."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building the class
+    spec.loader.exec_module(module)
+    return module
+
+
+ig = _checker()
+
+
+def test_no_import_cycles() -> None:
+    _, edges = ig.graph(ROOT)
+    found = {" -> ".join(f"{e.source}:{e.line}" for e in ig.one_cycle(c, edges)): c for c in ig.cycles(edges)}
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_scheduler_imports_nothing_above_it() -> None:
+    _, edges = ig.graph(ROOT)
+    bad = [f"{e.source}:{e.line} -> {e.target}" for e in ig.scheduler_violations(edges)]
+    assert not bad, "taskplane/scheduler imports gateway/store/engines/sim/bench/dev:\n" + "\n".join(bad)
+
+
+def test_no_module_over_600_lines() -> None:
+    modules, _ = ig.graph(ROOT)
+    big = [f"{modules[m].relative_to(ROOT)}: {n} lines" for m, n in ig.oversized(modules)]
+    assert not big, "modules over 600 lines:\n" + "\n".join(big)
+
+
+def test_the_reader_sees_lazy_type_checking_and_relative_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "taskplane"
+    (pkg / "sub").mkdir(parents=True)
+    (tmp_path / "workflows").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from taskplane.sub import b\n    return b\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n")
+    (pkg / "sub" / "c.py").write_text("import taskplane.a\n")
+    (pkg / "sub" / "d.py").write_text("from .c import something\n" + "x = 1\n" * 601)
+    (tmp_path / "workflows" / "w.py").write_text("from taskplane.sub.b import name\n")
+    modules, edges = ig.graph(tmp_path)
+    assert {e.target for e in edges["taskplane.a"]} == {"taskplane.sub.b"}  # inside a function
+    assert {e.target for e in edges["taskplane.sub.b"]} == {"taskplane.sub.c"}  # TYPE_CHECKING, relative
+    assert {e.target for e in edges["taskplane.sub.d"]} == {"taskplane.sub.c"}  # a name from a module
+    assert {e.target for e in edges["workflows.w"]} == {"taskplane.sub.b"}
+    assert ig.cycles(edges) == [["taskplane.a", "taskplane.sub.b", "taskplane.sub.c"]]
+    assert [e.target for e in ig.one_cycle(["taskplane.a", "taskplane.sub.b", "taskplane.sub.c"], edges)] == [
+        "taskplane.sub.b", "taskplane.sub.c", "taskplane.a"]
+    assert ig.oversized(modules) == [("taskplane.sub.d", 602)]
+
+
+def test_the_reader_sees_the_scheduler_reaching_up(tmp_path: Path) -> None:
+    sched = tmp_path / "taskplane" / "scheduler"
+    sched.mkdir(parents=True)
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "taskplane" / "engines").mkdir()
+    for d in (tmp_path / "taskplane", sched, tmp_path / "taskplane" / "engines"):
+        (d / "__init__.py").write_text("")
+    (tmp_path / "taskplane" / "engines" / "kv.py").write_text("")
+    (tmp_path / "taskplane" / "context.py").write_text("")
+    (sched / "core.py").write_text("import taskplane.context\nfrom taskplane.engines import kv\n")
+    _, edges = ig.graph(tmp_path)
+    assert [(e.target, e.line) for e in ig.scheduler_violations(edges)] == [("taskplane.engines.kv", 2)]
