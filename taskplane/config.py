@@ -36,6 +36,7 @@ class ReplicaConfig(_Strict):
     kv_blocks: int | None = Field(default=None, ge=1, description="KV blocks; default read from /metrics")
     max_num_seqs: int = Field(default=256, ge=1, description="the engine's batch limit (vLLM --max-num-seqs)")
     block_size: int | None = Field(default=None, ge=1, description="tokens per KV block; default from /metrics")
+    draining: bool = Field(default=False, description="no new placements; calls in flight finish (autoscaler scale-in)")
 
     @field_validator("url")
     @classmethod
@@ -58,8 +59,12 @@ class DiscoveryConfig(_Strict):
     reach the gateway without a restart.
     """
 
-    source: Literal["endpointslices", "pods"] = Field(
-        default="endpointslices", description="follow a Service's EndpointSlices, or labelled pods"
+    source: Literal["endpointslices", "pods", "file"] = Field(
+        default="endpointslices", description="follow a Service's EndpointSlices, labelled pods, or a replicas file"
+    )
+    path: str | None = Field(
+        default=None, description="source file: a JSON file {\"replicas\": [replica, ...]} re-read when it changes"
+        " (the dev stack's autoscaler writes it)"
     )
     namespace: str | None = Field(
         default=None, description="namespace to watch; default: the gateway pod's own namespace"
@@ -108,6 +113,10 @@ class DiscoveryConfig(_Strict):
     def _target(self) -> DiscoveryConfig:
         if self.source == "endpointslices" and not (self.service or self.label_selector):
             raise ValueError("discovery needs 'service' (or 'label_selector') for source endpointslices")
+        if self.source == "file":
+            if not self.path:
+                raise ValueError("discovery with source file needs 'path'")
+            return self
         if self.source == "pods" and not self.label_selector:
             raise ValueError("discovery with source pods needs 'label_selector'")
         return self

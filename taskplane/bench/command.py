@@ -363,8 +363,13 @@ def run_bench(
     remote_kv_gb: float = 0.0,
 ) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
-    if workload not in (*WORKLOADS, "scale"):
-        raise UserError(f"--workload must be one of {', '.join((*WORKLOADS, 'scale'))}, got {workload!r}")
+    if workload not in (*WORKLOADS, "scale", "diurnal"):
+        raise UserError(f"--workload must be one of {', '.join((*WORKLOADS, 'scale', 'diurnal'))}, got {workload!r}")
+    if workload == "diurnal":  # autoscalers side by side (taskplane/bench/diurnal_command.py)
+        from taskplane.bench.diurnal_command import run_diurnal_command
+
+        return run_diurnal_command(out, replicas=replicas, policies=policies, seed=seed, trace=trace,
+                                   day_s=duration_s or 3600.0)
     if workload == "scale":
         return _run_scale(out, replicas=replicas, tasks=tasks, policies=policies, seed=seed, engine=engine,
                           cells=cells)

@@ -87,6 +87,8 @@ def status(state_dir: Path) -> dict[str, Any]:
         parts.append({**p, "alive": ok})
     out = {k: v for k, v in info.items() if k != "parts"}
     out["parts"] = parts
+    if info.get("autoscale"):  # replicas come and go: the autoscaler's own record
+        out["replicas"] = _autoscaled(state_dir)
     out["running"] = bool(parts) and all(p["alive"] for p in parts)
     return out
 
@@ -105,10 +107,19 @@ def print_status(info: dict[str, Any]) -> None:
         console.print(f"Temporal UI: [link={info['temporal_ui_url']}]{info['temporal_ui_url']}[/link]")
 
 
+def _autoscaled(state_dir: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads((state_dir / "autoscale.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return list(data.get("replicas", []))
+
+
 def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200,
-       modules: Sequence[str] = ()) -> dict[str, Any]:
+       autoscale: tuple[int, int] | None = None, modules: Sequence[str] = ()) -> dict[str, Any]:
     """Start the stack, or return the running one. On any failure, stop what was started.
 
+    ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (sim engine only).
     ``modules`` are the user's agent modules the dev worker serves besides the examples;
     naming new ones on a running stack restarts just the worker with all of them.
     """
@@ -131,20 +142,31 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         down(state_dir, quiet=True)
     if engine not in ("sim", "vllm"):
         raise UserError(f"--engine must be sim or vllm, not {engine!r}")
-    ports = _ports(base_port, replicas)
+    if autoscale is not None and engine != "sim":
+        raise UserError("--autoscale runs simulated replicas: use --engine sim")
+    if autoscale is not None and autoscale[0] < 1:
+        raise UserError("--autoscale MIN must be at least 1 on the dev stack: the live gateway does not yet hold "
+                        "calls while a pool is at zero (the simulator does); use e.g. 1:4")
+    ports = _ports(base_port, autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
+    if autoscale is not None:
+        info["autoscale"] = {"min": autoscale[0], "max": autoscale[1]}
     logs = state_dir / "logs"
     try:
         _start_temporal(state_dir, info, ports, logs)
         _start_postgres(state_dir, info, ports)
         _save(state_dir, info)
-        if engine == "vllm":
+        if autoscale is not None:
+            info["replicas"] = []
+        elif engine == "vllm":
             _start_vllm_replicas(state_dir, info, ports, replicas)
         else:
             _start_sim_replicas(info, ports, replicas, logs)
         _save(state_dir, info)
         _start_gateway(state_dir, info, ports, logs)
+        if autoscale is not None:
+            _start_autoscaler(state_dir, info, logs, *autoscale)
         _start_worker(info, logs, modules)
         _save(state_dir, info)
     except BaseException:
@@ -222,12 +244,35 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
                                  "kv_replay": r.replay, "name": f"replica-{i}", "block_size": r.block_size})
 
 
+def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int, mx: int) -> None:
+    """The autoscaler process (taskplane/autoscale/actuators/dev.py); up waits for MIN ready replicas."""
+    log_file = logs / "autoscaler.log"
+    port = ports_plan(int(info["base_port"]), 1).slot("spare-7")  # its /metrics
+    cmd = [*_py(), "dev", "autoscaler", "--state-dir", str(state_dir), "--autoscale", f"{mn}:{mx}",
+           "--gateway-url", info["gateway_url"], "--base-port", str(info["base_port"]), "--metrics-port", str(port)]
+    pid = proc.spawn(cmd, log_file, env={"TASKPLANE_DATABASE_URL": info["database_url"]})
+    _part(info, "autoscaler", pid, f"http://127.0.0.1:{port}/metrics")
+    console.print(f"starting the autoscaler ({mn}:{mx} replicas)")
+
+    def ready() -> bool:
+        return sum(1 for r in _autoscaled(state_dir) if r.get("phase") == "ready") >= mn
+
+    proc.wait_until(ready, "autoscaler replicas", 60, pid, log_file)
+
+
 def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
     replicas = [{"url": r["url"], "gpu": r["gpu"], "kv_events": r["kv_events"], "kv_replay": r.get("kv_replay"),
                  "name": r["name"], "block_size": r.get("block_size")} for r in info["replicas"]]
     cpu = info.get("engine") == "vllm"
+    pool: dict[str, Any] = {"model": "llama-3.1-8b", "max_context_tokens": 8192, "replicas": replicas}
+    if info.get("autoscale"):
+        path = Path(info["state_dir"]) / "replicas.json"
+        if not path.exists():
+            path.write_text(json.dumps({"replicas": []}))
+        pool = {"model": "llama-3.1-8b", "max_context_tokens": 8192,
+                "discovery": {"source": "file", "path": str(path)}}
     return {
-        "pools": [{"model": "llama-3.1-8b", "max_context_tokens": 8192, "replicas": replicas}],
+        "pools": [pool],
         "tenants": DEV_TENANTS,
         "auth": False,
         "scheduler": {"policy": "taskplane", "seed": 0},
@@ -243,7 +288,7 @@ def _start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int],
     port = ports["gateway"]
     log_file = logs / "gateway.log"
     env = {"TASKPLANE_DATABASE_URL": info["database_url"], "TASKPLANE_STATE_DIR": str(state_dir)}
-    epp_port = ports_plan(info["base_port"], len(info["replicas"])).slot("epp")
+    epp_port = ports_plan(info["base_port"], max(len(info["replicas"]), 1)).slot("epp")
     # Envoy listens on the gateway port; the endpoint picker (gRPC) beside it on the epp slot
     pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)],
                      log_file, env=env)
@@ -311,6 +356,13 @@ def down(state_dir: Path, *, quiet: bool = False) -> None:
             console.print("the dev stack is not running")
         return
     for p in reversed(info.get("parts", [])):
+        if p["name"] == "autoscaler":  # it stops its replicas on SIGTERM; any it left, here
+            proc.stop_pid(p.get("pid"), timeout_s=15.0)
+            for r in _autoscaled(state_dir):
+                proc.stop_pid(r.get("pid"))
+            if not quiet:
+                console.print("stopped autoscaler and its replicas")
+            continue
         if p["name"] == "postgres":
             embedded.stop(Path(p["data_dir"]))
         else:

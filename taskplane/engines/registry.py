@@ -106,7 +106,7 @@ class ReplicaState:
             model=self.pool.model,
             gpu=self.config.gpu,
             cost_per_hour_usd=self.price_per_hour,
-            healthy=self.healthy and time.monotonic() >= self.down_until,
+            healthy=self.healthy and not self.config.draining and time.monotonic() >= self.down_until,
             model_loaded=True,
             kv_blocks_total=total,
             kv_blocks_free=free,
@@ -209,6 +209,8 @@ class ReplicaRegistry:
             self.remove(n)
         for n in added:
             self.add(pool, wanted[n])
+        for n in current - set(removed):  # a kept replica's settings may change (draining)
+            self.replicas[n].config = wanted[n]
         return added, removed
 
     def for_model(self, model: str) -> list[ReplicaState]:

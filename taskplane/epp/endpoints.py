@@ -23,7 +23,7 @@ class EndpointBook:
         self.eds_file = eds_file
         self.by_endpoint: dict[str, str] = {}
         self.by_replica: dict[str, str] = {}
-        self._urls: dict[str, str] = {}
+        self._urls: dict[str, str] | None = None  # None: not written yet (an empty pool still needs its file)
         self.unreachable: set[str] = set()  # replicas without an endpoint (yet): never chosen
 
     def refresh(self) -> bool:

@@ -86,6 +86,7 @@ def start_discovery(config: GatewayConfig, registry: ReplicaRegistry, placer: Pl
     """For pools configured with ``discovery:``, follow Kubernetes endpoints: replicas
     join and leave the registry, the scheduler and the KV subscriptions without a restart."""
     from taskplane.engines.discovery import watch
+    from taskplane.engines.file_discovery import watch_file
 
     tasks: list[asyncio.Task[None]] = []
     for pool in config.pools:
@@ -104,5 +105,6 @@ def start_discovery(config: GatewayConfig, registry: ReplicaRegistry, placer: Pl
             if added or removed:
                 log.info("replicas_changed", pool=pool.model, added=added, removed=removed)
 
-        tasks.append(asyncio.create_task(watch(pool, on_change), name=f"discovery:{pool.model}"))
+        follow = watch_file if pool.discovery.source == "file" else watch
+        tasks.append(asyncio.create_task(follow(pool, on_change), name=f"discovery:{pool.model}"))
     return tasks

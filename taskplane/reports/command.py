@@ -16,6 +16,7 @@ from taskplane.reports.compute import GROUP_BY, Report, build_report
 from taskplane.reports.render import FORMATS, render, table_renderable
 from taskplane.store import repo
 from taskplane.store.db import create_engine, describe_url, is_unreachable
+from taskplane.store.fleet_hours import fleet_window
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -54,7 +55,17 @@ async def load_report(
 ) -> Report:
     """Query the window's rows and compute the report."""
     attempts, tasks = await repo.report_rows(engine, since=since, until=until, tenant=tenant)
-    return build_report(attempts, tasks, since=since, until=until, tenant=tenant, group_by=group_by)
+    report = build_report(attempts, tasks, since=since, until=until, tenant=tenant, group_by=group_by)
+    intervals, hours, cost = await fleet_window(engine, since, until)
+    if intervals and tenant is None:  # the fleet is shared: no per-tenant share of idle time
+        report.fleet = {
+            "provisioned_gpu_hours": round(hours, 6),
+            "idle_gpu_hours": round(max(0.0, hours - report.gpu_seconds / 3600.0), 6),
+            "fleet_cost_usd": round(cost, 6),
+            "fleet_cost_per_successful_task_usd": round(cost / report.tasks_succeeded, 6)
+            if report.tasks_succeeded else None,
+        }
+    return report
 
 
 async def _load_from_url(database_url: str, **kw: object) -> Report:

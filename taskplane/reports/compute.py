@@ -170,6 +170,10 @@ class Report(BaseModel):
     cost_per_million_tokens_usd: float | None = None
     cost_per_request_usd: float | None = None
     cache_hit_ratio: float | None = None
+    # provisioned replica-hours (fleet_hours rows, idle included) in the window, when an
+    # autoscaler records them: provisioned_gpu_hours, idle_gpu_hours, fleet_cost_usd,
+    # fleet_cost_per_successful_task_usd (the fully loaded figure)
+    fleet: dict[str, float | None] | None = None
 
     waste: Waste = Field(default_factory=Waste)
     groups: list[GroupRow] = Field(default_factory=list)

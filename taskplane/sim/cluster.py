@@ -132,10 +132,15 @@ class ClusterSim:
                         i = payload.replica
                         self._engine_events(i, self.fleet.engines[i].advance(t), t)
                         self._schedule_wake(i)
+                case Event.CONTROL:
+                    self._control(payload, t)
         return ClusterResult(
             calls=self.records, tasks=[task_result(task) for task in self.tasks], replicas=self.fleet.results(),
             end_s=self._now, decision_ns=self.policy.decision_ns, policy_calls=len(self.policy.decision_ns),
             kv_lifetimes=asdict(self.lifetimes.counts) if self.lifetimes is not None else {})
+
+    def _control(self, payload: Any, t: float) -> None:
+        """A subclass's own event (pushed as ``Event.CONTROL``); the plain cluster has none."""
 
     def _initial_events(self) -> list[tuple[float, Event, Any]]:
         """The tasks' first arrivals and the outages (the state of each task starts here)."""

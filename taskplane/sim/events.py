@@ -24,6 +24,7 @@ class Event(enum.IntEnum):
     WAKE = 2  # a replica's engine has something to do (payload: replica)
     TICK = 3  # offer queued calls again
     PREFETCH = 4  # bring a session's KV back from the host tier (payload: lifetimes.Prefetch)
+    CONTROL = 5  # a subclass's own event (taskplane.sim.elastic: autoscaler ticks, replicas ready)
 
 
 Entry = tuple[float, Event, int, Any]  # (time, kind, push order, payload)

@@ -1,0 +1,1 @@
+"""Actuators: carry an autoscaler plan out on the dev stack, Kubernetes or the simulator."""

@@ -1,0 +1,281 @@
+"""The dev stack's actuator: ``taskplane dev up --autoscale MIN:MAX``.
+
+A process beside the gateway (``taskplane dev autoscaler``, started by ``dev up``) runs
+taskplane's planner every second on live signals: replicas' calls in flight, queues and KV
+usage from the gateway's ``/admin/replicas``; workflows in flight and their agents' history
+from Postgres. It starts ``taskplane sim-engine`` processes, publishes the pool to the
+gateway through a replicas file (``discovery: {source: file}``; a draining replica stays
+listed with ``draining: true`` until its calls in flight are done, so none fails), stops
+them, writes ``fleet_hours`` rows, records every replica in ``autoscale.json`` (which
+``dev status --json`` reads) and serves its decisions as Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+from prometheus_client import start_http_server
+
+from taskplane.autoscale.fleet import FleetBook
+from taskplane.autoscale.observe import AutoscaleMetrics
+from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
+from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSignals, WorkflowSignal
+from taskplane.dev import processes as proc
+from taskplane.dev.ports import plan as ports_plan
+from taskplane.engines.file_discovery import write_replicas
+
+log = structlog.get_logger("taskplane.autoscale")
+POOL = "llama-3.1-8b"
+
+
+@dataclass(slots=True)
+class DevReplica:
+    name: str
+    gpu: str
+    port: int
+    kv_port: int
+    replay_port: int
+    slot: int
+    pid: int
+    log: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def published(self, draining: bool) -> dict[str, Any]:
+        return {"url": self.url, "gpu": self.gpu, "name": self.name, "kv_events": f"tcp://127.0.0.1:{self.kv_port}",
+                "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining}
+
+
+@dataclass
+class DevFleet:
+    state_dir: Path
+    base_port: int
+    min_replicas: int
+    max_replicas: int
+    speed: float = 5.0
+    replicas: dict[str, DevReplica] = field(default_factory=dict)
+    _free: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._free = list(range(self.max_replicas))
+
+    def spawn(self, name: str, gpu: str) -> DevReplica:
+        i = self._free.pop(0)
+        ports = ports_plan(self.base_port, self.max_replicas).replica(i)  # the stack's plan: slot i's three ports
+        log_file = self.state_dir / "logs" / f"{name}.log"
+        cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(ports.http), "--gpu", gpu, "--model", POOL,
+               "--kv-blocks", "2048", "--kv-events-port", str(ports.kv_events), "--kv-replay-port", str(ports.kv_replay),
+               "--seed", str(i), "--speed", str(self.speed)]
+        rep = DevReplica(name, gpu, ports.http, ports.kv_events, ports.kv_replay, i, proc.spawn(cmd, log_file),
+                         str(log_file))
+        self.replicas[name] = rep
+        return rep
+
+    def stop(self, name: str) -> None:
+        rep = self.replicas.pop(name, None)
+        if rep is not None:
+            proc.stop_pid(rep.pid)
+            self._free.append(rep.slot)
+
+    def publish(self, book: FleetBook) -> None:
+        """The gateway's replicas file (serving and draining ones) and autoscale.json."""
+        listed = [self.replicas[n].published(r.phase is Phase.DRAINING) for n, r in book.replicas.items()
+                  if n in self.replicas and r.phase is not Phase.STARTING]
+        write_replicas(self.state_dir / "replicas.json", listed)
+        status = [{**self.replicas[n].published(r.phase is Phase.DRAINING), "phase": r.phase.value,
+                   "pid": self.replicas[n].pid, "metrics_url": f"{self.replicas[n].url}/metrics"}
+                  for n, r in book.replicas.items() if n in self.replicas]
+        tmp = self.state_dir / "autoscale.tmp"
+        tmp.write_text(json.dumps({"replicas": status, "min": self.min_replicas, "max": self.max_replicas}, indent=1))
+        tmp.replace(self.state_dir / "autoscale.json")
+
+
+async def _admin(client: httpx.AsyncClient, gateway_url: str) -> dict[str, dict[str, Any]]:
+    try:
+        resp = await client.get(f"{gateway_url}/admin/replicas", timeout=2.0)
+        return {r["name"]: r for r in resp.json().get("replicas", [])}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+async def _sheds(client: httpx.AsyncClient, gateway_url: str) -> float | None:
+    """The gateway's count of calls shed (429 overloaded) so far: demand it had no room for."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = (await client.get(f"{gateway_url}/metrics", timeout=2.0)).text
+    except httpx.HTTPError:
+        return None
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "taskplane_gateway_requests":
+            total += sum(s.value for s in fam.samples
+                         if s.name.endswith("_total") and s.labels.get("outcome") == "overloaded")
+    return total
+
+
+async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(f"{url}/health", timeout=1.0)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas: int, max_replicas: int,
+              metrics_port: int | None = None, database_url: str | None = None, capacity_per_s: float = 2000.0,
+              concurrency_per_replica: float = 24.0) -> None:
+    """The autoscaler loop until SIGTERM; then it stops every replica it started."""
+    fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas)
+    gens = [Generation("h100", 2.5, cold_start_s=3.0, capacity_per_s=capacity_per_s, max_replicas=max_replicas)]
+    serial = iter(range(1, 1 << 30))
+    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}")  # unique for the stack's life
+    scaler = TaskplaneAutoscaler(PlannerConfig(interval_s=2.0, scale_in_delay_s=15.0, cordon_max_s=20.0,
+                                               idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica))
+    metrics = AutoscaleMetrics()
+    if metrics_port:
+        start_http_server(metrics_port, registry=metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    t0 = time.monotonic()
+    epoch = datetime.now(UTC)
+    engine = None
+    if database_url:
+        from taskplane.store import db
+
+        engine = db.create_engine(database_url)
+    seen_draining: set[str] = set()
+    shed_hist: list[tuple[float, float]] = []  # (t, shed counter): sheds of the last 10 s count as queued
+    async with httpx.AsyncClient() as client:
+        for _ in range(min_replicas):
+            name = book.provision("h100", 0.0)
+            fleet.spawn(name, "h100")
+
+        async def tick() -> None:
+            now = time.monotonic() - t0
+            for name, r in list(book.replicas.items()):
+                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url):
+                    book.mark_ready(name, now)
+            admin = await _admin(client, gateway_url)
+            for name, r in book.replicas.items():
+                a = admin.get(name, {})
+                r.num_running = max(int(a.get("inflight", 0)), int(a.get("num_running", 0)))
+                r.num_waiting = int(a.get("num_waiting", 0))
+                r.kv_usage = float(a.get("kv_usage", 0.0) or 0.0)
+                if r.phase is Phase.DRAINING and name in admin and not a.get("healthy", True):
+                    seen_draining.add(name)  # the gateway has stopped placing there
+            shed = await _sheds(client, gateway_url)
+            if shed is not None:
+                shed_hist.append((now, shed))
+                shed_hist[:] = [(t, v) for t, v in shed_hist if t >= now - 10.0]
+            recent_sheds = int(shed_hist[-1][1] - shed_hist[0][1]) if shed_hist else 0
+            workflows: list[WorkflowSignal] = []
+            profiles: dict[str, AgentProfile] = {}
+            if engine is not None:
+                workflows, profiles = await _workflows(engine)
+            live_tokens: dict[str, int] = {}
+            live_n: dict[str, int] = {}
+            for w in workflows:
+                if w.replica is not None:
+                    live_tokens[w.replica] = live_tokens.get(w.replica, 0) + w.context_tokens
+                    live_n[w.replica] = live_n.get(w.replica, 0) + 1
+            for name, r in book.replicas.items():
+                r.live_session_tokens, r.live_sessions = live_tokens.get(name, 0), live_n.get(name, 0)
+            s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
+                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds,
+                            workflows=workflows, profiles=profiles)
+            plan = scaler.plan(s)
+            metrics.record(scaler.name, s, plan)
+            acts = book.apply(plan, now)
+            for name, gpu in acts.start:
+                fleet.spawn(name, gpu)
+            for name, _kill in acts.stop:
+                _stopped(book, fleet, name, now, "never served")
+            for name, _kill in book.due(now):
+                if name in seen_draining:  # calls in flight done, and no new ones can come
+                    _stopped(book, fleet, name, now, "drained")
+                    seen_draining.discard(name)
+            fleet.publish(book)
+            if engine is not None:
+                await _write_fleet_hours(engine, book, epoch)
+
+        try:
+            while not stop.is_set():
+                try:
+                    await tick()
+                except Exception:  # one bad tick (a replica that died, a parse error) is logged, not fatal
+                    log.exception("autoscale_tick_failed")
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            now = time.monotonic() - t0
+            for name in list(book.replicas):
+                _stopped(book, fleet, name, now, "stack down")
+            fleet.publish(book)
+            if engine is not None:
+                await _write_fleet_hours(engine, book, epoch)
+                await engine.dispose()
+
+
+def history_signals(hist: list[dict[str, Any]], live: list[dict[str, Any]]
+                    ) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
+    """Workflow signals and agent profiles from Postgres rows (store.fleet_hours.task_history):
+    an agent's steps per task, work per step and seconds per step from its finished tasks;
+    a live workflow's steps remaining = its agent's mean steps - the calls it has done."""
+    profiles: dict[str, AgentProfile] = {}
+    steps: dict[str, float] = {}
+    for h in hist:
+        calls = float(h["calls"] or 0)
+        if calls <= 0:
+            continue
+        profiles[h["agent"]] = AgentProfile(work_per_step=float(h["work"]) / calls,
+                                            seconds_per_step=max(0.1, float(h["seconds"]) / calls))
+        steps[h["agent"]] = calls / max(float(h["tasks"]), 1.0)
+    mean_steps = sum(steps.values()) / len(steps) if steps else 5.0
+    workflows = [WorkflowSignal(
+        task_id=w["task_id"], agent=w["agent"] or "agent",
+        steps_remaining=max(1, round(steps.get(w["agent"], mean_steps) - int(w["calls_done"] or 0))),
+        budget_s=None if w["budget_s"] is None else float(w["budget_s"]), replica=w["replica"],
+        context_tokens=int(w["context_tokens"] or 0)) for w in live]
+    return workflows, profiles
+
+
+def _stopped(book: FleetBook, fleet: DevFleet, name: str, now: float, reason: str) -> None:
+    book.stopped(name, now, reason=reason)
+    fleet.publish(book)  # out of the gateway's file first, then the process goes
+    fleet.stop(name)
+    log.info("autoscale_replica_stopped", replica=name, reason=reason)
+
+
+async def _workflows(engine: Any) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
+    from taskplane.store.fleet_hours import task_history
+
+    try:
+        return history_signals(*await task_history(engine))
+    except Exception as exc:  # Postgres away: plan on live load alone this tick
+        log.warning("task_history_failed", error=str(exc))
+        return [], {}
+
+
+async def _write_fleet_hours(engine: Any, book: FleetBook, epoch: datetime) -> None:
+    from taskplane.store.fleet_hours import write_intervals
+
+    try:
+        await write_intervals(engine, book.all_intervals(), epoch)
+    except Exception as exc:  # Postgres away for a moment: the next tick writes them again
+        log.warning("fleet_hours_write_failed", error=str(exc))

@@ -1,0 +1,148 @@
+"""One pool's replica life cycles, shared by every actuator (simulator, dev stack, Kubernetes).
+
+The autoscaler says *what* (start a generation, cordon, drain); this book keeps each
+replica's phase, decides *when* a draining replica may stop (its calls in flight are done,
+or its grace period is over), and records every provisioned interval: the fleet-hours rows
+that make cost per successful task fully loaded (idle GPU-hours included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from taskplane.autoscale.types import Generation, Phase, Plan, ReplicaState
+
+
+@dataclass(slots=True)
+class FleetInterval:
+    """A replica provisioned from ``started_s`` to ``stopped_s`` (a fleet_hours row)."""
+
+    pool: str
+    replica: str
+    gpu: str
+    cost_per_hour_usd: float
+    started_s: float
+    ready_s: float | None
+    stopped_s: float | None  # None: still provisioned
+    stop_reason: str | None = None
+    killed_inflight: int = 0  # calls in flight when it stopped (a kill fails them)
+
+    def hours(self, now_s: float) -> float:
+        end = self.stopped_s if self.stopped_s is not None else now_s
+        return max(0.0, end - self.started_s) / 3600.0
+
+
+@dataclass(slots=True)
+class Actions:
+    """What the actuator must do after a plan (names are the book's)."""
+
+    start: list[tuple[str, str]] = field(default_factory=list)  # (replica, gpu)
+    stop: list[tuple[str, bool]] = field(default_factory=list)  # (replica, kill calls in flight)
+    unplaceable: list[str] = field(default_factory=list)  # drop from placement now
+
+
+class FleetBook:
+    def __init__(self, pool: str, generations: list[Generation],
+                 namer: Callable[[str], str] | None = None) -> None:
+        self.pool = pool
+        self.namer = namer  # names a new replica of a generation (the simulator: a free slot)
+        self.generations = {g.gpu: g for g in generations}
+        self.replicas: dict[str, ReplicaState] = {}
+        self.intervals: dict[str, FleetInterval] = {}
+        self.closed: list[FleetInterval] = []
+        self._kill_at: dict[str, float | None] = {}
+        self._seq = 0
+
+    # ---------------------------------------------------------------- adding
+    def provision(self, gpu: str, now_s: float, *, name: str | None = None, ready: bool = False) -> str:
+        """A replica paid for from ``now_s`` (``ready``: it serves at once, e.g. at boot)."""
+        if name is None and self.namer is not None:
+            name = self.namer(gpu)
+        if name is None:
+            self._seq += 1
+            name = f"{self.pool}-{gpu}-{self._seq}"
+        g = self.generations[gpu]
+        phase = Phase.READY if ready else Phase.STARTING
+        self.replicas[name] = ReplicaState(name=name, gpu=gpu, phase=phase, cost_per_hour_usd=g.cost_per_hour_usd,
+                                           started_s=now_s, ready_s=now_s if ready else None, phase_since_s=now_s)
+        self.intervals[name] = FleetInterval(self.pool, name, gpu, g.cost_per_hour_usd, now_s,
+                                             now_s if ready else None, None)
+        return name
+
+    def mark_ready(self, name: str, now_s: float) -> None:
+        r = self.replicas.get(name)
+        if r is None or r.phase is not Phase.STARTING:
+            return
+        r.phase, r.ready_s, r.phase_since_s = Phase.READY, now_s, now_s
+        self.intervals[name].ready_s = now_s
+
+    # ---------------------------------------------------------------- plans
+    def apply(self, plan: Plan, now_s: float) -> Actions:
+        acts = Actions()
+        for gpu in plan.start:
+            acts.start.append((self.provision(gpu, now_s), gpu))
+        for name in plan.cordon:
+            self._set(name, Phase.CORDONED, now_s, {Phase.READY})
+        for name in plan.uncordon:
+            self._set(name, Phase.READY, now_s, {Phase.CORDONED})
+        for name in plan.drain:
+            r = self.replicas.get(name)
+            if r is None or r.phase is Phase.DRAINING:
+                continue
+            if r.phase is Phase.STARTING:  # nothing to drain: it never served
+                acts.stop.append((name, False))
+                continue
+            self._set(name, Phase.DRAINING, now_s, {Phase.READY, Phase.CORDONED})
+            self._kill_at[name] = None if plan.grace_s is None else now_s + plan.grace_s
+            acts.unplaceable.append(name)
+        return acts
+
+    def _set(self, name: str, phase: Phase, now_s: float, allowed: set[Phase]) -> None:
+        r = self.replicas.get(name)
+        if r is not None and r.phase in allowed:
+            r.phase, r.phase_since_s = phase, now_s
+
+    def due(self, now_s: float) -> list[tuple[str, bool]]:
+        """Draining replicas to stop now: (name, kill) — kill when calls are still in flight."""
+        out = []
+        for name, r in self.replicas.items():
+            if r.phase is not Phase.DRAINING:
+                continue
+            kill_at = self._kill_at.get(name)
+            if r.inflight == 0:
+                out.append((name, False))
+            elif kill_at is not None and now_s >= kill_at:
+                out.append((name, True))
+        return out
+
+    def stopped(self, name: str, now_s: float, *, reason: str, killed_inflight: int = 0) -> FleetInterval | None:
+        """The replica is gone: close its interval (its price stops here)."""
+        self.replicas.pop(name, None)
+        self._kill_at.pop(name, None)
+        iv = self.intervals.pop(name, None)
+        if iv is None:
+            return None
+        iv.stopped_s, iv.stop_reason, iv.killed_inflight = now_s, reason, killed_inflight
+        self.closed.append(iv)
+        return iv
+
+    # ---------------------------------------------------------------- reading
+    def placeable(self, name: str) -> bool:
+        """May take any new placement (new sessions included)."""
+        r = self.replicas.get(name)
+        return r is not None and r.phase is Phase.READY
+
+    def serving(self, name: str) -> bool:
+        """May take its own pinned sessions' calls (ready or cordoned)."""
+        r = self.replicas.get(name)
+        return r is not None and r.phase in (Phase.READY, Phase.CORDONED)
+
+    def all_intervals(self) -> list[FleetInterval]:
+        return [*self.closed, *self.intervals.values()]
+
+    def gpu_hours(self, now_s: float) -> float:
+        return sum(iv.hours(now_s) for iv in self.all_intervals())
+
+    def cost_usd(self, now_s: float) -> float:
+        return sum(iv.hours(now_s) * iv.cost_per_hour_usd for iv in self.all_intervals())

@@ -1,0 +1,166 @@
+"""The ``taskplane bench --workload diurnal`` command: results.json, results.md and a plot.
+
+Steps: (1) the rate the fixed fleet of ``--replicas`` H100s serves within its SLO (probed
+with the common placement policy); (2) a profile of that fleet at that rate (the planner's
+capacity figure and the baselines' targets); (3) the day: every autoscaler on the same
+warped workload; (4) the targets of issue 17 as ratios of this one run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from taskplane.bench.diurnal import (
+    DayCurve,
+    autoscaler_metrics,
+    default_generations,
+    profile_fleet,
+    run_autoscalers,
+    tuned_baselines,
+    warp_workload,
+)
+from taskplane.bench.workloads import agent_workload, mooncake_workload
+from taskplane.sim.cluster import ClusterSpec, simulate
+from taskplane.sim.workloads.base import Workload
+
+AUTOSCALER_ORDER = ("fixed-peak", "hpa-queue", "dynamo-planner", "aibrix-kpa", "taskplane")
+PROBE_WINDOW_S = 600.0
+SLO = 0.95
+
+
+def served_rate(replicas: int, policy_factory: Any, seed: int, console: Console | None = None) -> float:
+    """The highest constant agent arrival rate (tasks/s) the fixed fleet serves with >= 95 %
+    of deadlines met: doubling, then three bisections."""
+    def ok(rate: float) -> bool:
+        wl = agent_workload(max(10, round(rate * PROBE_WINDOW_S)), rate, seed)
+        res = simulate(ClusterSpec.fleet(f"h100:{replicas}"), wl, policy_factory(), seed=seed)
+        met = sum(1 for t in res.tasks if t.deadline_met) / max(len(res.tasks), 1)
+        if console is not None:
+            console.print(f"capacity probe {rate:.3f} tasks/s: deadline met {met:.3f}")
+        return met >= SLO
+
+    lo, hi = 0.05 * replicas, 0.1 * replicas
+    while ok(hi):
+        lo, hi = hi, hi * 2
+    for _ in range(3):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def diurnal_workload(rate: float, curve: DayCurve, seed: int, trace: Path | None) -> Workload:
+    """Agent tasks at ``rate`` x the curve, or the trace's arrivals bent onto the curve."""
+    if trace is None:
+        n = int(rate * curve.mean() * curve.day_s)
+        return warp_workload(agent_workload(n, rate, seed + 1), curve)
+    wl = mooncake_workload(trace)
+    span = max((c.at_s or 0.0 for t in wl.tasks for c in t.calls), default=1.0) or 1.0
+    return warp_workload(wl, curve, scale=curve.mean() * curve.day_s / span)  # the trace's span fills the day
+
+
+def targets(auto: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    tp = auto.get("taskplane")
+    if tp is None:
+        return []
+    base = {k: v for k, v in auto.items() if k != "taskplane"}
+    out: list[dict[str, Any]] = []
+    best = max((v["goodput_per_gpu_hour"] or 0.0 for v in base.values()), default=0.0)
+    if best:
+        r = (tp["goodput_per_gpu_hour"] or 0.0) / best
+        out.append({"target": "goodput per GPU-hour >= 1.3x best baseline, deadline-met >= 95%",
+                    "ratio": round(r, 3), "met": r >= 1.3 and (tp["deadline_met_ratio"] or 0) >= 0.95})
+    fp = base.get("fixed-peak")
+    if fp and fp["fleet_cost_per_successful_task_usd"]:
+        r = (tp["fleet_cost_per_successful_task_usd"] or math.inf) / fp["fleet_cost_per_successful_task_usd"]
+        out.append({"target": "fleet cost per successful task <= 0.6x fixed-peak", "ratio": round(r, 3),
+                    "met": r <= 0.6})
+    out.append({"target": "0 failed calls in flight at scale-in", "ratio": tp["failed_inflight_calls"],
+                "met": tp["failed_inflight_calls"] == 0})
+    hpa = base.get("hpa-queue")
+    if hpa is not None:
+        denom = hpa["reprefill_tokens_after_scale_in"]
+        r = tp["reprefill_tokens_after_scale_in"] / denom if denom else (0.0 if not tp["reprefill_tokens_after_scale_in"] else math.inf)
+        out.append({"target": "re-prefill after scale-in <= 10% of hpa-queue's", "ratio": round(r, 4),
+                    "met": r <= 0.1})
+    return out
+
+
+def write_plot(out: Path, curve: DayCurve, rate: float, results: dict[str, Any]) -> Path:
+    from taskplane.bench.plots import _colors, _figure, _style
+
+    fig = _figure(8.5, 4.6)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = _colors(list(results))
+    for name, res in results.items():
+        tl = res.stats.timeline
+        xs = [t / 60.0 for t, *_ in tl] + [res.horizon_s / 60.0]
+        ys = [p for _, p, _, _ in tl] + [tl[-1][1] if tl else 0]
+        ax.step(xs, ys, where="post", label=name, color=colors[name], lw=2.2 if name == "taskplane" else 1.3)
+    ax.set_xlabel("virtual minutes")
+    ax.set_ylabel("replicas provisioned")
+    _style(ax)
+    ax2 = ax.twinx()
+    ts = [i * 10.0 for i in range(int(curve.day_s / 10))]
+    ax2.plot([t / 60 for t in ts], [rate * curve.rate(t) for t in ts], color="#111827", ls=":", label="arrivals")
+    ax2.set_ylabel("task arrivals per second (dotted)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path = out / "diurnal_replicas.png"
+    fig.savefig(path)
+    return path
+
+
+def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed: int, trace: Path | None,
+                        day_s: float = 3600.0, autoscalers: str | None = None) -> dict[str, Any]:
+    from taskplane.scheduler.policies import build_policy
+
+    console = Console()
+    placement = (policies or "taskplane").split(",")[0]
+    names = [n for n in (autoscalers.split(",") if autoscalers else AUTOSCALER_ORDER)]
+
+    def factory() -> Any:
+        return build_policy(placement, seed=seed, metrics=False)
+
+    out.mkdir(parents=True, exist_ok=True)
+    rate = served_rate(replicas, factory, seed, console)
+    profile = profile_fleet(agent_workload(round(rate * PROBE_WINDOW_S), rate, seed), replicas, factory(),
+                            window_s=PROBE_WINDOW_S, seed=seed)
+    console.print(f"fleet profile at {rate:.3f} tasks/s: {profile}")
+    curve = DayCurve(day_s=day_s)
+    wl = diurnal_workload(rate, curve, seed, trace)
+    fixed = math.ceil(replicas * curve.peak)
+    gens = default_generations(f"h100:{2 * replicas}", wl.tasks[0].model, profile["capacity_per_s"])
+    res = run_autoscalers(wl, names, factory, generations=gens, min_replicas=1, max_replicas=2 * replicas,
+                          fixed=fixed, horizon_s=day_s, seed=seed, tuned=tuned_baselines(profile),
+                          progress=console.print)
+    auto = {n: autoscaler_metrics(r, 1.0) for n, r in res.items()}
+    results: dict[str, Any] = {
+        "workload": "diurnal", "trace": str(trace) if trace else None, "replicas": replicas, "seed": seed,
+        "placement_policy": placement, "served_rate_per_s": round(rate, 5), "fixed_peak_replicas": fixed,
+        "max_replicas": 2 * replicas, "day": {"day_s": day_s, "trough": curve.trough, "peak": curve.peak,
+                                               "ramp_s": curve.ramp_s, "peak_s": curve.peak_s},
+        "tasks": len(wl.tasks), "profile": {k: round(v, 4) if isinstance(v, float) else v for k, v in profile.items()},
+        "autoscalers": auto, "targets": targets(auto),
+        "decisions": {n: r.stats.decisions[:200] for n, r in res.items()},
+        "command": "taskplane " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = ["| autoscaler | GPU-h | goodput/GPU-h | deadline met | fleet $/ok task | failed in flight | re-prefill tokens | cold starts |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, m in auto.items():
+        lines.append(f"| {n} | {m['gpu_hours']} | {m['goodput_per_gpu_hour']} | {m['deadline_met_ratio']} | "
+                     f"{m['fleet_cost_per_successful_task_usd']} | {m['failed_inflight_calls']} | "
+                     f"{m['reprefill_tokens_after_scale_in']} | {m['cold_starts']} |")
+    lines += ["", *(f"- {t['target']}: ratio {t['ratio']} ({'met' if t['met'] else 'not met'})" for t in results["targets"])]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    png = write_plot(out, curve, rate, res)
+    console.print("\n".join(lines))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {png}")
+    return results

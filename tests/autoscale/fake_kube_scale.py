@@ -1,0 +1,115 @@
+"""A fake of the Kubernetes API server's scale subresource and pod patches, with the
+ReplicaSet controller's scale-down order, for the Kubernetes actuator's tests.
+
+Wire shapes as the real server: ``GET``/``PATCH`` (``application/merge-patch+json``; other
+patch types answer 415) of ``.../deployments/{name}/scale`` and
+``.../leaderworkersets/{name}/scale`` return an ``autoscaling/v1`` ``Scale``; ``PATCH
+/api/v1/namespaces/{ns}/pods/{name}`` merges metadata; a missing object is a 404 ``Status``;
+a negative replica count is a 422 ``Invalid`` Status. On scale-down the fake deletes pods as
+the controller does (``pkg/controller/replicaset``: lower pod-deletion-cost first, then the
+newer pod); on scale-up it creates pods named ``{name}-{n}``. Every change bumps one
+resourceVersion.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def status(code: int, reason: str, message: str) -> JSONResponse:
+    return JSONResponse({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                         "message": message, "reason": reason, "code": code}, status_code=code)
+
+
+def merge(dst: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386 JSON merge patch."""
+    for k, v in patch.items():
+        if v is None:
+            dst.pop(k, None)
+        elif isinstance(v, dict) and isinstance(dst.get(k), dict):
+            merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+@dataclass
+class FakeScaleApi:
+    namespace: str = "llm"
+    workloads: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind plural, name) -> replicas
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    owner: dict[str, tuple[str, str]] = field(default_factory=dict)
+    rv: int = 1
+    deleted: list[str] = field(default_factory=list)
+    _clock: Any = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.app = Starlette(routes=[
+            Route("/apis/apps/v1/namespaces/{ns}/{plural}/{name}/scale", self._scale, methods=["GET", "PATCH"]),
+            Route("/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/{plural}/{name}/scale", self._scale,
+                  methods=["GET", "PATCH"]),
+            Route("/api/v1/namespaces/{ns}/pods/{name}", self._pod, methods=["GET", "PATCH"]),
+        ])
+
+    def add_workload(self, plural: str, name: str, replicas: int) -> None:
+        self.workloads[(plural, name)] = 0
+        self._resize(plural, name, replicas)
+
+    def _resize(self, plural: str, name: str, n: int) -> None:
+        mine = [p for p, o in self.owner.items() if o == (plural, name)]
+        while len(mine) < n:
+            pod = f"{name}-{next(self._clock)}"
+            self.pods[pod] = {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                "name": pod, "namespace": self.namespace, "annotations": {}, "creationOrder": len(self.pods)}}
+            self.owner[pod] = (plural, name)
+            mine.append(pod)
+        if len(mine) > n:
+            def rank(p: str) -> tuple[int, int]:
+                meta = self.pods[p]["metadata"]
+                return (int(meta["annotations"].get(COST, "0")), -int(meta["creationOrder"]))
+            for pod in sorted(mine, key=rank)[: len(mine) - n]:
+                del self.pods[pod]
+                del self.owner[pod]
+                self.deleted.append(pod)
+        self.workloads[(plural, name)] = n
+        self.rv += 1
+
+    def _scale_obj(self, plural: str, name: str) -> dict[str, Any]:
+        n = self.workloads[(plural, name)]
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {"name": name, "namespace": self.namespace, "resourceVersion": str(self.rv)},
+                "spec": {"replicas": n}, "status": {"replicas": n, "selector": f"app={name}"}}
+
+    async def _scale(self, request: Request) -> Response:
+        plural, name = request.path_params["plural"], request.path_params["name"]
+        if request.path_params["ns"] != self.namespace or (plural, name) not in self.workloads:
+            return status(404, "NotFound", f'{plural}.apps "{name}" not found')
+        if request.method == "PATCH":
+            if request.headers.get("content-type") != "application/merge-patch+json":
+                return status(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
+            body = await request.json()
+            n = body.get("spec", {}).get("replicas")
+            if not isinstance(n, int) or n < 0:
+                return status(422, "Invalid", f"Scale.autoscaling \"{name}\" is invalid: spec.replicas: must be >= 0")
+            self._resize(plural, name, n)
+        return JSONResponse(self._scale_obj(plural, name))
+
+    async def _pod(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        pod = self.pods.get(name)
+        if pod is None or request.path_params["ns"] != self.namespace:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        if request.method == "PATCH":
+            if request.headers.get("content-type") != "application/merge-patch+json":
+                return status(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
+            merge(pod, await request.json())
+            self.rv += 1
+        return JSONResponse(pod)

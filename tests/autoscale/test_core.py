@@ -1,0 +1,141 @@
+"""The pure autoscaler core: decisions from signals, the fleet book's life cycles."""
+
+from __future__ import annotations
+
+from taskplane.autoscale.baselines import AibrixKpa, DynamoPlanner, FixedPeak, HpaQueue, KpaConfig
+from taskplane.autoscale.fleet import FleetBook
+from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
+from taskplane.autoscale.registry import autoscaler_names, parse_range
+from taskplane.autoscale.types import (
+    AgentProfile,
+    Generation,
+    Phase,
+    PoolSignals,
+    ReplicaState,
+    WorkflowSignal,
+)
+
+H100 = Generation("h100", 2.5, cold_start_s=18.0, capacity_per_s=1000.0, max_replicas=8)
+L40S = Generation("l40s", 1.0, cold_start_s=25.0, capacity_per_s=310.0, max_replicas=8)
+B200 = Generation("b200", 5.5, cold_start_s=18.0, capacity_per_s=2400.0, max_replicas=8)
+PROF = AgentProfile(work_per_step=500.0, seconds_per_step=5.0)  # 100 work units/s per live workflow
+
+
+def sig(now: float, replicas: list[ReplicaState], workflows: int = 0, **kw: object) -> PoolSignals:
+    wfs = [WorkflowSignal(task_id=f"t{i}", agent="a", steps_remaining=20) for i in range(workflows)]
+    return PoolSignals(pool="m", now_s=now, replicas=replicas, generations=kw.pop("gens", [H100]),  # type: ignore[arg-type]
+                       workflows=wfs, profiles={"a": PROF}, default_profile=PROF, min_replicas=0, max_replicas=8,
+                       **kw)  # type: ignore[arg-type]
+
+
+def ready(name: str, **kw: object) -> ReplicaState:
+    return ReplicaState(name=name, gpu="h100", phase=Phase.READY, **kw)  # type: ignore[arg-type]
+
+
+def test_taskplane_scales_out_for_workflows_before_any_queue() -> None:
+    # 25 live workflows x 100 work/s = 2500/s: three H100s, though no request waits yet
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [ready("a")], workflows=25))
+    assert plan.start == ["h100", "h100"] and plan.desired == 3
+    assert "demand" in plan.reasons[0]
+
+
+def test_taskplane_is_price_aware() -> None:
+    # per unit of work: h100 2.5/1000, l40s 1.0/310 (dearer), b200 5.5/2400 (cheapest)
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [], workflows=20, gens=[H100, L40S, B200]))
+    assert set(plan.start) == {"b200"}
+    slow = Generation("cpu", 0.1, cold_start_s=5.0, capacity_per_s=100.0, meets_slo=False)
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, [], workflows=5, gens=[slow, H100]))
+    assert plan.start and set(plan.start) == {"h100"}  # the cheap one misses the SLO
+
+
+def test_taskplane_scale_in_cordons_the_cheapest_loss_after_a_delay() -> None:
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, scale_in_delay_s=30.0))
+    reps = [ready("a", live_session_tokens=9000, live_sessions=3), ready("b", live_session_tokens=100, live_sessions=1),
+            ready("c", live_session_tokens=4000, live_sessions=2)]
+    assert a.plan(sig(0.0, reps, workflows=3)).cordon == []  # low demand, but not for long yet
+    plan = a.plan(sig(40.0, reps, workflows=3))
+    assert plan.cordon == ["b"] and plan.drain == []
+    # cordoned: drained once its last live session ended, never killed (grace None)
+    reps[1].phase, reps[1].phase_since_s = Phase.CORDONED, 40.0
+    assert a.plan(sig(45.0, reps, workflows=3)).drain == []
+    reps[1].live_sessions = 0
+    plan = a.plan(sig(46.0, reps, workflows=3))
+    assert plan.drain == ["b"] and plan.grace_s is None
+
+
+def test_taskplane_uncordons_before_starting_cold() -> None:
+    reps = [ready("a"), ReplicaState(name="b", gpu="h100", phase=Phase.CORDONED, live_session_tokens=50)]
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, reps, workflows=15))
+    assert plan.uncordon == ["b"] and plan.start == []  # 1500 work/s: the warm one suffices
+    plan = TaskplaneAutoscaler(PlannerConfig(target_load=1.0)).plan(sig(0.0, reps, workflows=25))
+    assert plan.uncordon == ["b"] and plan.start == ["h100"]
+
+
+def test_idle_pool_goes_to_zero_and_a_held_call_wakes_it() -> None:
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, idle_to_zero_s=60.0))
+    reps = [ready("a")]
+    assert a.plan(sig(0.0, reps)).cordon == []
+    assert a.plan(sig(61.0, reps)).cordon == ["a"]
+    plan = a.plan(sig(100.0, [], held_requests=1))
+    assert plan.start == ["h100"]
+
+
+def test_hpa_waits_out_its_stabilization_window_and_kills_after_grace() -> None:
+    h = HpaQueue()
+    reps = [ready(f"r{i}", num_waiting=6, ready_s=float(i)) for i in range(2)]
+    plan = h.plan(sig(0.0, reps))
+    assert plan.desired == 6 and len(plan.start) == 4  # ratio 3, capped at max(2x, +4)
+    calm = [ready(f"r{i}", ready_s=float(i)) for i in range(6)]
+    assert h.plan(sig(100.0, calm)).drain == []  # 300 s window still remembers 6
+    plan = h.plan(sig(400.0, calm))
+    assert plan.drain == ["r5", "r4", "r3", "r2", "r1", "r0"] and plan.grace_s == 30.0  # newest first, to min 0
+
+
+def test_kpa_panics_and_dynamo_steps_one_at_a_time() -> None:
+    k = AibrixKpa(KpaConfig(target_concurrency=10.0))
+    reps = [ready("a", num_running=10)]
+    assert k.plan(sig(0.0, reps)).desired == 1
+    burst = [ready("a", num_running=50)]
+    plan = k.plan(sig(3.0, burst))
+    assert plan.desired >= 3  # panic window sees the burst
+    d = DynamoPlanner()
+    full = [ready("a", kv_usage=0.95)]
+    d.plan(sig(0.0, full))
+    plan = d.plan(sig(30.0, full))
+    assert plan.start == ["h100"] and plan.grace_s == 0.0  # terminates without waiting
+    assert FixedPeak(4).plan(sig(0.0, [])).start == ["h100"] * 4
+
+
+def test_fleet_book_drains_then_stops_and_counts_fleet_hours() -> None:
+    book = FleetBook("m", [H100])
+    a = book.provision("h100", 0.0, ready=True)
+    from taskplane.autoscale.types import Plan
+
+    acts = book.apply(Plan(pool="m", desired=2, start=["h100"]), 0.0)
+    (b, _), = acts.start
+    assert book.replicas[b].phase is Phase.STARTING and not book.placeable(b)
+    book.mark_ready(b, 18.0)
+    assert book.placeable(b)
+    book.replicas[a].num_running = 2
+    acts = book.apply(Plan(pool="m", desired=1, drain=[a], grace_s=None), 100.0)
+    assert acts.unplaceable == [a] and book.due(5000.0) == []  # in flight: waits, however long
+    book.replicas[a].num_running = 0
+    assert book.due(5001.0) == [(a, False)]
+    book.stopped(a, 5001.0, reason="drained")
+    assert abs(book.gpu_hours(7200.0) - (5001.0 + 7200.0) / 3600.0) < 1e-9
+    assert abs(book.cost_usd(7200.0) - 2.5 * (5001.0 + 7200.0) / 3600.0) < 1e-9
+    # a grace period kills what is still running when it ends
+    book.replicas[b].num_running = 1
+    book.apply(Plan(pool="m", desired=0, drain=[b], grace_s=30.0), 7200.0)
+    assert book.due(7210.0) == [] and book.due(7230.0) == [(b, True)]
+
+
+def test_registry_and_range() -> None:
+    assert autoscaler_names() == ["fixed-peak", "hpa-queue", "dynamo-planner", "aibrix-kpa", "taskplane"]
+    assert parse_range("1:4") == (1, 4)
+    for bad in ("4:1", "x", "-1:2"):
+        try:
+            parse_range(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)

@@ -1,0 +1,101 @@
+"""Live: `taskplane dev up --autoscale 1:4` grows on a burst of agent calls, shrinks back
+after an idle minute, lists replicas as they come and go, and fails no call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from taskplane.dev import processes as proc
+from taskplane.dev.ports import free_base
+
+pytestmark = pytest.mark.stack
+
+
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "taskplane.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def _base_port() -> int:
+    return free_base(4)  # a whole block of the port plan, free now
+
+
+def _replicas(state: Path) -> list[dict[str, object]]:
+    return list(json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)["replicas"])
+
+
+async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
+    """Agents calling step after step; a 429 is retried after Retry-After as the SDK does."""
+    out = {"ok": 0, "shed_retried": 0, "failed": 0}
+    errors: dict[str, int] = {}
+
+    async def agent(c: httpx.AsyncClient, i: int) -> None:
+        for step in range(steps):
+            for _ in range(30):
+                r = await c.post(f"{gateway}/v1/chat/completions", timeout=300, json={
+                    "model": "llama-3.1-8b", "max_tokens": 300,
+                    "messages": [{"role": "user", "content": f"agent {i} step {step} " + "x " * 400}]},
+                    headers={"X-Taskplane-Task-Id": f"burst-{i}", "X-Taskplane-Step": str(step),
+                             "X-Taskplane-Steps-Remaining": str(steps - step - 1)})
+                if r.status_code == 429:
+                    out["shed_retried"] += 1
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                    continue
+                out["ok" if r.status_code == 200 else "failed"] += 1
+                if r.status_code != 200:
+                    key = f"{r.status_code} {r.text[:120]}"
+                    errors[key] = errors.get(key, 0) + 1
+                break
+            else:
+                out["failed"] += 1
+
+    async with httpx.AsyncClient() as c:
+        await asyncio.gather(*(agent(c, i) for i in range(agents)))
+    if errors:
+        print("failed calls:", errors)
+    return out
+
+
+def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:4", "--base-port", str(_base_port()))
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
+        assert "autoscaler" in {p["name"] for p in info["parts"]}
+        assert [r["phase"] for r in info["replicas"]] == ["ready"]
+        sizes: list[int] = []
+
+        async def burst_and_watch() -> dict[str, int]:
+            task = asyncio.create_task(_burst(info["gateway_url"], agents=100, steps=6))
+            while not task.done():
+                sizes.append(len(await asyncio.to_thread(_replicas, state)))
+                await asyncio.sleep(2.0)
+            return await task
+
+        result = asyncio.run(burst_and_watch())
+        print(f"replicas seen during the burst: {sizes}; calls: {result}")
+        assert result["failed"] == 0 and result["ok"] == 600
+        assert max(sizes) > 1, sizes
+        deadline = time.monotonic() + 150.0  # an idle minute, the scale-in delay and the drains
+        while time.monotonic() < deadline and len(_replicas(state)) > 1:
+            time.sleep(3.0)
+        final = _replicas(state)
+        assert len(final) == 1 and final[0]["phase"] == "ready"
+        metrics = httpx.get(info["parts"][[p["name"] for p in info["parts"]].index("autoscaler")]["address"],
+                            timeout=5).text
+        assert 'taskplane_autoscaler_actions_total{action="start"' in metrics
+        assert 'action="drain"' in metrics
+    finally:
+        down = _cli("dev", "down", "--state-dir", str(state))
+    assert down.returncode == 0
+    assert not any(proc.port_in_use(int(str(r["url"]).rsplit(":", 1)[1])) for r in info["replicas"])
