@@ -151,7 +151,15 @@ def stop(data_dir: Path, *, mode: str = "fast") -> None:
     data_dir = data_dir.resolve()
     if not is_running(data_dir):
         return
-    _pg("pg_ctl", "-w", "-t", "60", "-D", str(data_dir), "-m", mode, "stop", user=_run_as(), timeout=90)
+    user = _run_as()
+    res = _pg("pg_ctl", "-w", "-t", "60", "-D", str(data_dir), "-m", mode, "stop", user=user, timeout=90)
+    if res.returncode != 0 and user and is_running(data_dir):
+        # something (pytest, for one, resets its temp root to 0700) hid the data directory
+        # from the unprivileged postgres user since start: reopen the path and try again
+        _make_traversable(data_dir.parent)
+        res = _pg("pg_ctl", "-w", "-t", "60", "-D", str(data_dir), "-m", mode, "stop", user=user, timeout=90)
+    if res.returncode != 0 and is_running(data_dir):
+        raise UserError(f"embedded Postgres in {data_dir} did not stop: {res.stderr.strip()[-300:]}")
 
 
 def destroy(data_dir: Path) -> None:
