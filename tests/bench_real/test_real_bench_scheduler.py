@@ -39,9 +39,10 @@ def test_a_task_that_cannot_wait_out_a_refusal_is_admitted() -> None:
         d = sched.decide(_call(t, None), fleet, 0.0)
         assert d.action == Action.PLACE
         sched.observe_completion(_call(t, None), CallOutcome(replica=d.replica or "", completion_tokens=100), 1.0)
-    # no room for another standard task (75 %): one without a budget, or with a long one, waits
-    assert sched.decide(_call("C", None), fleet, 1.5).action == Action.SHED
-    assert sched.decide(_call("D", floor_ms + 1), fleet, 1.5).action == Action.SHED
+    # no room for another standard task (75 %): one without a budget, or with a long one, is
+    # held for room (working_set_hold_s) rather than refused at once
+    assert sched.decide(_call("C", None), fleet, 1.5).action == Action.QUEUE
+    assert sched.decide(_call("D", floor_ms + 1), fleet, 1.5).action == Action.QUEUE
     # one due sooner than the floor would lose its deadline waiting: it goes ahead
     short = sched.decide(_call("E", 20_000), fleet, 1.5)
     assert short.action == Action.PLACE and short.replica in {"r0", "r1"}
