@@ -290,7 +290,13 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY) or P.attribute(req, "upstream.address")
         if served:
             name = self.book.replica(str(served))
-            return self.gw.registry.replicas.get(name) if name else None
+            if name in self.gw.registry.replicas:
+                return self.gw.registry.replicas[name]
+            # an endpoint the book has not caught up with (it follows the registry every
+            # half second): one of the picker's own choices answered, known by address
+            for choice in picked.order:
+                if choice.config.url.split("://", 1)[-1].rstrip("/") == str(served).strip():
+                    return choice
         if headers.get(":status", "").startswith("5") and "x-envoy-upstream-service-time" not in headers:
             return None
         tries = _attempt_count(headers) or 1
