@@ -31,9 +31,9 @@ async def tools_worker(tp_client: Client, gw_cluster: LocalCluster, pg_url: str,
 
 
 def test_a_step_becomes_an_openai_tool_from_signature_and_docstring() -> None:
-    spec = tool_schema(tools_mod.get_weather)
+    spec = tool_schema(tools_mod.tp_get_weather)
     fn = spec["function"]
-    assert spec["type"] == "function" and fn["name"] == "get_weather"
+    assert spec["type"] == "function" and fn["name"] == "tp_get_weather"
     assert fn["description"] == "Today's weather of a city."
     params = fn["parameters"]
     assert params["required"] == ["city"] and params["additionalProperties"] is False
@@ -43,7 +43,7 @@ def test_a_step_becomes_an_openai_tool_from_signature_and_docstring() -> None:
 
 def _two_call_seed(gateway_url: str, question: str) -> int:
     """A seed for which the simulated model asks for two tools at once (parallel calls)."""
-    specs = [tool_schema(tools_mod.get_weather), tool_schema(tools_mod.flaky_lookup)]
+    specs = [tool_schema(tools_mod.tp_get_weather), tool_schema(tools_mod.flaky_lookup)]
     for seed in range(64):
         body = {"model": tools_mod.MODEL, "messages": [{"role": "user", "content": question}], "tools": specs,
                 "tool_choice": "required", "max_tokens": 64, "seed": seed}
@@ -63,12 +63,12 @@ async def test_tool_loop_runs_calls_as_parallel_durable_steps_and_parses_output(
                                     task_queue=tools_worker.task_queue, deadline=60)
     out: dict[str, Any] = await handle.result()
     calls = out["calls"]
-    assert {c["name"] for c in calls} == {"get_weather", "flaky_lookup"}
+    assert {c["name"] for c in calls} == {"tp_get_weather", "flaky_lookup"}
     assert all(isinstance(c["arguments"], dict) and c["id"] for c in calls)
     # one tool message per call, in order, answering its call id
     assert [r["tool_call_id"] for r in out["results"]] == [c["id"] for c in calls]
     assert all(r["role"] == "tool" for r in out["results"])
-    weather = next(r for r, c in zip(out["results"], calls, strict=True) if c["name"] == "get_weather")
+    weather = next(r for r, c in zip(out["results"], calls, strict=True) if c["name"] == "tp_get_weather")
     assert '"sky": "sunny"' in weather["content"]
     assert out["message"]["role"] == "assistant" and len(out["message"]["tool_calls"]) == 2
     tools_mod.Verdict.model_validate(out["final"])
@@ -80,7 +80,7 @@ async def test_tool_loop_runs_calls_as_parallel_durable_steps_and_parses_output(
     async for ev in handle.handle.fetch_history_events():
         if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = ev.activity_task_scheduled_event_attributes.activity_type.name
-            if name in ("get_weather", "flaky_lookup"):
+            if name in ("tp_get_weather", "flaky_lookup"):
                 order.append(("scheduled", name))
         elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and order and len(order) < 3:
             order.append(("completed", ""))
@@ -90,7 +90,7 @@ async def test_tool_loop_runs_calls_as_parallel_durable_steps_and_parses_output(
 async def test_named_tool_choice_and_json_schema(tp_client: Client, tools_worker: TaskplaneWorker) -> None:
     named = await (await taskplane.submit(tools_mod.named_tool, "Oslo", client=tp_client,
                                           task_queue=tools_worker.task_queue)).result()
-    assert named["names"] == ["get_weather"] and named["finish"] == "tool_calls"
+    assert named["names"] == ["tp_get_weather"] and named["finish"] == "tool_calls"
     assert isinstance(named["args"][0]["city"], str)
     value = await (await taskplane.submit(tools_mod.json_schema_agent, "count", client=tp_client,
                                           task_queue=tools_worker.task_queue)).result()

@@ -14,7 +14,7 @@ ATTEMPTS: dict[str, int] = {}  # per worker process: how often the flaky tool ra
 
 
 @step(retries=2)
-async def get_weather(city: str, days: int = 1) -> dict[str, Any]:
+async def tp_get_weather(city: str, days: int = 1) -> dict[str, Any]:
     """Today's weather of a city.
 
     Args:
@@ -42,7 +42,7 @@ class Verdict(BaseModel):
 @agent(name="tp_tool_loop", tenant="acme", steps=3)
 async def tool_loop(question: str, seed: int = 0) -> dict[str, Any]:
     """The canonical loop: ask with tools, run what the model asked for, ask again."""
-    tools = [get_weather, flaky_lookup]
+    tools = [tp_get_weather, flaky_lookup]
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     first = await llm.chat(model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=64,
                            seed=seed)
@@ -56,8 +56,8 @@ async def tool_loop(question: str, seed: int = 0) -> dict[str, Any]:
 
 @agent(name="tp_named_tool", tenant="acme")
 async def named_tool(city: str) -> dict[str, Any]:
-    r = await llm.chat(model=MODEL, messages=[{"role": "user", "content": city}], tools=[get_weather],
-                       tool_choice=get_weather, max_tokens=32)
+    r = await llm.chat(model=MODEL, messages=[{"role": "user", "content": city}], tools=[tp_get_weather],
+                       tool_choice=tp_get_weather, max_tokens=32)
     return {"names": [c.name for c in r.tool_calls], "args": [c.arguments for c in r.tool_calls],
             "finish": r.finish_reason}
 
