@@ -65,6 +65,8 @@ async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
     return out
 
 
+# a live dev stack on 2 cores: a replica started under load can miss its health probes (seen once in CI-like runs)
+@pytest.mark.flaky(reruns=2)
 def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:4", "--base-port", str(_base_port()))

@@ -356,6 +356,8 @@ async def test_pause_the_gateway_20s(stack: RelStack, client: Client) -> None:
     assert row["gpu_s_max"] < 5.0, (row["gpu_s_max"], baseline and baseline["gpu_s_max"])
 
 
+# the disk-full window is 8 s of wall time: under load the gateway may write no row inside it
+@pytest.mark.flaky(reruns=2)
 async def test_outbox_disk_full(stack: RelStack, client: Client) -> None:
     """The gateway's outbox filesystem full for 8 s: calls go on, rows go straight to Postgres."""
     if stack.outbox_fs is None:
