@@ -23,11 +23,14 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
+import pydantic
 from agents import ModelProvider, OpenAIChatCompletionsModel, set_tracing_disabled
 from agents.models.interface import Model
 from openai import AsyncOpenAI
 from temporalio import activity
-from temporalio.converter import DataConverter
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
+from temporalio.converter import CompositePayloadConverter, DataConverter, EncodingPayloadConverter
 from temporalio.openai_agents import (
     ModelActivityParameters,
     OpenAIAgentsPlugin,
@@ -88,10 +91,65 @@ def activities(gateway_url: str | None = None) -> list[Any]:
     return [TwinModelActivity(GatewayModelProvider(gateway_url)).invoke]
 
 
+_FRAMEWORK_PACKAGES = frozenset({"openai", "agents", "temporalio"})
+
+
+def _from_framework(cls: type) -> bool:
+    return cls.__module__.split(".", 1)[0] in _FRAMEWORK_PACKAGES
+
+
+def _holds_user_model(value: Any, depth: int = 0) -> bool:
+    """True if ``value`` is, or holds (in dicts, lists, tuples, sets), a pydantic model
+    defined outside the OpenAI Agents framework."""
+    if isinstance(value, pydantic.BaseModel):
+        return not _from_framework(type(value))
+    if depth >= 8:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_user_model(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_user_model(v, depth + 1) for v in value)
+    return False
+
+
+class _ScopedJSONConverter(PydanticJSONPlainPayloadConverter):
+    """The plugin's JSON rules for the plugin's own values, taskplane's for everything else.
+
+    The plugin writes models with ``exclude_unset`` (its model inputs and outputs stay as the
+    OpenAI API sent them) and falls back to lenient construction when they fail validation.
+    Applied to every workflow of a worker, that silently drops a user model's fields that were
+    defaulted and then mutated in place (``state.notes.append(...)`` leaves ``notes`` "unset"):
+    an agent's state carried through ``continue_as_new`` lost them. User models are written
+    whole and validated strictly."""
+
+    def __init__(self, plugin_json: EncodingPayloadConverter) -> None:
+        super().__init__()
+        self._plugin_json = plugin_json
+
+    def to_payload(self, value: Any) -> Payload | None:
+        if _holds_user_model(value):
+            return super().to_payload(value)
+        return self._plugin_json.to_payload(value)
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        if isinstance(type_hint, type) and not _from_framework(type_hint):
+            return super().from_payload(payload, type_hint)
+        return self._plugin_json.from_payload(payload, type_hint)
+
+
+class TaskplanePayloadConverter(OpenAIPayloadConverter):
+    """The plugin's payload converter (it requires its type) with the JSON rules scoped."""
+
+    def __init__(self) -> None:
+        plugin = OpenAIPayloadConverter()
+        CompositePayloadConverter.__init__(self, *(
+            _ScopedJSONConverter(c) if c.encoding == "json/plain" else c for c in plugin.converters.values()))
+
+
 def worker_data_converter() -> DataConverter:
-    """taskplane's converter (pydantic JSON, claim checks) with the plugin's payload converter,
-    which it requires; it reads and writes the same JSON as taskplane's clients."""
-    return dataclasses.replace(data_converter(), payload_converter_class=OpenAIPayloadConverter)
+    """taskplane's converter (pydantic JSON, claim checks) with a payload converter of the
+    type the plugin requires; it reads and writes the same JSON as taskplane's clients."""
+    return dataclasses.replace(data_converter(), payload_converter_class=TaskplanePayloadConverter)
 
 
 def step_tool(s: Step, *, timeout: timedelta | None = None) -> Any:

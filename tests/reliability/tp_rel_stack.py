@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from taskplane.bench.gateway_load import pin_ports, stable_port
 from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 from taskplane.store import embedded
+from taskplane.store.outbox import FILE_NAME
 from taskplane.temporal_names import dev_server_flags, temporal_binary
 
 HERE = Path(__file__).parent
@@ -137,8 +140,16 @@ class RelStack:
                 time.sleep(0.5)
 
     def fill_outbox_fs(self) -> None:
-        """Fill the outbox's filesystem to the last byte (ENOSPC for the gateway's outbox)."""
+        """Fill the outbox's filesystem to the last byte (ENOSPC for the gateway's outbox).
+
+        SQLite reuses the WAL file's pages after a checkpoint, so a full disk alone is not
+        felt until the WAL must grow: it is checkpointed and truncated first (from this
+        process, as any other SQLite client may), so the gateway's next commit must grow it."""
         assert self.outbox_fs is not None
+        db = self.outbox_fs / "outbox" / FILE_NAME
+        if db.exists():
+            with closing(sqlite3.connect(db, timeout=30)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         try:
             fd = os.open(self.outbox_fs / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         except OSError:

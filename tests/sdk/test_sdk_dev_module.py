@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import taskplane
-from taskplane.dev import processes as proc
+from taskplane.dev.ports import free_base
 from taskplane.sdk.client import connect
 
 AGENT_SRC = """from taskplane import agent, llm
@@ -32,11 +31,7 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _base_port() -> int:
-    for _ in range(50):
-        base = random.randrange(20000, 31000, 10)
-        if not any(proc.port_in_use(base + i) for i in (0, 1, 2, 3, 10, 11, 110, 111, 1110, 1111)):
-            return base
-    raise RuntimeError("no free port range")
+    return free_base(1)  # a whole block of the port plan, free now
 
 
 def _load(tmp: Path, name: str):  # type: ignore[no-untyped-def]
