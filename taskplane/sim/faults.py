@@ -4,6 +4,8 @@
 - ``crash``: the process exits at once (at start: on the first inference request);
   ``crash_after=N``: on the N-th inference request from now.
 - ``hang``: inference requests and ``/health`` are accepted but never answered.
+- ``stall``: inference requests are accepted but never answered while ``/health`` still
+  answers (an engine stuck on its work behind a live HTTP server): only the calls show it.
 - ``slow=F``: every engine step takes F times longer.
 - ``error_rate=P``: a fraction P of inference requests fail with HTTP 500.
 - ``drop_events`` / ``drop_events=P``: KV-event batches are not sent on the PUB socket
@@ -23,6 +25,7 @@ from typing import Any
 @dataclass(slots=True)
 class Faults:
     hang: bool = False
+    stall: bool = False
     slow: float = 1.0
     error_rate: float = 0.0
     drop_events: float = 0.0
@@ -59,15 +62,16 @@ def apply_updates(faults: Faults, updates: dict[str, Any]) -> list[str]:
     """
     actions: list[str] = []
     if updates.get("clear"):
-        faults.hang, faults.slow, faults.error_rate, faults.drop_events = False, 1.0, 0.0, 0.0
-        faults.crash_after = None
+        fresh = Faults()
+        for name in Faults.__slots__:
+            setattr(faults, name, getattr(fresh, name))
     for key, value in updates.items():
         if key in ACTIONS:
             if value:
                 actions.append(key)
             continue
-        if key == "hang":
-            faults.hang = bool(value)
+        if key in ("hang", "stall"):
+            setattr(faults, key, bool(value))
         elif key == "slow":
             v = 1.0 if value is None or value is False else (1.0 if value is True else float(value))
             if v <= 0:
@@ -93,7 +97,7 @@ def apply_updates(faults: Faults, updates: dict[str, Any]) -> list[str]:
                 faults.crash_after = n
         else:
             raise ValueError(
-                f"unknown fault {key!r}; known: hang, slow, error_rate, drop_events, crash_after, "
+                f"unknown fault {key!r}; known: hang, stall, slow, error_rate, drop_events, crash_after, "
                 "crash, restart_empty, clear"
             )
     return actions

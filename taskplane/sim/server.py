@@ -334,8 +334,8 @@ def create_app(rep: SimReplica) -> FastAPI:
             raise ApiError(400, "The request body must be a JSON object.")
         return body
 
-    async def _hang_if_needed() -> None:
-        if rep.faults.hang:
+    async def _hang_if_needed(*, inference: bool = True) -> None:
+        if rep.faults.hang or (inference and rep.faults.stall):
             await asyncio.Event().wait()
 
     async def _run(body: dict[str, Any], chat: bool) -> tuple[SimCall, Finished | None]:
@@ -423,7 +423,7 @@ def create_app(rep: SimReplica) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        await _hang_if_needed()
+        await _hang_if_needed(inference=False)
         return Response(status_code=200)
 
     @app.get("/metrics")

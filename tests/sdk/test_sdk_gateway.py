@@ -49,21 +49,25 @@ async def test_task_through_the_gateway_records_context_and_cost(
 async def _run_two_phase_with_hung_replica(
     tp_client: Client, worker: TaskplaneWorker, cluster: LocalCluster, pg_url: str
 ) -> tuple[str, list[str | None], list[dict[str, object]]]:
-    """Step 0 runs; the test hangs the replica that served it; step 1 (same session, so
-    affinity sends it there) must be retried by Temporal and served elsewhere."""
+    """Step 0 runs; the test stalls the replica that served it (its calls hang, its /health
+    answers, so the gateway keeps it); step 1 (same session, so affinity sends it there) must
+    be retried by Temporal and served elsewhere."""
     handle = await taskplane.submit(agents.two_phase, client=tp_client, task_queue=worker.task_queue)
     await wait_status(handle, "waiting-approval")
     first = (await _calls(pg_url, handle.task_id, 1))[0]
     hung = next(r for r in cluster.replicas if r.name == first["replica"])
     async with httpx.AsyncClient(trust_env=False) as http:
-        (await http.post(f"{hung.url}/admin/faults", json={"hang": True})).raise_for_status()
+        (await http.post(f"{hung.url}/admin/faults", json={"stall": True})).raise_for_status()
         try:
             await handle.approve("go")
             replicas = await handle.result()
         finally:
             await http.post(f"{hung.url}/admin/faults", json={"clear": True}, timeout=5)
     assert replicas[0] == hung.name
-    rows = [r for r in await _calls(pg_url, handle.task_id, 2) if r["step"] == 1]
+    # Wait for the row of the attempt the client gave up on (recorded once the gateway abandons
+    # the hung replica): that abandonment marks the replica failed, and it must not land in the
+    # next test, whose step 1 would then not be sent to its hung replica at all.
+    rows = [r for r in await _calls(pg_url, handle.task_id, 3, timeout=60) if r["step"] == 1]
     return hung.name, replicas, rows
 
 
@@ -82,9 +86,6 @@ async def test_first_retry_avoids_the_previous_attempts_replica(
     tp_client: Client, gw_worker: TaskplaneWorker, gw_cluster: LocalCluster, pg_url: str
 ) -> None:
     hung, _, rows = await _run_two_phase_with_hung_replica(tp_client, gw_worker, gw_cluster, pg_url)
-    # The attempt the client gave up on is recorded once the gateway abandons the hung replica.
-    task_id = str(rows[0]["task_id"])
-    rows = [r for r in await _calls(pg_url, task_id, 3, timeout=60) if r["step"] == 1]
     first = [r for r in rows if int(r["attempt"]) == 1]  # type: ignore[call-overload]
     second = [r for r in rows if int(r["attempt"]) == 2]  # type: ignore[call-overload]
     assert any(r["replica"] == hung and r["outcome"] != "success" for r in first), rows

@@ -37,6 +37,15 @@ def test_hang_accepts_but_never_answers(sim: SimProc) -> None:
     assert _chat(sim, "now?").status_code == 200
 
 
+def test_stall_leaves_health_answering(sim: SimProc) -> None:
+    assert _faults(sim, stall=True)["stall"] is True
+    with pytest.raises(httpx.ReadTimeout):
+        _chat(sim, "are you there?", timeout=1.0)
+    assert httpx.get(f"{sim.url}/health", timeout=5.0).status_code == 200
+    _faults(sim, clear=True)
+    assert _chat(sim, "now?").status_code == 200
+
+
 def test_slow_multiplies_engine_time(sim: SimProc) -> None:
     before = _busy(sim)
     assert _chat(sim, "a" * 300).status_code == 200
