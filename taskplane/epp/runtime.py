@@ -16,6 +16,7 @@ import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -103,6 +104,18 @@ async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
         yield app.state.taskplane["gateway"]
 
 
+def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -> asyncio.Future[Any]:
+    """The picker's background work: Envoy's endpoints follow the registry; streams whose
+    access-log entry never came are settled."""
+    return asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+
+
+async def _cancel(work: asyncio.Future[Any]) -> None:
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+
+
 def _outbox(config: GatewayConfig, port: int, kind: str) -> Path:
     return Path(config.outbox_dir) if config.outbox_dir else state_dir() / f"outbox-{kind}-{port}"
 
@@ -114,14 +127,14 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "epp"))
     async with gateway_of(app) as gw:
         ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
-        follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+        follow = _keep_in_step(book, ps, config)
         stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
         try:
             await stopping.wait()
         finally:
-            follow.cancel()
+            await _cancel(follow)
             await health.set_ready(ps.health, False)
             await ps.server.stop(grace=2)
             await ps.picker.streams.abandon()
@@ -146,7 +159,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
         await asyncio.sleep(0.05)
     gw: Gateway = app.state.taskplane["gateway"]
     ps, book = await start_picker(gw, host="127.0.0.1", port=epp_port or 0, eds_file=workdir / "eds" / "replicas.json")
-    follow = asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+    follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
     # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)
@@ -161,7 +174,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
         if envoy_exit in done:
             log.error("envoy_exited", code=envoy_exit.result(), log=str(envoy.log_file))
     finally:
-        follow.cancel()
+        await _cancel(follow)
         await envoy.stop()
         await health.set_ready(ps.health, False)
         await ps.server.stop(grace=1)

@@ -238,6 +238,10 @@ def build_app(
         """Prometheus metrics; on an auth-on gateway, tenant-labelled series need the admin token."""
         for s in registry.replicas.values():
             metrics.healthy.labels(replica=s.name).set(1 if s.healthy else 0)
+        metrics.queued.clear()
+        for model, bands in state["gateway"].placer.queue_depths().items():
+            for band, n in bands.items():
+                metrics.queued.labels(model=model, band=band).set(n)
         try:
             auth.check_admin(config, request.headers)
             tenants = True

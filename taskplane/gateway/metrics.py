@@ -35,6 +35,8 @@ class GatewayMetrics:
                               ["model"], registry=r,
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.queue = Histogram("taskplane_gateway_queue_seconds", "Time held by admission control", registry=r)
+        self.queued = Gauge("taskplane_gateway_queued_calls", "Calls held by admission control now (demand the "
+                            "replicas have no room for), per pool and priority band", ["model", "band"], registry=r)
         self.cost = Counter("taskplane_gateway_cost_usd_total", "Attributed cost of all attempts", ["tenant"], registry=r)
         self.inflight = Gauge("taskplane_gateway_inflight", "Calls in flight per replica", ["replica"], registry=r)
         self.healthy = Gauge("taskplane_gateway_replica_healthy", "1 when the replica is healthy", ["replica"], registry=r)

@@ -28,6 +28,8 @@ class Placer(Protocol):
 
     def replica_removed(self, name: str) -> None: ...
 
+    def queue_depths(self) -> dict[str, dict[str, int]]: ...
+
 
 class SessionAffinityPlacer:
     """Same session → same replica while it is healthy; else the least loaded one."""
@@ -65,6 +67,9 @@ class SessionAffinityPlacer:
     def replica_removed(self, name: str) -> None:
         for s in [s for s, r in self.pins.items() if r == name]:
             del self.pins[s]
+
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        return {}  # it never queues
 
 
 def now_s() -> float:
@@ -121,6 +126,11 @@ class ScheduledPlacer:
             entry = self._waiting.get(id(call))
             if entry is not None and not entry[1].done():
                 entry[1].set_result(decision)
+
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Calls held by admission control, per pool and priority band."""
+        depths = getattr(self.scheduler, "queue_depths", None)
+        return depths() if depths is not None else {}
 
     def completed(
         self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,

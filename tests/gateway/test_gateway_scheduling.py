@@ -37,6 +37,9 @@ async def test_critical_call_overtakes_queued_batch_calls(tmp_path: Path) -> Non
         async with httpx.AsyncClient(base_url=c.gateway_url, timeout=120) as client:
             batch = [asyncio.create_task(call(client, f"batch{i}", "batch")) for i in range(6)]
             await asyncio.sleep(0.5)  # the batch calls are running or queued
+            # the held calls are on /metrics (the autoscaler reads them as demand the replicas cannot see)
+            held = await _metric(client, c.gateway_url, 'taskplane_gateway_queued_calls{band="batch"')
+            assert held >= 3, held
             critical = asyncio.create_task(call(client, "critical", "critical"))
             await asyncio.gather(*batch, critical)
         # Two batch calls were already running when the critical call came; it must run next.

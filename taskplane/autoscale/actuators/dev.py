@@ -110,20 +110,28 @@ async def _admin(client: httpx.AsyncClient, gateway_url: str) -> dict[str, dict[
         return {}
 
 
-async def _sheds(client: httpx.AsyncClient, gateway_url: str) -> float | None:
-    """The gateway's count of calls shed (429 overloaded) so far: demand it had no room for."""
+@dataclass(slots=True)
+class GatewayDemand:
+    shed_total: float  # calls shed (429 overloaded) so far: demand it had no room for
+    queued: int  # calls held by admission control now
+
+
+async def _gateway_demand(client: httpx.AsyncClient, gateway_url: str) -> GatewayDemand | None:
+    """What the gateway's metrics say about demand the replicas do not see: sheds and held calls."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
         text = (await client.get(f"{gateway_url}/metrics", timeout=2.0)).text
     except httpx.HTTPError:
         return None
-    total = 0.0
+    out = GatewayDemand(shed_total=0.0, queued=0)
     for fam in text_string_to_metric_families(text):
         if fam.name == "taskplane_gateway_requests":
-            total += sum(s.value for s in fam.samples
-                         if s.name.endswith("_total") and s.labels.get("outcome") == "overloaded")
-    return total
+            out.shed_total += sum(s.value for s in fam.samples
+                                  if s.name.endswith("_total") and s.labels.get("outcome") == "overloaded")
+        elif fam.name == "taskplane_gateway_queued_calls" and fam.samples:
+            out.queued += int(sum(s.value for s in fam.samples if s.labels.get("model") == POOL))
+    return out
 
 
 async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
@@ -177,11 +185,12 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 r.kv_usage = float(a.get("kv_usage", 0.0) or 0.0)
                 if r.phase is Phase.DRAINING and name in admin and not a.get("healthy", True):
                     seen_draining.add(name)  # the gateway has stopped placing there
-            shed = await _sheds(client, gateway_url)
-            if shed is not None:
-                shed_hist.append((now, shed))
+            demand = await _gateway_demand(client, gateway_url)
+            if demand is not None:
+                shed_hist.append((now, demand.shed_total))
                 shed_hist[:] = [(t, v) for t, v in shed_hist if t >= now - 10.0]
             recent_sheds = int(shed_hist[-1][1] - shed_hist[0][1]) if shed_hist else 0
+            held = demand.queued if demand is not None else 0
             workflows: list[WorkflowSignal] = []
             profiles: dict[str, AgentProfile] = {}
             if engine is not None:
@@ -195,7 +204,7 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
             for name, r in book.replicas.items():
                 r.live_session_tokens, r.live_sessions = live_tokens.get(name, 0), live_n.get(name, 0)
             s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
-                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds,
+                            min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds + held,
                             workflows=workflows, profiles=profiles)
             plan = scaler.plan(s)
             metrics.record(scaler.name, s, plan)
