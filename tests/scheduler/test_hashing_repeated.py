@@ -3,7 +3,6 @@ arrays — as packing every token (real replicas and the gateway depend on these
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import Any
 
@@ -11,23 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tp_block_hashes import reference_chain
 
-from taskplane.scheduler.hashing import ROOT, chain_hashes
-
-MASK64 = (1 << 64) - 1
-
-
-def reference_chain(tokens: list[int], block_size: int, parent: int = ROOT) -> list[int]:
-    """The original definition: pack every token, hash block by block."""
-    n = len(tokens) // block_size
-    raw = struct.pack(f"<{n * block_size}q", *tokens[: n * block_size])
-    out, h = [], parent & MASK64
-    step = block_size * 8
-    for i in range(n):
-        digest = hashlib.blake2b(h.to_bytes(8, "little") + raw[i * step : (i + 1) * step], digest_size=8).digest()
-        h = int.from_bytes(digest, "little")
-        out.append(h)
-    return out
+from taskplane.scheduler.hashing import MASK64, chain_hashes
 
 
 @st.composite

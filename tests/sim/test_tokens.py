@@ -6,26 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tp_block_hashes import reference_chain
 
 from taskplane.scheduler.hashing import MASK64, ROOT, chain_hashes
 from taskplane.sim import tokens as sim_tokens
 from taskplane.sim.tokens import RepeatedBlocks
-
-
-def reference_chain(tokens: list[int], block_size: int, parent: int = ROOT) -> list[int]:
-    """The original definition: pack every token, hash block by block."""
-    import hashlib
-    import struct
-
-    n = len(tokens) // block_size
-    raw = struct.pack(f"<{n * block_size}q", *tokens[: n * block_size])
-    out, h = [], parent & MASK64
-    step = block_size * 8
-    for i in range(n):
-        digest = hashlib.blake2b(h.to_bytes(8, "little") + raw[i * step : (i + 1) * step], digest_size=8).digest()
-        h = int.from_bytes(digest, "little")
-        out.append(h)
-    return out
 
 
 def test_repeated_block_hash_is_shared_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
