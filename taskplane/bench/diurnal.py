@@ -64,6 +64,15 @@ class DayCurve:
         n = int(self.day_s / step_s)
         return sum(self.rate((i + 0.5) * step_s) for i in range(n)) / n
 
+    def clairvoyant_gpu_hours(self, served_replicas: int, min_replicas: int = 1, step_s: float = 1.0) -> float:
+        """GPU-hours of a fleet that knows the curve and starts replicas with no cold start:
+        at every instant the fewest whole replicas that carry the load at the per-replica rate
+        the fixed fleet of ``served_replicas`` serves within its SLO. An autoscaler that runs
+        replicas no hotter than that profile cannot use fewer."""
+        n = int(self.day_s / step_s)
+        need = (max(min_replicas, math.ceil(served_replicas * self.rate((i + 0.5) * step_s) - 1e-9)) for i in range(n))
+        return sum(need) * step_s / 3600.0
+
     def warp(self, times: list[float], base_rate: float, step_s: float = 1.0) -> list[float]:
         """Map arrival times of a ``base_rate`` stream onto the curve (x ``base_rate``)."""
         n = int(self.day_s / step_s)

@@ -92,6 +92,20 @@ def targets(auto: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def bounds(auto: dict[str, dict[str, Any]], curve: DayCurve, served_replicas: int) -> dict[str, Any]:
+    """What a clairvoyant fleet needs (``DayCurve.clairvoyant_gpu_hours``) for taskplane's
+    successes: how far any autoscaler that keeps the profiled per-replica load could go."""
+    tp = auto.get("taskplane")
+    if tp is None or not tp["tasks_succeeded"]:
+        return {}
+    gpu_h = curve.clairvoyant_gpu_hours(served_replicas)
+    goodput = tp["tasks_succeeded"] / gpu_h
+    best = max((v["goodput_per_gpu_hour"] or 0.0 for k, v in auto.items() if k != "taskplane"), default=0.0)
+    return {"clairvoyant_gpu_hours": round(gpu_h, 4), "clairvoyant_goodput_per_gpu_hour": round(goodput, 3),
+            "clairvoyant_vs_best_baseline": round(goodput / best, 3) if best else None,
+            "taskplane_vs_clairvoyant": round((tp["goodput_per_gpu_hour"] or 0.0) / goodput, 3)}
+
+
 def write_plot(out: Path, curve: DayCurve, rate: float, results: dict[str, Any]) -> Path:
     from taskplane.bench.plots import _colors, _figure, _style
 
@@ -147,7 +161,7 @@ def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed:
         "max_replicas": 2 * replicas, "day": {"day_s": day_s, "trough": curve.trough, "peak": curve.peak,
                                                "ramp_s": curve.ramp_s, "peak_s": curve.peak_s},
         "tasks": len(wl.tasks), "profile": {k: round(v, 4) if isinstance(v, float) else v for k, v in profile.items()},
-        "autoscalers": auto, "targets": targets(auto),
+        "autoscalers": auto, "targets": targets(auto), "bounds": bounds(auto, curve, replicas),
         "decisions": {n: r.stats.decisions[:200] for n, r in res.items()},
         "command": "taskplane " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
@@ -159,6 +173,12 @@ def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed:
                      f"{m['fleet_cost_per_successful_task_usd']} | {m['failed_inflight_calls']} | "
                      f"{m['reprefill_tokens_after_scale_in']} | {m['cold_starts']} |")
     lines += ["", *(f"- {t['target']}: ratio {t['ratio']} ({'met' if t['met'] else 'not met'})" for t in results["targets"])]
+    if results["bounds"]:
+        b = results["bounds"]
+        lines.append(f"- clairvoyant fleet (knows the curve, no cold start, replicas at the profiled rate): "
+                     f"{b['clairvoyant_gpu_hours']} GPU-h, goodput/GPU-h {b['clairvoyant_goodput_per_gpu_hour']} "
+                     f"({b['clairvoyant_vs_best_baseline']}x the best baseline; taskplane "
+                     f"{b['taskplane_vs_clairvoyant']}x of it)")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     png = write_plot(out, curve, rate, res)
     console.print("\n".join(lines))

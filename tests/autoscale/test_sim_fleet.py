@@ -33,6 +33,18 @@ def test_warp_follows_the_curve() -> None:
     assert peak > 8 * trough  # 1.3x against 0.1x
 
 
+def test_the_clairvoyant_fleet_follows_the_curve_in_whole_replicas() -> None:
+    flat = DayCurve(day_s=3600.0, trough=1.0, peak=1.0)
+    assert flat.clairvoyant_gpu_hours(4) == 4.0
+    # trough 0.1 x 4 replicas = 0.4 -> the floor of 1; the peak 1.3 x 4 = 5.2 -> 6
+    day = DayCurve()
+    assert 1.0 < day.clairvoyant_gpu_hours(4) < 6.0
+    idle_nights = DayCurve(trough=0.0)
+    assert idle_nights.clairvoyant_gpu_hours(4, min_replicas=0) < idle_nights.clairvoyant_gpu_hours(4)
+    steps = DayCurve(day_s=3600.0, trough=0.1, peak=1.3, ramp_s=1e-6, peak_s=1800.0)
+    assert abs(steps.clairvoyant_gpu_hours(4) - (0.5 * 1 + 0.5 * 6)) < 1e-3
+
+
 def test_taskplane_grows_and_shrinks_without_failing_a_call() -> None:
     res = run(TaskplaneAutoscaler(PlannerConfig(scale_in_delay_s=30.0)))
     m = autoscaler_metrics(res, 1.0)  # type: ignore[arg-type]
