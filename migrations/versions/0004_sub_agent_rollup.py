@@ -27,6 +27,7 @@ Create Date: 2026-12-02
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -86,85 +87,66 @@ FROM s CROSS JOIN t CROSS JOIN sub
 """
 
 
-def _grouped(name: str, key: str, spend_key: str, task_key: str, *, tasks_where: str, joins: str,
-             extra_spend: str = "", extra_cte: str = "", extra_cols: str = "") -> str:
-    """One row per key: spend from llm_calls (with ``joins``), task counts from the tasks
-    that ``tasks_where`` selects; the shape of migration 0002's grouped views."""
-    return f"""
-CREATE VIEW {name} AS
-WITH s AS (
-    SELECT {spend_key} AS k, {R2.SPEND}{extra_spend}
-    FROM llm_calls l {joins}
-    GROUP BY 1
-),
-t AS (SELECT {task_key} AS k, {R2.TASK_COUNTS} FROM tasks WHERE {tasks_where} GROUP BY 1){extra_cte}
-SELECT COALESCE(s.k, t.k) AS {key},
-       COALESCE(t.tasks_total, 0) AS tasks_total,
-       COALESCE(t.tasks_succeeded, 0) AS tasks_succeeded,
-       COALESCE(t.tasks_succeeded_late, 0) AS tasks_succeeded_late,
-       COALESCE(t.tasks_failed, 0) AS tasks_failed,
-       COALESCE(t.tasks_cancelled, 0) AS tasks_cancelled,
-       COALESCE(t.tasks_running, 0) AS tasks_running,
-       COALESCE(s.calls, 0) AS calls,
-       COALESCE(s.total_cost_usd, 0) AS total_cost_usd,
-       COALESCE(s.gpu_seconds, 0) AS gpu_seconds,
-       COALESCE(s.total_cost_usd, 0) / NULLIF(t.tasks_succeeded, 0) AS cost_per_successful_task_usd,
-       s.served_cached_tokens::double precision / NULLIF(s.served_prompt_tokens, 0) AS cache_hit_ratio{extra_cols}
-FROM s FULL OUTER JOIN t ON s.k = t.k
-"""
+def _edit(sql: str, old: str, new: str) -> str:
+    """Replace the one ``old`` in a view of migration 0002 (it must be there exactly once)."""
+    assert sql.count(old) == 1, f"migration 0002's views changed shape: {old!r}"
+    return sql.replace(old, new)
 
 
-_TO_GOAL = "JOIN llm_call_goals cg ON cg.id = l.id LEFT JOIN tasks g ON g.task_id = cg.goal_task_id"
+_OWN_TASK = "LEFT JOIN tasks tk ON tk.task_id = l.task_id"
+_GOAL_TASK = "JOIN llm_call_goals cg ON cg.id = l.id LEFT JOIN tasks tk ON tk.task_id = cg.goal_task_id"
 
-BY_AGENT = _grouped(
-    "cost_per_successful_task_by_agent", "agent", "COALESCE(g.agent, l.agent, '(none)')", "agent",
-    tasks_where=GOAL, joins=_TO_GOAL,
-    extra_spend=",\n    COUNT(*) FILTER (WHERE cg.by_sub_agent) AS sub_agent_calls",
-    extra_cte=""",
+
+def _grouped(name: str, key: str, spend_key: str, task_key: str, *, goals_only: bool = True) -> str:
+    """0002's grouped view (spend from llm_calls, task counts from tasks), counting goals only
+    unless ``goals_only`` is false."""
+    sql = R2.grouped(name, key, spend_key, task_key)
+    return _edit(sql, " FROM tasks GROUP BY 1)", f" FROM tasks WHERE {GOAL} GROUP BY 1)") if goals_only else sql
+
+
+# spend under the agent of each call's goal (``tk`` is the goal), goals counted, and how much
+# of it the sub-agents made
+BY_AGENT = _grouped("cost_per_successful_task_by_agent", "agent", "COALESCE(tk.agent, l.agent, '(none)')", "agent")
+BY_AGENT = _edit(BY_AGENT, _OWN_TASK, _GOAL_TASK)
+BY_AGENT = _edit(BY_AGENT, "    FROM llm_calls l ",
+                 "    , COUNT(*) FILTER (WHERE cg.by_sub_agent) AS sub_agent_calls\n    FROM llm_calls l ")
+BY_AGENT = _edit(BY_AGENT, " GROUP BY 1)\nSELECT", """ GROUP BY 1),
 sub AS (SELECT g.agent AS k, COUNT(*) AS sub_agent_tasks
-        FROM tasks c JOIN tasks g ON g.task_id = c.root_task_id GROUP BY 1)""",
-    extra_cols=""",
+        FROM tasks c JOIN tasks g ON g.task_id = c.root_task_id GROUP BY 1)
+SELECT""")
+BY_AGENT = _edit(BY_AGENT, " AS cache_hit_ratio\nFROM s FULL OUTER JOIN t ON s.k = t.k", """ AS cache_hit_ratio,
        COALESCE((SELECT sub.sub_agent_tasks FROM sub WHERE sub.k = COALESCE(s.k, t.k)), 0) AS sub_agent_tasks,
-       COALESCE(s.sub_agent_calls, 0) AS sub_agent_calls""",
-)
+       COALESCE(s.sub_agent_calls, 0) AS sub_agent_calls
+FROM s FULL OUTER JOIN t ON s.k = t.k""")
+# every task under its own agent (``tk`` is the call's own task), sub-agents counted
 BY_AGENT_COUNTING_SUB_AGENTS = _grouped(
-    "cost_per_successful_task_by_agent_counting_sub_agents", "agent",
-    "COALESCE(own.agent, l.agent, '(none)')", "agent",
-    tasks_where="true", joins="LEFT JOIN tasks own ON own.task_id = l.task_id",
-)
-BY_TENANT = _grouped("cost_per_successful_task_by_tenant", "tenant", "l.tenant", "tenant",
-                     tasks_where=GOAL, joins="")
+    "cost_per_successful_task_by_agent_counting_sub_agents", "agent", "COALESCE(tk.agent, l.agent, '(none)')",
+    "agent", goals_only=False)
+BY_TENANT = _grouped("cost_per_successful_task_by_tenant", "tenant", "l.tenant", "tenant")
 BY_DAY = _grouped(
     "cost_per_successful_task_by_day", "day", "(l.started_at AT TIME ZONE 'UTC')::date",
-    "(COALESCE(finished_at, started_at) AT TIME ZONE 'UTC')::date", tasks_where=GOAL, joins="",
+    "(COALESCE(finished_at, started_at) AT TIME ZONE 'UTC')::date",
 )
 
 # 0002's waste view with the call's goal in place of its own task: a sub-agent's spend is
 # wasted when the goal it served failed, whatever the sub-agent's own ending.
-CALL_WASTE = R2.CALL_WASTE.replace(
-    "LEFT JOIN tasks tk ON tk.task_id = l.task_id",
-    "LEFT JOIN llm_call_goals cg ON cg.id = l.id\n    LEFT JOIN tasks tk ON tk.task_id = cg.goal_task_id",
-)
-assert CALL_WASTE != R2.CALL_WASTE, "migration 0002's waste view changed shape"
+CALL_WASTE = _edit(R2.CALL_WASTE, _OWN_TASK, "LEFT " + _GOAL_TASK)
 
-_FLEET = """
-CREATE VIEW fleet_cost_per_successful_task AS
-WITH f AS (
-    SELECT COALESCE(SUM(EXTRACT(EPOCH FROM (COALESCE(stopped_at, now()) - started_at))) / 3600.0, 0)
-               AS provisioned_gpu_hours,
-           COALESCE(SUM(EXTRACT(EPOCH FROM (COALESCE(stopped_at, now()) - started_at)) / 3600.0
-                        * cost_per_hour_usd), 0) AS fleet_cost_usd
-    FROM fleet_hours),
-b AS (SELECT COALESCE(SUM(gpu_seconds), 0) / 3600.0 AS busy_gpu_hours FROM llm_calls),
-t AS (SELECT COUNT(*) FILTER (WHERE status = 'succeeded' AND deadline_met IS NOT FALSE) AS tasks_succeeded
-      FROM tasks{where})
-SELECT f.provisioned_gpu_hours, b.busy_gpu_hours,
-       GREATEST(f.provisioned_gpu_hours - b.busy_gpu_hours, 0) AS idle_gpu_hours,
-       f.fleet_cost_usd, t.tasks_succeeded,
-       CASE WHEN t.tasks_succeeded > 0 THEN f.fleet_cost_usd / t.tasks_succeeded END
-           AS fleet_cost_per_successful_task_usd
-FROM f, b, t
-"""
+_GOALS_ONLY = " WHERE tasks.parent_task_id IS NULL"
+
+
+def _fleet_view(goals_only: bool) -> None:
+    """Migration 0003's fleet view, its task count limited to goals (or back): the view's own
+    definition from Postgres, edited in one place, so 0003's SQL is not copied here."""
+    sql = op.get_bind().execute(
+        sa.text("SELECT pg_get_viewdef('fleet_cost_per_successful_task'::regclass, true)")).scalar_one()
+    if goals_only:
+        assert len(re.findall(r"FROM tasks\b", sql)) == 1, "migration 0003's fleet view changed shape"
+        sql = re.sub(r"FROM tasks\b", "FROM tasks" + _GOALS_ONLY, sql)
+    else:
+        sql = re.sub(r"\s+WHERE tasks\.parent_task_id IS NULL", "", sql)
+    op.execute(f"CREATE OR REPLACE VIEW fleet_cost_per_successful_task AS {sql}")
+
 
 #: (name, SQL) in creation order; dropped in reverse.
 VIEWS = [
@@ -176,21 +158,22 @@ VIEWS = [
     ("cost_per_successful_task_by_day", BY_DAY),
     ("llm_call_waste", CALL_WASTE),
     ("waste_breakdown", R2.WASTE),
-    ("fleet_cost_per_successful_task", _FLEET.format(where=f" WHERE {GOAL}")),
 ]
 
 
 def upgrade() -> None:
-    for name in ("fleet_cost_per_successful_task", *(n for n, _ in reversed(R2.VIEWS))):
+    for name, _sql in reversed(R2.VIEWS):
         op.execute(f"DROP VIEW IF EXISTS {name}")
     op.add_column("tasks", sa.Column("parent_task_id", sa.Text))
     op.add_column("tasks", sa.Column("root_task_id", sa.Text))
     op.create_index("ix_tasks_root_task_id", "tasks", ["root_task_id"])
     for _name, sql in VIEWS:
         op.execute(sql)
+    _fleet_view(goals_only=True)
 
 
 def downgrade() -> None:
+    _fleet_view(goals_only=False)
     for name, _sql in reversed(VIEWS):
         op.execute(f"DROP VIEW IF EXISTS {name}")
     op.drop_index("ix_tasks_root_task_id", table_name="tasks")
@@ -198,4 +181,3 @@ def downgrade() -> None:
     op.drop_column("tasks", "parent_task_id")
     for _name, sql in R2.VIEWS:
         op.execute(sql)
-    op.execute(_FLEET.format(where=""))
