@@ -219,12 +219,16 @@ def report(
     tenant: Annotated[str | None, typer.Option(help="only this tenant's tasks and costs")] = None,
     database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
     state_dir: StateDir = Path(".taskplane"),
+    count_sub_agents: Annotated[bool, typer.Option(
+        "--count-sub-agents",
+        help="count each sub-agent's task as a task of its own, under its own agent "
+             "(default: one user goal is one task and sub-agents' spend rolls up into it)")] = False,
 ) -> None:
     """The cost report from Postgres: cost per successful task, fully loaded."""
     from taskplane.reports.command import run_report
 
     run_report(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
-               database_url=database_url, state_dir=state_dir)
+               database_url=database_url, state_dir=state_dir, count_sub_agents=count_sub_agents)
 
 
 @app.command()

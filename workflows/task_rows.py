@@ -56,15 +56,16 @@ def to_record(row: TaskRowInput) -> TaskRecord:
         status=TaskStatus(row.status), deadline=parse_time(row.deadline), deadline_met=row.deadline_met,
         started_at=started, finished_at=parse_time(row.finished_at), cost_usd=row.cost_usd,
         attempts=row.attempts, retries=row.retries, error=(row.error or None) and row.error[:2000],
+        parent_task_id=row.parent_task_id, root_task_id=row.root_task_id or row.parent_task_id,
     )
 
 
 class TaskRowStore:
     """Task rows through the store's CostWriter when a database is configured.
 
-    Sub-agents get no row of their own: a task row is one user goal, so the parent's row
-    carries the whole tree's cost and "cost per successful task" counts goals, while the
-    sub-agents' LLM calls still appear in ``llm_calls`` under their own task ids.
+    A sub-agent's row names its parent and its goal (``parent_task_id``, ``root_task_id``):
+    the goal's row carries the whole tree's cost, attempts and retries, and reports count
+    goals (one user goal, one task) unless asked to count sub-agents as tasks too.
     """
 
     def __init__(self, database_url: str | None, outbox_dir: Path | None = None,
@@ -107,7 +108,7 @@ class TaskRowStore:
         row.attempts += row.child_attempts
         row.retries += max(row.child_attempts - row.child_llm_calls, 0)
         result.attempts, result.retries = row.attempts, row.retries
-        if writer is not None and not row.parent_task_id:
+        if writer is not None:
             await writer.upsert_task(to_record(row))
             if row.status != "running":
                 await writer.flush(5.0)

@@ -31,7 +31,8 @@ from taskplane.sdk.agent import AGENTS, Agent
 from taskplane.sdk.client import connect, taskplane_client
 from taskplane.sdk.interceptors import TaskplaneClientInterceptor, TaskplaneInterceptor
 from taskplane.sdk.resolve import resolve
-from taskplane.sdk.step import STEPS, Step
+from taskplane.sdk.step import STEPS, Step, clashing_steps
+from taskplane.sdk.unserved import UnservedAgent
 from taskplane.temporal_names import TASK_QUEUE
 from workflows.activities import TaskplaneActivities
 from workflows.task_rows import TaskRowStore
@@ -100,6 +101,12 @@ def agents_and_steps(modules: Sequence[ModuleType]) -> tuple[list[Agent], list[S
     return list(agents.values()), list(STEPS.values())
 
 
+def activity_name(fn: Any) -> str:
+    """The name Temporal registers an activity function under."""
+    defn = getattr(fn, "__temporal_activity_definition", None)
+    return str(getattr(defn, "name", None) or getattr(fn, "__name__", ""))
+
+
 class OneLineActivityFailures(logging.Filter):
     """A failed step attempt is one log line (Temporal retries it), not a traceback.
 
@@ -163,8 +170,15 @@ async def build_worker(
         activity_log.addFilter(_ONE_LINE)
     resources = TaskplaneActivities(gateway_url, TaskRowStore(database_url, outbox_dir))
     extras = worker_extras(gateway_url, loaded)  # frameworks the agent modules use (integrations)
-    activities: list[Any] = [resources.llm_call, resources.task_record, *(s.activity for s in steps),
-                             *extras.activities]
+    built_in: list[Any] = [resources.llm_call, resources.task_record, *extras.activities]
+    clashes = clashing_steps([activity_name(a) for a in built_in])
+    if clashes:
+        await resources.aclose()
+        raise UserError(
+            "two activities would have the same name, and Temporal registers activities by name (one "
+            f"would silently run in place of the other): {'; '.join(clashes)}. Give one of each pair "
+            "another name: @step(name=...)")
+    activities: list[Any] = [*built_in[:2], *(s.activity for s in steps), *built_in[2:]]
     worker_client = taskplane_client(client)
     if extras.data_converter is not None:
         worker_client = Client(worker_client.service_client, namespace=worker_client.namespace,
@@ -173,7 +187,8 @@ async def build_worker(
         return TaskplaneWorker(
             worker_client,
             task_queue=task_queue,
-            workflows=[a.workflow_cls for a in agents],
+            # the catch-all: a task of an agent this worker lacks fails at once, with its row
+            workflows=[*(a.workflow_cls for a in agents), UnservedAgent],
             activities=activities,
             interceptors=[TaskplaneInterceptor()],
             plugins=extras.plugins,

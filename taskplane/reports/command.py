@@ -52,10 +52,12 @@ async def load_report(
     until: datetime | None = None,
     tenant: str | None = None,
     group_by: str = "tenant",
+    count_sub_agents: bool = False,
 ) -> Report:
     """Query the window's rows and compute the report."""
     attempts, tasks = await repo.report_rows(engine, since=since, until=until, tenant=tenant)
-    report = build_report(attempts, tasks, since=since, until=until, tenant=tenant, group_by=group_by)
+    report = build_report(attempts, tasks, since=since, until=until, tenant=tenant, group_by=group_by,
+                          count_sub_agents=count_sub_agents)
     intervals, hours, cost = await fleet_window(engine, since, until)
     if intervals and tenant is None:  # the fleet is shared: no per-tenant share of idle time
         report.fleet = {
@@ -97,6 +99,7 @@ def run_report(
     tenant: str | None,
     database_url: str | None,
     state_dir: Path,
+    count_sub_agents: bool = False,
 ) -> None:
     """``taskplane report``: validate the flags, read Postgres, print or write the report."""
     fmt = _check_choice(fmt, FORMATS, "--format")
@@ -108,7 +111,8 @@ def run_report(
         from taskplane.dev.stack import resolve_database_url
 
         database_url = resolve_database_url(None, state_dir)
-    report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=tenant, group_by=group_by))
+    report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=tenant, group_by=group_by,
+                                        count_sub_agents=count_sub_agents))
     if fmt == "html" and not os.environ.get("TASKPLANE_TEMPORAL_UI_URL"):
         from taskplane.dev.stack import status
 

@@ -148,6 +148,8 @@ class Report(BaseModel):
     until: datetime | None = None
     tenant: str | None = None
     group_by: str = "tenant"
+    count_sub_agents: bool = Field(default=False, description="sub-agents' tasks counted as tasks of their own")
+    sub_agent_tasks: int = Field(default=0, description="sub-agents' tasks in the window (counted or not)")
 
     tasks_total: int = 0
     tasks_succeeded: int = 0
@@ -310,12 +312,15 @@ def build_report(
     tenant: str | None = None,
     group_by: str = "tenant",
     now: datetime | None = None,
+    count_sub_agents: bool = False,
 ) -> Report:
     """Compute the report over ``[since, until)``.
 
-    ``attempts`` counted: those started in the window. ``tasks`` counted: those that ended
-    in the window (running ones: started in it); tasks outside the window may be passed
-    too, so attempts can find their task's status for the waste breakdown.
+    ``attempts`` counted: those started in the window. ``tasks`` counted: the goals (tasks
+    without a parent) that ended in the window (running ones: started in it); tasks outside
+    the window may be passed too, so attempts can find their goal's status for the waste
+    breakdown. A sub-agent's calls count for its goal's agent; with ``count_sub_agents``
+    each sub-agent's task counts as a task of its own, under its own agent with its own calls.
     """
     if group_by not in GROUP_BY:
         raise ValueError(f"unknown group-by {group_by!r}; use one of {', '.join(GROUP_BY)}")
@@ -326,17 +331,24 @@ def build_report(
         for a in attempts
         if _in_window(_utc(a.started_at), since, until) and (tenant is None or a.tenant == tenant)
     ]
-    window_tasks = [t for t in all_tasks.values() if _in_window(task_time(t), since, until)]
+    in_window = [t for t in all_tasks.values() if _in_window(task_time(t), since, until)]
+    window_tasks = in_window if count_sub_agents else [t for t in in_window if not t.parent_task_id]
 
     def root_task(task_id: str | None) -> TaskRecord | None:
-        """The goal an attempt belongs to: a sub-agent's id is ``<parent id>.<agent>-<n>``."""
+        """The goal an attempt belongs to: its task's root; for a sub-agent without a row of its
+        own (rows written before sub-agents had them), the longest ``<goal id>.`` prefix."""
         tid = task_id or ""
         while tid:
             found = all_tasks.get(tid)
             if found is not None:
-                return found
+                return all_tasks.get(found.root_task_id, found) if found.root_task_id else found
             tid = tid.rpartition(".")[0]
         return None
+
+    def owner(a: AttemptRecord) -> TaskRecord | None:
+        """The counted task an attempt's spend goes to: its goal, or its own task when
+        sub-agents count as tasks."""
+        return all_tasks.get(a.task_id or "") if count_sub_agents else root_task(a.task_id)
 
     counts, spend = TaskCounts(), Spend()
     for t in window_tasks:
@@ -363,8 +375,8 @@ def build_report(
 
     # Groupings. Model and GPU: a task counts in every group its calls touched.
     def agent_of(a: AttemptRecord) -> str:
-        # a sub-agent's calls count for the agent whose task it serves (one goal, one agent)
-        task = root_task(a.task_id)
+        # a sub-agent's calls count for the agent whose goal it serves (one goal, one agent)
+        task = owner(a)
         return (task.agent if task else None) or a.agent or NONE_KEY
 
     def model_of(a: AttemptRecord) -> str:
@@ -375,9 +387,10 @@ def build_report(
 
     touched: dict[str, dict[str, set[str]]] = {"model": defaultdict(set), "gpu": defaultdict(set)}
     for a in calls:
-        if a.task_id:
-            touched["model"][a.task_id].add(model_of(a))
-            touched["gpu"][a.task_id].add(gpu_of(a))
+        task = owner(a)
+        if task is not None:
+            touched["model"][task.task_id].add(model_of(a))
+            touched["gpu"][task.task_id].add(gpu_of(a))
 
     groups_by = {
         "agent": _group_rows(calls, window_tasks, agent_of, lambda t: [t.agent or NONE_KEY]),
@@ -404,6 +417,8 @@ def build_report(
         until=until,
         tenant=tenant,
         group_by=group_by,
+        count_sub_agents=count_sub_agents,
+        sub_agent_tasks=sum(1 for t in in_window if t.parent_task_id),
         **counts.model_dump(),
         tasks_by_status=dict(sorted(tasks_by_status.items())),
         calls=spend.calls,

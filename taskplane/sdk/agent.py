@@ -44,6 +44,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Every agent the process has defined, by name (outside the sandbox only).
 AGENTS: dict[str, Agent] = {}
 
+#: The memo key naming the agent's module, so a worker that lacks the agent can say what to import.
+MODULE_MEMO = "module"
+
 class Agent:
     """An agent: submit it as a task, or ``await`` it inside another agent as a sub-agent."""
 
@@ -342,6 +345,7 @@ class AgentWorkflow:
             cost_usd=ctx.sunk_cost_usd, child_cost_usd=ctx.child_cost_usd, attempts=ctx.attempts,
             child_attempts=ctx.child_attempts, llm_calls=ctx.llm_calls, child_llm_calls=ctx.child_llm_calls,
             retries=max(ctx.attempts - ctx.llm_calls, 0), error=error, parent_task_id=ctx.parent_task_id,
+            root_task_id=ctx.root_task_id,
         )
         rt.pending_header = ctx.copy()
         try:
@@ -357,14 +361,17 @@ class AgentWorkflow:
             return None
 
 
-def start_memo(ctx: TaskContext, args: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
-    """The memo a person sees first in the Temporal UI: what the task was asked."""
+def start_memo(ctx: TaskContext, args: tuple[Any, ...] | list[Any], module: str | None = None) -> dict[str, Any]:
+    """The memo a person sees first in the Temporal UI: what the task was asked (and the
+    agent's ``module``, which a worker that does not serve the agent names in its error)."""
     memo: dict[str, Any] = {
         "inputs": summarize_args(ctx.agent, args),
         "tenant": ctx.tenant,
         "priority": ctx.priority,
         "session_id": ctx.session_id or ctx.task_id,
     }
+    if module:
+        memo[MODULE_MEMO] = module
     if ctx.deadline:
         memo["deadline"] = ctx.deadline
     if ctx.max_cost_usd is not None:
@@ -414,14 +421,15 @@ async def _run_child(ag: Agent, args: tuple[Any, ...]) -> Any:
         session_id=child_id, deadline=format_time(min(deadlines)) if deadlines else None,
         max_cost_usd=min(limits) if limits else None, expected_steps=ag.spec.steps,
         inherited_cost_usd=parent.total_sunk_usd, started_at=format_time(now),
-        parent_task_id=parent.task_id, allow_fallback=ag.spec.allow_fallback or parent.allow_fallback,
+        parent_task_id=parent.task_id, root_task_id=parent.root_task_id or parent.task_id,
+        allow_fallback=ag.spec.allow_fallback or parent.allow_fallback,
     )
     rt.pending_header = child_ctx
     rt.set_current(f"sub-agent {ag.name} ({child_id})")
     try:
         out = await workflow.execute_child_workflow(
             ag.name, args=list(args), id=child_id, task_queue=workflow.info().task_queue,
-            result_type=AgentOutput, memo=start_memo(child_ctx, args),
+            result_type=AgentOutput, memo=start_memo(child_ctx, args, ag.__module__),
             search_attributes=TypedSearchAttributes(start_search_attributes(child_ctx)),
             static_summary=f"sub-agent {ag.name} of {parent.task_id}",
             execution_timeout=execution_timeout(parse_time(child_ctx.deadline), now),

@@ -25,6 +25,7 @@ from taskplane.sdk.served import unserved_reason
 from taskplane.sdk.spec import execution_timeout
 from taskplane.sdk.state import TaskContext, format_time
 from taskplane.sdk.types import AgentOutput, Decision, TaskView
+from taskplane.sdk.unrun import record_unrun_task
 
 _CLIENTS: dict[tuple[str, str, int], Client] = {}
 
@@ -124,7 +125,7 @@ async def submit(
     try:
         handle: WorkflowHandle[Any, AgentOutput] = await tc.start_workflow(
             ag.name, args=list(args), id=task_id, task_queue=task_queue, result_type=AgentOutput,
-            memo=start_memo(ctx, args), search_attributes=TypedSearchAttributes(start_search_attributes(ctx)),
+            memo=start_memo(ctx, args, ag.__module__), search_attributes=TypedSearchAttributes(start_search_attributes(ctx)),
             static_summary=summarize_args(ag.name, args),
             execution_timeout=execution_timeout(deadline_dt, now),
         )
@@ -151,7 +152,8 @@ class TaskHandle:
 
         A task that did not succeed has ``result=None`` and its ``failure_type`` / ``error``.
         A task no worker serves fails within seconds (it is terminated, and the error names
-        the agent, the task queue and the command that serves it) instead of waiting forever.
+        the agent, the task queue and the command that serves it) instead of waiting forever;
+        its task row is written then (status failed, with that error) when a database is known.
         """
         result = asyncio.ensure_future(self.handle.result())
         watchdog = asyncio.ensure_future(self._watch_served())
@@ -163,6 +165,7 @@ class TaskHandle:
                 except RPCError:
                     pass  # it ended meanwhile (or was terminated by another caller): its own ending counts
                 else:
+                    await record_unrun_task(self.handle, "failed", reason)
                     return await self._failed_outcome("failed", "AgentNotServed", reason)
             return await result
         except WorkflowFailureError as exc:
@@ -194,8 +197,13 @@ class TaskHandle:
             return await self._failed_outcome("cancelled", "Cancelled", "cancelled")
         if isinstance(cause, TerminatedError):
             served = not cause.message.startswith(("no worker", "cancelled; no worker"))  # served.py's reasons
+            if not served:  # its row, if the client that terminated it could not write it
+                await record_unrun_task(self.handle, "cancelled" if cause.message.startswith("cancelled") else "failed",
+                                        cause.message)
             return await self._failed_outcome("failed", "Terminated" if served else "AgentNotServed", cause.message)
         if isinstance(cause, TimeoutError):
+            # the execution timeout (deadline + grace) only fires for a task no worker ran to its end
+            await record_unrun_task(self.handle, "failed-deadline", f"timed out: {cause}")
             return await self._failed_outcome("failed-deadline", "WorkflowTimedOut", str(cause))
         return await self._failed_outcome("failed", type(cause).__name__, str(cause))
 
@@ -250,6 +258,7 @@ class TaskHandle:
         reason = await unserved_reason(self.handle, queue, self.agent.name if self.agent else None, wait_s=2.0)
         if reason is not None:
             await self.handle.terminate(reason=f"cancelled; {reason}")
+            await record_unrun_task(self.handle, "cancelled", f"cancelled; {reason}")
 
 
 def get_handle(client: Client, task_id: str, ag: Agent | None = None) -> TaskHandle:

@@ -80,6 +80,12 @@ class NotDeterministic(AgentError):
     failure_type = "AgentNotDeterministic"
 
 
+class AgentNotServed(AgentError):
+    """No worker on the task's queue registers its agent: the task fails with the fix."""
+
+    failure_type = "AgentNotServed"
+
+
 class TaskFailed(Exception):
     """Raised by ``TaskHandle.result()`` when the task did not succeed."""
 

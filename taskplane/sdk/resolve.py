@@ -78,3 +78,8 @@ def _dev_stack(state_dir: Path | str | None) -> dict[str, Any]:
     except (UserError, OSError):
         return {}
     return dict(info or {})
+
+
+def find_database_url(state_dir: Path | str | None = None) -> str | None:
+    """``TASKPLANE_DATABASE_URL``, else the running dev stack's database, else None."""
+    return os.environ.get(ENV["database_url"]) or _dev_stack(state_dir).get("database_url") or None

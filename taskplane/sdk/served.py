@@ -34,6 +34,13 @@ def fix_hint(queue: str, module: str | None) -> str:
     return f"`taskplane worker -m {mod} --task-queue {queue}`"
 
 
+def unregistered_message(queue: str, agent: str | None, module: str | None) -> str:
+    """The error of a task whose queue's workers do not register its agent."""
+    what = f"agent {agent!r}" if agent else "this task's agent"
+    return (f"no worker on task queue {queue!r} serves {what} (the workers there do not import its "
+            f"module); run {fix_hint(queue, module)}")
+
+
 async def _first_task(handle: WorkflowHandle[Any, Any]) -> str | None:
     """"served" once a worker ran the task (or it ended), "unregistered" if a worker lacks its agent."""
     unregistered = False
@@ -65,8 +72,7 @@ async def unserved_reason(handle: WorkflowHandle[Any, Any], queue: str, agent: s
         if state == "served":
             return None
         if state == "unregistered":
-            return (f"no worker on task queue {queue!r} serves {what} (the workers there do not import its "
-                    f"module); run {fix_hint(queue, module)}")
+            return unregistered_message(queue, agent, module)
         if loop.time() >= end:
             break
         await asyncio.sleep(0.25)

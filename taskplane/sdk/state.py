@@ -47,6 +47,7 @@ class TaskContext:
     started_at: str | None = None
     run: int = 0  # continue-as-new generation
     parent_task_id: str | None = None
+    root_task_id: str | None = None  # a sub-agent's goal: the task at the top of its tree
     allow_fallback: bool = False
 
     # --- header encoding -------------------------------------------------------------

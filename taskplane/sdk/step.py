@@ -33,6 +33,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Every step the process has defined, by activity name (outside the sandbox only).
 STEPS: dict[str, Step] = {}
+#: Names that more than one function took (each definition, first first): activities are
+#: registered by name, so a worker refuses to serve them (``clashing_steps``).
+CLASHES: dict[str, list[Step]] = {}
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)
 
@@ -118,10 +121,34 @@ def step(
     def wrap(f: F) -> Step:
         s = Step(f, name or f.__name__, retries, timeout, non_retryable, heartbeat)
         if not workflow.unsafe.in_sandbox():
-            STEPS[s.name] = s
+            _register(s)
         return s
 
     return wrap(fn) if fn is not None else wrap
+
+
+def origin(s: Step) -> str:
+    """Where a step is defined: ``module.qualname``."""
+    return f"{s.fn.__module__}.{s.fn.__qualname__}"
+
+
+def _register(s: Step) -> None:
+    """Remember the step by name; a second function under a taken name is a clash (the same
+    function defined again, as a module reload does, replaces the first)."""
+    seen = STEPS.get(s.name)
+    if seen is not None and origin(seen) != origin(s):
+        defs = CLASHES.setdefault(s.name, [seen])
+        defs[:] = [d for d in defs if origin(d) != origin(s)] + [s]
+    STEPS[s.name] = s
+
+
+def clashing_steps(reserved: Sequence[str] = ()) -> list[str]:
+    """One line per activity name taken twice: by two @step functions, or by a step and one
+    of the worker's own activities (``reserved``). Empty when every name is unique."""
+    lines = [f"{name!r} ({' and '.join(origin(d) for d in defs)})" for name, defs in sorted(CLASHES.items())]
+    lines += [f"{name!r} ({origin(STEPS[name])} and taskplane's built-in activity)"
+              for name in sorted(set(reserved) & set(STEPS))]
+    return lines
 
 
 async def _run_step(s: Step, args: tuple[Any, ...]) -> Any:

@@ -138,7 +138,8 @@ class TaskRowInput:
     llm_calls: int = 0  # own calls (the sub-agents' are child_llm_calls)
     child_llm_calls: int = 0
     error: str | None = None
-    parent_task_id: str | None = None
+    parent_task_id: str | None = None  # a sub-agent's: the task that started it
+    root_task_id: str | None = None  # a sub-agent's: the goal at the top of its tree
 
 
 @dataclass

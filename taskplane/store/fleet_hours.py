@@ -67,7 +67,8 @@ async def fleet_window(engine: AsyncEngine, since: datetime | None, until: datet
 
 _HISTORY = text("""
     WITH t AS (SELECT task_id, agent, EXTRACT(EPOCH FROM (finished_at - started_at)) AS secs FROM tasks
-               WHERE status = 'succeeded' AND finished_at IS NOT NULL AND started_at > now() - interval '1 day'),
+               WHERE status = 'succeeded' AND finished_at IS NOT NULL AND started_at > now() - interval '1 day'
+                     AND parent_task_id IS NULL),
          c AS (SELECT task_id, COUNT(*) AS calls,
                       SUM(completion_tokens + CAST(:w AS double precision) * GREATEST(prompt_tokens - cached_tokens, 0)) AS work
                FROM llm_calls WHERE outcome = 'success' GROUP BY task_id)
@@ -81,7 +82,7 @@ _LIVE = text("""
            (ARRAY_AGG(l.replica ORDER BY l.started_at DESC) FILTER (WHERE l.replica IS NOT NULL))[1] AS replica,
            COALESCE(MAX(l.prompt_tokens + l.completion_tokens), 0) AS context_tokens
     FROM tasks t LEFT JOIN llm_calls l ON l.task_id = t.task_id
-    WHERE t.status = 'running' AND t.started_at > now() - interval '1 day'
+    WHERE t.status = 'running' AND t.started_at > now() - interval '1 day' AND t.parent_task_id IS NULL
     GROUP BY t.task_id, t.agent, t.deadline
 """)
 

@@ -58,9 +58,13 @@ class Task(Base):
     retries: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # a sub-agent's task: who started it, and the goal at the top of its tree (NULL for a goal)
+    parent_task_id: Mapped[str | None] = mapped_column(Text)
+    root_task_id: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(_in("status", TASK_STATUSES), name="tasks_status_valid"),
+        Index("ix_tasks_root_task_id", "root_task_id"),
         Index("ix_tasks_tenant", "tenant"),
         Index("ix_tasks_started_at", "started_at"),
         Index("ix_tasks_finished_at", "finished_at"),

@@ -74,7 +74,13 @@ class AttemptRecord(BaseModel):
 
 
 class TaskRecord(BaseModel):
-    """One agent task (a Temporal workflow). Upserted at start and at end."""
+    """One agent task (a Temporal workflow). Upserted at start and at end.
+
+    A sub-agent's task has a record too, with ``parent_task_id`` (the task that started it)
+    and ``root_task_id`` (the user's goal at the top of the tree); a goal has neither.
+    Reports count goals and roll every call of the tree up into the goal's agent, unless
+    asked to count sub-agents as tasks of their own.
+    """
 
     task_id: str
     agent: str
@@ -89,3 +95,5 @@ class TaskRecord(BaseModel):
     attempts: int = 0
     retries: int = 0
     error: str | None = None
+    parent_task_id: str | None = None
+    root_task_id: str | None = None

@@ -12,11 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskplane.store.models import LlmCall, Price, Task
 from taskplane.store.pricing import PriceEntry
-from taskplane.store.records import AttemptRecord, Outcome, TaskRecord
+from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
+from taskplane.store.writer import task_row
 
 _ATTEMPT_FIELDS = tuple(AttemptRecord.model_fields)
 _TASK_FIELDS = tuple(TaskRecord.model_fields)
@@ -75,6 +77,23 @@ async def get_task(engine: AsyncEngine, task_id: str) -> TaskRecord | None:
     return _task(row) if row is not None else None
 
 
+async def close_unrun_task(engine: AsyncEngine, rec: TaskRecord) -> bool:
+    """Write the final row of a task no worker ran (its agent was not served, it timed out):
+    inserted when absent, or closing a ``running`` row; a row some worker finished stays as
+    it is. True when this call wrote it."""
+    row = task_row(rec)
+    stmt = pg_insert(Task).values(row)
+    tasks = Task.__table__.c
+    keep = {"task_id", "started_at", "parent_task_id", "root_task_id"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[tasks.task_id],
+        set_={k: getattr(stmt.excluded, k) for k in row if k not in keep} | {"updated_at": func.now()},
+        where=tasks.status == TaskStatus.RUNNING.value,
+    )
+    async with engine.begin() as conn:
+        return bool((await conn.execute(stmt)).rowcount)
+
+
 async def task_attempts(engine: AsyncEngine, task_id: str) -> list[AttemptRecord]:
     """Every attempt of a task, oldest first."""
     q = select(LlmCall).where(LlmCall.task_id == task_id).order_by(LlmCall.started_at, LlmCall.id)
@@ -97,8 +116,8 @@ async def report_rows(
     """The rows a report over ``[since, until)`` needs, optionally for one tenant.
 
     Attempts: those started in the window. Tasks: those that ended (or, still running,
-    started) in the window, plus the tasks of those attempts, so every attempt's task
-    status is known even when the task ended outside the window.
+    started) in the window, plus the tasks of those attempts and the goals of those
+    tasks, so every attempt's goal status is known even when it ended outside the window.
     """
     since, until = _utc(since), _utc(until)
     call_cond = []
@@ -115,7 +134,10 @@ async def report_rows(
     if until is not None:
         task_window.append(task_time < until)
     call_tasks = select(LlmCall.task_id).where(and_(True, *call_cond), LlmCall.task_id.is_not(None)).distinct()
-    task_cond: list[Any] = [or_(and_(True, *task_window), Task.task_id.in_(call_tasks))]
+    # the goals of the window's sub-agent tasks too, so their calls roll up even when the goal ended elsewhen
+    goals = select(Task.root_task_id).where(Task.task_id.in_(call_tasks) | and_(True, *task_window),
+                                            Task.root_task_id.is_not(None))
+    task_cond: list[Any] = [or_(and_(True, *task_window), Task.task_id.in_(call_tasks), Task.task_id.in_(goals))]
     if tenant is not None:
         task_cond.append(Task.tenant == tenant)
     async with engine.connect() as conn:

@@ -96,6 +96,8 @@ def merge_task(old: TaskRecord, new: TaskRecord) -> TaskRecord:
             "deadline": new.deadline if new.deadline is not None else old.deadline,
             "deadline_met": new.deadline_met if new.deadline_met is not None else old.deadline_met,
             "finished_at": new.finished_at if new.finished_at is not None else old.finished_at,
+            "parent_task_id": new.parent_task_id or old.parent_task_id,
+            "root_task_id": new.root_task_id or old.root_task_id,
         }
     )
 
@@ -119,6 +121,8 @@ def _task_upsert() -> Any:
             "attempts": ex.attempts,
             "retries": ex.retries,
             "error": ex.error,
+            "parent_task_id": func.coalesce(ex.parent_task_id, tasks.parent_task_id),
+            "root_task_id": func.coalesce(ex.root_task_id, tasks.root_task_id),
             "updated_at": func.now(),
         },
         where=or_(tasks.status == TaskStatus.RUNNING.value, ex.status != TaskStatus.RUNNING.value),

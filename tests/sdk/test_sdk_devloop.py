@@ -53,9 +53,10 @@ async def test_an_agent_no_worker_serves_fails_within_seconds_naming_the_fix(
     for needle in ("'tp_named_tool'", repr(rec_worker.task_queue), "taskplane worker -m tp_sdk_tools"):
         assert needle in out.error
     with pytest.raises(TaskFailed, match="tp_named_tool"):
-        await handle.result()  # asked again, after the termination: the same reason
+        await handle.result()  # asked again: the same reason
     assert (await handle.outcome()).failure_type == "AgentNotServed"
-    assert (await handle.handle.describe()).status == WorkflowExecutionStatus.TERMINATED
+    # the worker's catch-all failed it (with its task row: test_sdk_task_rows), no client had to
+    assert (await handle.handle.describe()).status == WorkflowExecutionStatus.FAILED
 
 
 async def test_a_queue_nobody_polls_fails_too(tp_client: Client) -> None:

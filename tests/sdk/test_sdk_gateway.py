@@ -13,6 +13,8 @@ from tp_sdk_db import wait_status
 
 import taskplane
 from taskplane.dev.local import LocalCluster
+from taskplane.reports.compute import build_report
+from taskplane.store.records import AttemptRecord, TaskRecord
 from workflows.worker import TaskplaneWorker
 
 
@@ -35,15 +37,34 @@ async def test_task_through_the_gateway_records_context_and_cost(
     assert [r["step"] for r in child_rows] == [0, 1]
     assert {r["session_id"] for r in child_rows} == {child_id} and {r["tenant"] for r in child_rows} == {"acme"}
 
-    # the task row: one per goal (the sub-agent has none), cost = every attempt of the tree
-    tasks = await _rows(pg_url, "SELECT * FROM tasks WHERE task_id LIKE :p", p=f"{task_id}%")
-    assert [t["task_id"] for t in tasks] == [task_id]
-    task = tasks[0]
+    # the goal's row carries every attempt of the tree; the sub-agent's row names its goal
+    tasks = await _rows(pg_url, "SELECT * FROM tasks WHERE task_id LIKE :p ORDER BY task_id", p=f"{task_id}%")
+    assert [t["task_id"] for t in tasks] == [task_id, child_id]
+    task, child = tasks
     assert task["status"] == "succeeded" and task["deadline_met"] is True and task["tenant"] == "acme"
     assert task["finished_at"] is not None and task["deadline"] is not None
+    assert task["parent_task_id"] is None and task["root_task_id"] is None
+    assert child["parent_task_id"] == task_id and child["root_task_id"] == task_id
+    assert child["agent"] == "tp_helper" and child["tenant"] == "acme" and child["status"] == "succeeded"
     total = sum(float(r["cost_usd"]) for r in rows + child_rows)  # type: ignore[arg-type]
     assert task["cost_usd"] == pytest.approx(total, rel=1e-6)
+    assert task["attempts"] == 5
+    assert child["cost_usd"] == pytest.approx(sum(float(r["cost_usd"]) for r in child_rows), rel=1e-6)  # type: ignore[arg-type]
     assert await handle.cost() == pytest.approx(total, rel=1e-6)
+
+    # the report over these rows: one task (the goal) whose agent carries the whole tree, or two
+    # tasks, each agent with its own calls, when sub-agents are counted
+    calls = [AttemptRecord.model_validate(r) for r in rows + child_rows]
+    records = [TaskRecord.model_validate(t) for t in tasks]
+    goals = build_report(calls, records)
+    assert (goals.tasks_total, goals.tasks_succeeded, goals.sub_agent_tasks) == (1, 1, 1)
+    by_agent = {g.key: g for g in goals.groups_by["agent"]}
+    assert set(by_agent) == {"tp_context"} and by_agent["tp_context"].calls == 5
+    assert by_agent["tp_context"].cost_per_successful_task_usd == pytest.approx(total, rel=1e-6)
+    each = build_report(calls, records, count_sub_agents=True)
+    assert (each.tasks_total, each.tasks_succeeded) == (2, 2)
+    by_agent = {g.key: g for g in each.groups_by["agent"]}
+    assert {k: g.calls for k, g in by_agent.items()} == {"tp_context": 3, "tp_helper": 2}
 
 
 async def _run_two_phase_with_hung_replica(
