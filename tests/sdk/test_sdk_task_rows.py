@@ -123,6 +123,10 @@ def _module(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
+# never called (the worker is refused before it runs); given because a framework adapter an
+# earlier test imported (tests/examples) makes build_worker ask for one
+UNUSED_GATEWAY = "http://127.0.0.1:9"
+
 STEP = '''
 @step
 async def lookup(key: str) -> str:
@@ -136,7 +140,7 @@ async def test_two_steps_with_one_name_are_refused_naming_both_modules(
     a = _module(tmp_path, "tp_clash_a", STEP)
     b = _module(tmp_path, "tp_clash_b", STEP)
     with pytest.raises(UserError) as info:
-        await build_worker(tp_client, None, None, [a, b], task_queue=_queue(), include_examples=False)
+        await build_worker(tp_client, UNUSED_GATEWAY, None, [a, b], task_queue=_queue(), include_examples=False)
     message = str(info.value)
     assert "'lookup'" in message and "tp_clash_a.lookup" in message and "tp_clash_b.lookup" in message
     assert "@step(name=" in message
@@ -151,7 +155,7 @@ async def test_a_step_named_like_a_built_in_activity_is_refused(
             return key
     ''')
     with pytest.raises(UserError, match=r"'task_record' \(tp_clash_builtin.record and taskplane's built-in"):
-        await build_worker(tp_client, None, None, [mod], task_queue=_queue(), include_examples=False)
+        await build_worker(tp_client, UNUSED_GATEWAY, None, [mod], task_queue=_queue(), include_examples=False)
 
 
 async def test_a_step_defined_again_by_its_own_module_is_no_clash(
@@ -160,9 +164,9 @@ async def test_a_step_defined_again_by_its_own_module_is_no_clash(
     import importlib
 
     mod = _module(tmp_path, "tp_clash_reload", STEP)
-    worker = await build_worker(tp_client, None, None, [mod], task_queue=_queue(), include_examples=False)
+    worker = await build_worker(tp_client, UNUSED_GATEWAY, None, [mod], task_queue=_queue(), include_examples=False)
     await worker.resources.aclose()
     importlib.reload(sys.modules["tp_clash_reload"])  # the same function again: replaces, no clash
     assert "lookup" not in CLASHES
-    worker = await build_worker(tp_client, None, None, [mod], task_queue=_queue(), include_examples=False)
+    worker = await build_worker(tp_client, UNUSED_GATEWAY, None, [mod], task_queue=_queue(), include_examples=False)
     await worker.resources.aclose()
