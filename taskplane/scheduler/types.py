@@ -29,6 +29,7 @@ class ReplicaView:
     inflight_decode_tokens: int = 0  # completion tokens still to generate
     has_kv_events: bool = False
     max_num_seqs: int = 256  # the engine's batch limit (vLLM --max-num-seqs)
+    kv_host_blocks_total: int = 0  # KV blocks of its host (CPU) tier; 0: GPU only
 
 
 @dataclass(slots=True)
