@@ -14,7 +14,7 @@ with one hash id per 512-token block, chained (equal leading ids = equal prefix)
 ``len(hash_ids) == ceil(input_length / 512)`` on every line, as in the real trace. The
 numbers below are assumptions of a plausible tool-agent fleet, not measurements.
 
-    python -m taskplane.bench.tracegen --out toolagent.jsonl --seed 1 --duration-s 900
+    python -m taskplane.bench.tracegen --out toolagent.jsonl --seed 1
 """
 
 from __future__ import annotations
@@ -36,19 +36,21 @@ BLOCK = 512  # tokens per hash id (the Mooncake trace format)
 class ToolAgentShape:
     """The trace's shape; every field's default is an assumption, documented."""
 
-    duration_s: float = 900.0  # arrivals of new episodes within this window
-    episodes_per_s: float = 0.55  # mean rate of new episodes (bursty, see below)
+    duration_s: float = 600.0  # arrivals of new episodes within this window (turns run on past it)
+    episodes_per_s: float = 1.5  # mean rate of new episodes (bursty, see below)
     burst_period_s: float = 120.0  # the rate alternates high / low every half period ...
     burst_factor: float = 3.0  # ... high = factor x low (mean kept at episodes_per_s)
     agents: int = 12  # distinct agents, each with its own tool-description prefix
     agent_zipf: float = 1.1  # popularity of the agents (Zipf exponent)
     prefix_blocks: tuple[int, int] = (8, 28)  # tool-description prefix: 4k-14k tokens, per agent
     system_blocks: int = 1  # one system prompt block shared by every request (as in Mooncake)
-    turns: tuple[int, int] = (2, 14)  # turns per episode (uniform)
+    turns: tuple[int, int] = (4, 16)  # turns per episode (uniform)
     task_tokens: tuple[int, int] = (200, 1500)  # the user's task, first turn
     tool_result_tokens: tuple[float, float] = (6.5, 0.9)  # lognormal (mu, sigma): ~660 tokens median
     output_tokens: tuple[int, int] = (20, 400)  # a tool call or a short answer (uniform)
-    gap_s: tuple[float, float] = (1.6, 0.8)  # lognormal tool gap between turns: ~5 s median
+    # lognormal tool gap between turns: ~30 s median, ~50 s mean (test runs, builds, searches),
+    # long enough that the sessions in flight outgrow 16 H100s' GPU KV (~6.7 M tokens)
+    gap_s: tuple[float, float] = (3.4, 1.0)
     max_input_tokens: int = 120_000
 
 
@@ -87,7 +89,7 @@ def generate(shape: ToolAgentShape, seed: int) -> list[dict[str, object]]:
                 break
             ids, tokens = _append(ids, tokens, added, fresh)
             out = int(rng.integers(shape.output_tokens[0], shape.output_tokens[1] + 1))
-            ms = int(round(t * 1000.0))
+            ms = round(t * 1000.0)
             heapq.heappush(heap, (ms, ep, turn, {"timestamp": ms, "input_length": tokens, "output_length": out,
                                                  "hash_ids": list(ids)}))
             ids, tokens = _append(ids, tokens, out, fresh)  # the reply is part of the next prompt

@@ -55,6 +55,7 @@ class CallRequest:
     block_size: int = 16  # tokens per block used to compute block_hashes
     tokenized: bool = True  # False: block_hashes are text_chain_hashes (approximate index only)
     avoid_replicas: tuple[str, ...] = ()  # never place here (a retry after a replica failed)
+    tool: str | None = None  # the tool its task ran since the session's previous call (SDK hint)
 
 
 class Priority(StrEnum):

@@ -48,6 +48,7 @@ class TaskContext:
     run: int = 0  # continue-as-new generation
     parent_task_id: str | None = None
     allow_fallback: bool = False
+    tool: str | None = None  # the step (tool) run since the task's last LLM call: the next call's hint
 
     # --- header encoding -------------------------------------------------------------
 
@@ -98,6 +99,7 @@ class TaskContext:
             agent=self.agent,
             attempt=max(attempt, 1),
             call_id=f"{self.task_id}:{self.step}",
+            tool=self.tool,
         )
 
     def copy(self, **changes: object) -> TaskContext:
