@@ -11,7 +11,10 @@ replays it exactly like the real one:
     {"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}
 
 with one hash id per 512-token block, chained (equal leading ids = equal prefix), and
-``len(hash_ids) == ceil(input_length / 512)`` on every line, as in the real trace. The
+``len(hash_ids) == ceil(input_length / 512)`` on every line, as in the real trace. Each
+line also names its episode (``"session_id": "ep-N"``, a key the real trace lacks and other
+readers ignore): the episodes of one agent share its tool prefix, so deriving sessions from
+shared prefixes, as the replay does for the real trace, would merge them into one. The
 numbers below are assumptions of a plausible tool-agent fleet, not measurements.
 
     python -m taskplane.bench.tracegen --out toolagent.jsonl --seed 1
@@ -91,7 +94,7 @@ def generate(shape: ToolAgentShape, seed: int) -> list[dict[str, object]]:
             out = int(rng.integers(shape.output_tokens[0], shape.output_tokens[1] + 1))
             ms = round(t * 1000.0)
             heapq.heappush(heap, (ms, ep, turn, {"timestamp": ms, "input_length": tokens, "output_length": out,
-                                                 "hash_ids": list(ids)}))
+                                                 "hash_ids": list(ids), "session_id": f"ep-{ep}"}))
             ids, tokens = _append(ids, tokens, out, fresh)  # the reply is part of the next prompt
     return [heapq.heappop(heap)[3] for _ in range(len(heap))]
 

@@ -36,7 +36,9 @@ def test_the_loader_replays_it_with_multi_turn_sessions_and_a_high_ceiling(tmp_p
     main(["--out", str(out), "--seed", "3", "--duration-s", "60", "--episodes-per-s", "1.0"])
     wl = load_mooncake(out)
     assert wl.meta["requests"] == len(generate(SMALL, seed=3))
-    # turns of an episode extend its prefix, so the loader derives multi-turn sessions
-    assert max(len(t.calls) for t in wl.tasks) >= SMALL.turns[0]
+    # one session per episode (the lines name it), each of several turns
+    episodes = {r["session_id"] for r in generate(SMALL, seed=3)}
+    assert len(wl.tasks) == len(episodes) > SMALL.agents
+    assert min(len(t.calls) for t in wl.tasks) >= 1 and max(len(t.calls) for t in wl.tasks) >= SMALL.turns[0]
     # long shared tool prefixes + appended turns: far above the conversation trace's 37 %
     assert hit_ceiling(wl) > 0.7
