@@ -27,6 +27,9 @@ H_ALLOW_FALLBACK = "x-taskplane-allow-fallback"
 H_AGENT = "x-taskplane-agent"
 H_ATTEMPT = "x-taskplane-attempt"
 H_CALL_ID = "x-taskplane-call-id"
+# Extension (README): the tool (step) the task ran since its previous call, so the gateway
+# knows this call ends a tool gap and which tool it was (KV lifetimes learn gaps per tool).
+H_TOOL = "x-taskplane-tool"
 
 R_REPLICA = "X-Taskplane-Replica"
 R_GPU = "X-Taskplane-Gpu"
@@ -51,6 +54,7 @@ class CallContext(BaseModel):
     agent: str | None = None
     attempt: int = Field(default=1, ge=1)
     call_id: str | None = None
+    tool: str | None = None  # the tool the task ran since its previous call (X-Taskplane-Tool)
 
     @property
     def session_key(self) -> str | None:
@@ -79,6 +83,8 @@ class CallContext(BaseModel):
         h[H_ATTEMPT] = str(self.attempt)
         if self.call_id:
             h[H_CALL_ID] = self.call_id
+        if self.tool:
+            h[H_TOOL] = self.tool
         return h
 
 
@@ -154,4 +160,5 @@ def parse_headers(headers: Mapping[str, str], *, tenant: str | None = None) -> C
         agent=_text(headers, H_AGENT),
         attempt=max(attempt or 1, 1),
         call_id=_text(headers, H_CALL_ID),
+        tool=_text(headers, H_TOOL),
     )

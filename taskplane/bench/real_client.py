@@ -125,6 +125,8 @@ def routing_headers(style: HeaderStyle, task: RealTask, call: RealCall, remainin
     }
     if remaining_s is not None:
         h["X-Taskplane-Budget-Ms"] = str(max(0, int(remaining_s * 1000)))
+    if call.step > 0 and call.tool:
+        h["X-Taskplane-Tool"] = call.tool  # the SDK's "in a tool" hint: the tool that just ran
     return h
 
 

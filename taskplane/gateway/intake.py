@@ -142,6 +142,7 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         agent=ctx.agent,
         call_id=ctx.call_id,
         block_size=block_size,
+        tool=ctx.tool,
     )
     stream_opts = body.get("stream_options") or {}
     return Call(

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.scheduler.feedback import LatencyFeedback, RoutingMemory
+from taskplane.scheduler.feedback import LatencyFeedback, RoutingMemory, ToolGapHints
 from taskplane.scheduler.framework.handle import Handle, Load
 from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Filter, Picker, Scorer, Stateful
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.scheduler.kv.precise import BatchResult
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
@@ -51,6 +52,7 @@ class Scheduler:
         load: Load | None = None,
         sticky: bool = False,
         metrics: bool = True,
+        lifetimes: LifetimePlanner | None = None,
     ) -> None:
         self.name = name
         self.filters = list(filters)
@@ -78,6 +80,10 @@ class Scheduler:
             RoutingMemory(self.handle.kv_index, (p.kv_source for p in plugins)),
             LatencyFeedback(self.handle.latency),
         ]
+        # KV lifetimes across tool gaps, from the SDK's hint (presets with kv_lifetimes)
+        self.tool_hints = ToolGapHints(lifetimes, policy=name, metrics=metrics) if lifetimes is not None else None
+        if self.tool_hints is not None:
+            self.hooks.append(self.tool_hints)
 
     @property
     def kv_index(self) -> KVIndex:

@@ -4,7 +4,10 @@
   view, for the plugins that match against it (replicas without KV events, streams out of
   sync, or a plugin asking for the routing history itself);
 * :class:`LatencyFeedback` remembers what a decision predicted from (GPU, queued work,
-  batch size) and calibrates the latency model when the call completes.
+  batch size) and calibrates the latency model when the call completes;
+* :class:`ToolGapHints` hands the SDK's "in a tool" hint (``CallRequest.tool``, the
+  ``X-Taskplane-Tool`` header) to the KV-lifetime planner: the gap each tool took, learned
+  per agent and tool, and a lifetime planned for each session going into a gap.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any
 from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Stateful
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner, ToolHint
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
+from taskplane.scheduler.metrics import LIFETIME_PLANS, TOOL_HINTS
 from taskplane.scheduler.types import CallOutcome, CallRequest, Decision, ReplicaView
 
 #: Placements remembered for calibration; the oldest is forgotten past this many.
@@ -81,3 +86,62 @@ class LatencyFeedback(Stateful):
             cold_start_s=outcome.cold_start_s,
             prompt_tokens=outcome.prompt_tokens or None,
         )
+
+
+#: the planner's key for a gap whose tool is not known yet: on the gateway path the hint
+#: comes with the call after the gap, so a plan made when a call ends uses the agent's gaps
+UNKNOWN_TOOL = "*"
+
+
+class ToolGapHints(Stateful):
+    """The gateway's side of KV lifetimes: feeds the planner the tool gaps the SDK's hint
+    names, and plans each session's lifetime when its call ends.
+
+    vLLM offers no API to prefetch a session from its CPU offload store or to evict chosen
+    blocks, so against real replicas the plans are counted
+    (``taskplane_scheduler_kv_lifetime_plans_total``), not carried out; the simulator
+    carries them out (``taskplane.sim.lifetimes``)."""
+
+    def __init__(self, planner: LifetimePlanner, *, policy: str = "taskplane", metrics: bool = True) -> None:
+        self.planner = planner
+        self.policy = policy
+        self.metrics = metrics
+        self.plans: dict[str, int] = {}  # action -> count (also without Prometheus)
+        self.hints = 0
+        self._ended: dict[str, tuple[float, str | None]] = {}  # session -> (its last call's end, agent)
+        self._usage: dict[Any, float] = {}  # call -> KV usage of its replica when placed
+
+    def placed(self, state: CycleState | OneCandidate, view: ReplicaView, decision: Decision) -> None:
+        req = state.request
+        session = req.session_id or req.task_id
+        if session is None:
+            return
+        ended = self._ended.pop(session, None)
+        if req.tool and ended is not None:
+            self.hints += 1
+            if self.metrics:
+                TOOL_HINTS.labels(self.policy).inc()
+            self.planner.observe_gap(req.agent or ended[1] or "default", req.tool, max(req.now_s - ended[0], 0.0))
+        if len(self._usage) >= MAX_REMEMBERED:
+            self._usage.pop(next(iter(self._usage)))
+        total = max(view.kv_blocks_total, 1)
+        self._usage[req.call_id or id(req)] = 1.0 - view.kv_blocks_free / total
+
+    def completed(self, request: CallRequest, outcome: CallOutcome, now_s: float) -> None:
+        usage = self._usage.pop(request.call_id or id(request), 0.0)
+        session = request.session_id or request.task_id
+        if session is None or not outcome.ok:
+            return
+        steps_left = request.steps_remaining
+        if steps_left is None or steps_left > 0:
+            if len(self._ended) >= MAX_REMEMBERED:
+                self._ended.pop(next(iter(self._ended)))
+            self._ended[session] = (now_s, request.agent)
+        budget = request.budget_ms
+        hint = ToolHint(agent=request.agent or "default", tool=UNKNOWN_TOOL if steps_left != 0 else None,
+                        steps_left=1 if steps_left is None else steps_left,
+                        slack_s=None if budget is None else budget / 1000.0 - (now_s - request.now_s))
+        action = self.planner.plan(hint, kv_usage=usage, load_s=0.0).action.value
+        self.plans[action] = self.plans.get(action, 0) + 1
+        if self.metrics:
+            LIFETIME_PLANS.labels(self.policy, action).inc()

@@ -42,6 +42,16 @@ SHED = Counter(
     "calls refused by admission control",
     ["policy", "band", "reason"],
 )
+LIFETIME_PLANS = Counter(
+    "taskplane_scheduler_kv_lifetime_plans_total",
+    "KV lifetimes planned for sessions going into a tool gap (keep, host, drop)",
+    ["policy", "action"],
+)
+TOOL_HINTS = Counter(
+    "taskplane_scheduler_tool_hints_total",
+    "calls that named the tool their task ran since the session's previous call (X-Taskplane-Tool)",
+    ["policy"],
+)
 MOVED = Counter(
     "taskplane_scheduler_moved_total", "calls moved to a fallback model", ["policy", "model"]
 )

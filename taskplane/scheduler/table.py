@@ -35,6 +35,7 @@ COLUMNS: tuple[str, ...] = (
     "healthy",
     "model_loaded",
     "has_kv_events",
+    "kv_host_blocks_total",
 )
 COL = {name: i for i, name in enumerate(COLUMNS)}
 _ROW = attrgetter(*COLUMNS)

@@ -29,6 +29,7 @@ class ReplicaView:
     inflight_decode_tokens: int = 0  # completion tokens still to generate
     has_kv_events: bool = False
     max_num_seqs: int = 256  # the engine's batch limit (vLLM --max-num-seqs)
+    kv_host_blocks_total: int = 0  # KV blocks of its host (CPU) tier; 0: GPU only
 
 
 @dataclass(slots=True)
@@ -54,6 +55,7 @@ class CallRequest:
     block_size: int = 16  # tokens per block used to compute block_hashes
     tokenized: bool = True  # False: block_hashes are text_chain_hashes (approximate index only)
     avoid_replicas: tuple[str, ...] = ()  # never place here (a retry after a replica failed)
+    tool: str | None = None  # the tool its task ran since the session's previous call (SDK hint)
 
 
 class Priority(StrEnum):

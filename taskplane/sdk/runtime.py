@@ -79,10 +79,12 @@ class TaskRuntime:
         """Claim the next step index and the context its call carries."""
         step = self.ctx.step
         self.ctx.step = step + 1
+        tool, self.ctx.tool = self.ctx.tool, None  # the "in a tool" hint goes on this call only
         return self.ctx.copy(
             step=step,
             steps_remaining=self.steps_remaining(step, steps_remaining),
             allow_fallback=self.ctx.allow_fallback if allow_fallback is None else allow_fallback,
+            tool=tool,
         )
 
     def tool_context(self) -> TaskContext:

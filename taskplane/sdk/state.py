@@ -49,6 +49,7 @@ class TaskContext:
     parent_task_id: str | None = None
     root_task_id: str | None = None  # a sub-agent's goal: the task at the top of its tree
     allow_fallback: bool = False
+    tool: str | None = None  # the step (tool) run since the task's last LLM call: the next call's hint
 
     # --- header encoding -------------------------------------------------------------
 
@@ -99,6 +100,7 @@ class TaskContext:
             agent=self.agent,
             attempt=max(attempt, 1),
             call_id=f"{self.task_id}:{self.step}",
+            tool=self.tool,
         )
 
     def copy(self, **changes: object) -> TaskContext:

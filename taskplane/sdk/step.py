@@ -156,6 +156,7 @@ async def _run_step(s: Step, args: tuple[Any, ...]) -> Any:
     budget_s = rt.budget_left()
     rt.set_current(f"tool {s.name}")
     rt.pending_header = rt.tool_context()
+    rt.ctx.tool = s.name  # the session is in a tool now: the next LLM call says which (X-Taskplane-Tool)
     try:
         result = await workflow.execute_activity(
             s.name,

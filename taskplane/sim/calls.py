@@ -101,6 +101,7 @@ def call_request(call: SimCall, t: float, block_size: int) -> CallRequest:
         steps_remaining=len(spec.calls) - call.step - 1, budget_ms=budget, sunk_cost_usd=task.cost,
         allow_fallback=spec.allow_fallback, now_s=t, agent=spec.agent, call_id=call.key, block_size=block_size,
         tokenized=True, avoid_replicas=call.avoid,
+        tool=spec.calls[call.step].tool if call.step > 0 else None,  # the SDK's hint: the tool that ran
     )
 
 

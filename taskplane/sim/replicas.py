@@ -50,7 +50,8 @@ class SimReplicas:
             self.views.append(ReplicaView(
                 name=r.name, model=r.model, gpu=r.gpu, cost_per_hour_usd=price, healthy=True,
                 model_loaded=r.model_loaded, kv_blocks_total=eng.num_blocks, kv_blocks_free=eng.free_blocks(),
-                block_size=block_size, has_kv_events=kv_events, max_num_seqs=r.max_num_seqs))
+                block_size=block_size, has_kv_events=kv_events, max_num_seqs=r.max_num_seqs,
+                kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0))
         self.healthy = [True] * len(self.engines)
         self._table = ReplicaTable(self.views) if table else None
         self._dirty: set[int] = set()  # replicas whose engine changed since their view was set

@@ -87,6 +87,9 @@ def test_taskplane_headers_parse_as_the_gateway_parses_them() -> None:
     assert ctx.tenant == task.tenant and ctx.priority is Priority.INTERACTIVE
     assert ctx.step == 1 and ctx.steps_remaining == len(task.calls) - 2
     assert ctx.budget_ms == 12500
+    assert ctx.tool == call.tool and call.tool  # the call after a tool names it
+    first = parse_headers({k.lower(): v for k, v in routing_headers("taskplane", task, task.calls[0], None).items()})
+    assert first.tool is None
     assert routing_headers("session", task, call, 12.5) == {"X-Session-ID": task.task_id}
 
 

@@ -75,6 +75,14 @@ async def test_headers_at_every_step_and_in_sub_agents(tp_client: Client, rec_wo
     assert memo["inputs"] == "tp_context('why')" and memo["tenant"] == "acme"
 
 
+async def test_the_call_after_a_tool_names_it(tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder) -> None:
+    handle = await taskplane.submit(agents.tool_hint, client=tp_client, task_queue=rec_worker.task_queue)
+    assert await handle.result() == 3
+    tools = [c.headers.get("x-taskplane-tool") for c in rec.for_task(handle.task_id)]
+    assert tools == [None, "capture_context", None]
+    assert [parse_headers(c.headers).tool for c in rec.for_task(handle.task_id)] == tools
+
+
 async def test_steps_remaining_learned_from_history(tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder) -> None:
     first = await taskplane.submit(agents.learner, 4, client=tp_client, task_queue=rec_worker.task_queue)
     await first.result()

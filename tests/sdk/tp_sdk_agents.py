@@ -51,6 +51,16 @@ async def context_agent(question: str) -> dict[str, object]:
     return {"replies": replies, "tool": tool, "sub": sub}
 
 
+@agent(name="tp_tool_hint", tenant="acme")
+async def tool_hint() -> int:
+    """A call, a tool, two calls: only the call right after the tool names it (X-Taskplane-Tool)."""
+    await llm.chat(model=MODEL, messages=_msg("hint 0"), max_tokens=4)
+    await capture_context("between")
+    await llm.chat(model=MODEL, messages=_msg("hint 1"), max_tokens=4)
+    await llm.chat(model=MODEL, messages=_msg("hint 2"), max_tokens=4)
+    return 3
+
+
 @agent(name="tp_learner", tenant="acme")
 async def learner(n: int) -> int:
     """No author estimate: steps-remaining must come from the agent's history."""

@@ -162,6 +162,25 @@ def test_taskplane_lifetimes_run_in_the_cluster_with_tiers() -> None:
     assert gpu_only.kv_lifetimes == {}  # nothing to carry out without tiers
 
 
+def test_simulated_calls_carry_the_tool_hint_and_the_scheduler_learns_each_tools_gap() -> None:
+    wl = _agents(30)
+    spec = ClusterSpec.fleet("h100:2", kv_blocks=60)
+    spec.tiers = TierSpec(host_kv_gb=64)
+    sched = build_policy("taskplane", seed=1, metrics=False)
+    simulate(spec, wl, sched, seed=1)
+    hints = sched.pipeline.tool_hints
+    assert hints is not None
+    after_tool = [(t.agent, c.tool, c.gap_s) for t in wl.tasks for c in t.calls[1:]]
+    assert 0 < hints.hints <= len(after_tool)  # retries and the last call of a task aside
+    # the planner's gap per (agent, tool) is learned from what the workload's tools took
+    agent, tool, _ = after_tool[0]
+    gaps = [g for a, tl, g in after_tool if (a, tl) == (agent, tool)]
+    assert len(gaps) >= hints.planner.min_samples  # so expected_gap is the tool's own, not a default
+    mean, _std = hints.planner.expected_gap(agent, tool)
+    assert min(gaps) <= mean <= max(gaps) + 1.0  # the scheduler sees the gap plus queueing
+    assert sum(hints.plans.values()) > 0 and hints.plans.get("drop", 0) > 0
+
+
 def test_bench_refuses_tiers_for_real_engines_and_negative_sizes(tmp_path: Any) -> None:
     import pytest
 

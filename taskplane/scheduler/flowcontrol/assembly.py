@@ -18,6 +18,7 @@ from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.flowcontrol.workingset import admission_load
 from taskplane.scheduler.framework.plugin import Filter, Kind, Picker, Scorer
 from taskplane.scheduler.framework.registry import REGISTRY
+from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.scheduler.presets import PRESETS
 
 
@@ -66,6 +67,7 @@ def assemble(
         load=admission_load(settings),
         sticky=preset.sticky,
         metrics=metrics,
+        lifetimes=LifetimePlanner() if preset.kv_lifetimes else None,
     )
     fallbacks = {p.model: p.fallback for p in (pools or ()) if getattr(p, "fallback", None)}
     return {

@@ -4,8 +4,10 @@ replicas are saturated (see ``AdmissionSettings.working_set_limits``).
 A task's first call is admitted on a replica only while the contexts of the sessions
 pinned there, plus the blocks it would allocate there, fit in its priority band's share of
 the KV cache; the state computes that room from the session view, with the limit this rule
-gives. A call without a task or session (a plain OpenAI client) is never held for room: it
-has no later steps whose context a refusal would protect.
+gives. A replica's host (CPU) KV tier can count too, at ``working_set_host_share`` of a GPU
+block (a session parked there during a tool gap is reloaded, not recomputed; 0 by default,
+as measured). A call without a task or session (a plain OpenAI client) is never held for
+room: it has no later steps whose context a refusal would protect.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def admission_load(settings: AdmissionSettings | None) -> Load:
         max_waiting=settings.max_waiting_per_replica,
         holds_calls=True,
         room_limit=WorkingSetLimit(settings) if settings.working_set_limits else None,
+        room_host_share=max(settings.working_set_host_share, 0.0),
     )
 
 

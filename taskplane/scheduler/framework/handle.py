@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -62,6 +62,18 @@ class Load:
     max_waiting: int = 2
     holds_calls: bool = False  # a saturated replica gets no call: flow control queues it instead
     room_limit: RoomLimit | None = None
+    # what one host-tier KV block counts for in working-set room against one GPU block: a
+    # session parked on host is not lost, only its reload costs (0: GPU room only)
+    room_host_share: float = 0.0
+
+    def room_tokens(self, limit: float, gpu_blocks: Any, host_blocks: Any, block_size: Any) -> Any:
+        """Context tokens the pinned sessions of a replica (or of each of an array of them)
+        may hold under working-set ``limit``: its GPU blocks, plus its host-tier blocks at
+        ``room_host_share``. The GPU-only value is computed exactly as it always was."""
+        share = self.room_host_share
+        if share > 0.0:
+            return limit * (gpu_blocks + share * host_blocks) * block_size
+        return limit * gpu_blocks * block_size
 
 
 @dataclass(slots=True)

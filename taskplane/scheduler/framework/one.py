@@ -37,6 +37,7 @@ class OneCandidate:
         "free",
         "handle",
         "healthy",
+        "host_total",
         "inflight_prefill",
         "loaded",
         "max_seqs",
@@ -59,9 +60,11 @@ class OneCandidate:
         self.now_s = now_s
         self.model = request.model
         self.view = table.views[row]
-        free, total, running, waiting, prefill, _, _, max_seqs, block_size, healthy, loaded, _ = table.cols[row].tolist()
+        (free, total, running, waiting, prefill, _, _, max_seqs, block_size, healthy, loaded, _,
+         host) = table.cols[row].tolist()
         self.free = free
         self.total = max(total, 1.0)
+        self.host_total = host
         self.running = running
         self.waiting = waiting
         self.inflight_prefill = prefill
@@ -142,7 +145,8 @@ class OneCandidate:
                 pins.sweep(self.now_s)
                 ws = pins.working_set_of_row(self.table, self.row)
                 need = self.request.prompt_tokens + self.completion_tokens
-                self._room = ws + need <= limit * self.total * self.block_size
+                self._room = ws + need <= self.handle.load.room_tokens(limit, self.total, self.host_total,
+                                                                       self.block_size)
         return self._room
 
     @property

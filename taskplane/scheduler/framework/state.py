@@ -53,6 +53,7 @@ class CycleState:
         self.block_size = np.maximum(cols[:, 8], 1.0)
         self.healthy = cols[:, 9] > 0.0
         self.loaded = cols[:, 10] > 0.0
+        self.host_total = cols[:, 12]  # host-tier KV blocks (0: GPU only)
         self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = handle.rng
@@ -253,7 +254,8 @@ class CycleState:
                 pins.sweep(self.now_s)
                 ws = pins.working_sets_of_rows(self.table, self.rows)
                 need = self.request.prompt_tokens + self.completion_tokens
-                self._room = ws + need <= limit * self.total * self.block_size
+                self._room = ws + need <= self.handle.load.room_tokens(limit, self.total, self.host_total,
+                                                                       self.block_size)
         return self._room  # type: ignore[return-value]
 
     @property

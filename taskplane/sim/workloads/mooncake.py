@@ -5,7 +5,10 @@ One JSON object per line: ``timestamp`` (ms from the start), ``input_length``,
 leading ids mean equal prefixes). The trace has no sessions; they are derived from
 shared prefixes: a request that shares at least ``min_shared_blocks`` leading blocks
 with an earlier request (beyond the common system prompt, block 0) continues that
-request's session (the next turn of a conversation), otherwise it starts a new one.
+request's session (the next turn of a conversation), otherwise it starts a new one. A line
+may carry an optional ``session_id`` (our generated tool-agent trace does: its episodes
+share long tool prefixes, which the derivation would merge into one session per agent);
+then the trace's own sessions are used.
 
 Block granularity: the trace knows 512-token blocks. With the default ``block_size``
 of 512 each trace id is one KV block (fast: a one-hour replay touches ~250k blocks).
@@ -47,6 +50,7 @@ def load_mooncake(
         raise ValueError(f"block_size must divide {TRACE_BLOCK}, got {block_size}")
     sub = TRACE_BLOCK // block_size
     owner: dict[int, int] = {}  # hash id -> session index
+    named: dict[object, int] = {}  # a trace's own session ids -> session index
     sessions: list[TaskSpec] = []
     n = 0
     with open(path, encoding="utf-8") as fh:
@@ -64,12 +68,16 @@ def load_mooncake(
             inp = int(rec["input_length"])
             out = max(1, int(rec["output_length"]))
             sess = -1
-            for k in range(len(ids) - 1, min_shared_blocks - 2, -1):
-                s = owner.get(ids[k])
-                if s is not None:
-                    sess = s
-                    break
-            if sess < 0:
+            sid = rec.get("session_id")
+            if sid is not None:  # the trace names its sessions: no derivation
+                sess = named.setdefault(sid, len(sessions))
+            else:
+                for k in range(len(ids) - 1, min_shared_blocks - 2, -1):
+                    s = owner.get(ids[k])
+                    if s is not None:
+                        sess = s
+                        break
+            if sess < 0 or sess == len(sessions):
                 sess = len(sessions)
                 sessions.append(TaskSpec(task_id=f"mc-{sess}", arrival_s=ts * time_scale, calls=[],
                                          agent="mooncake", tenant=tenant, priority=priority, model=model))
