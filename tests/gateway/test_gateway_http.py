@@ -74,7 +74,10 @@ async def test_killed_replica_is_retried_elsewhere_with_both_attempts_recorded(p
             r = await client.post("/v1/chat/completions", json=_chat(history), headers=_headers(task, 0))
             assert r.status_code == 200
             first = r.headers["X-Taskplane-Replica"]
-            c.kill_replica([x.name for x in c.replicas].index(first))
+            # the replica dies as the next call reaches it (a kill before it could race the
+            # gateway's 1 s health scrape, which would take the replica out before the call)
+            dying = c.replicas[[x.name for x in c.replicas].index(first)]
+            (await client.post(f"{dying.url}/admin/faults", json={"crash_after": 1})).raise_for_status()
             r = await client.post("/v1/chat/completions", json=_chat(history), headers=_headers(task, 1))
             assert r.status_code == 200, r.text
             assert r.headers["X-Taskplane-Replica"] != first
