@@ -313,20 +313,20 @@ class ReplicaRegistry:
     def least_loaded(self, model: str, count: int, *, skip: Collection[str] = ()) -> list[ReplicaState]:
         """Up to ``count`` replicas of ``model`` that the scheduler counts healthy, outside
         ``skip``, the least busy first (running plus waiting calls as their views count
-        them; ties in registry order): where a call goes if its replica fails. Array work
-        over the table, so it costs no Python per replica."""
+        them; ties in registry order): where a call goes if its replica fails. Sorted
+        over the table's columns; Python only looks at replicas until ``count`` are found."""
         table = self.table()
-        ok = np.zeros(len(table), dtype=bool)
-        ok[table.pool(model)] = True
-        ok &= table.cols[:, COL["healthy"]] > 0
-        for name in skip:
-            row = table.row_of(name)
-            if row is not None:
-                ok[row] = False
-        rows = np.flatnonzero(ok)
-        busy = table.cols[rows, COL["num_running"]] + table.cols[rows, COL["num_waiting"]]
-        best = rows[np.argsort(busy, kind="stable")[:count]]
-        return [self.replicas[table.names[int(i)]] for i in best]
+        rows = table.pool(model)
+        cols = table.columns(rows)
+        busy = cols[:, COL["num_running"]] + cols[:, COL["num_waiting"]]
+        out: list[ReplicaState] = []
+        for i in np.argsort(busy, kind="stable").tolist():
+            if len(out) == count:
+                break
+            view = table.views[int(rows[i])]
+            if view.healthy and view.name not in skip:
+                out.append(self.replicas[view.name])
+        return out
 
     def acquire(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> Lease:
         """Count a call as in flight on ``replica`` until the returned lease is released.

@@ -99,13 +99,18 @@ def metadata_value(req: pb.ProcessingRequest, namespace: str, key: str) -> Any:
     return MessageToDict(s).get(key)
 
 
-def _option(key: str, value: str) -> base_pb2.HeaderValueOption:
-    return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
-                                      append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
 def header_mutation(set_headers: Mapping[str, str] | None = None, remove: Iterable[str] = ()) -> pb.HeaderMutation:
-    return pb.HeaderMutation(set_headers=[_option(k, v) for k, v in (set_headers or {}).items()], remove_headers=list(remove))
+    """Headers to set (overwriting) and to remove. Filled in place: a message per header
+    built and then copied in cost about twice as much (several per call)."""
+    mutation = pb.HeaderMutation(remove_headers=list(remove))
+    for key, value in (set_headers or {}).items():
+        option = mutation.set_headers.add(append_action=_OVERWRITE)
+        option.header.key = key
+        option.header.raw_value = value.encode()
+    return mutation
 
 
 def struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
