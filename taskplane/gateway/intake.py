@@ -8,8 +8,8 @@ nothing upstream.
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,7 +159,7 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
         deterministic=typed.temperature == 0 and not typed.stream and has_response_cache,
         request=request,
-        call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
+        call_id=ctx.call_id or f"adhoc-{secrets.token_hex(16)}",
     )
 
 
