@@ -288,8 +288,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             name = self.book.replica(str(served))
             if name in self.gw.registry.replicas:
                 return self.gw.registry.replicas[name]
-            # an endpoint the book has not caught up with (it follows the registry every
-            # half second): one of the picker's own choices answered, known by address
+            # an endpoint the book does not know (its name did not resolve when the replica
+            # joined): one of the picker's own choices answered, known by address
             for choice in picked.order:
                 if choice.config.url.split("://", 1)[-1].rstrip("/") == str(served).strip():
                     return choice
