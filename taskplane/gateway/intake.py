@@ -127,7 +127,8 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         )
     block_size = pool_block_size(registry, pool)
     prompt = tokens[:-1]  # vLLM never serves the last prompt token from cache
-    hashes = chain_hashes(prompt, block_size) if chains is None else chains.hashes(ctx.session_key, prompt, block_size)
+    session = (ctx.tenant, ctx.session_key) if ctx.session_key else None
+    hashes = chain_hashes(prompt, block_size) if chains is None else chains.hashes(session, prompt, block_size)
     request = CallRequest(
         model=pool.model,
         prompt_tokens=len(tokens),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -102,10 +102,12 @@ class SessionChains:
 
     def __init__(self, max_sessions: int = 4096) -> None:
         self.max_sessions = max_sessions
-        self._last: OrderedDict[str, tuple[tuple[int, int], bytes, list[int]]] = OrderedDict()  # shape, tokens, hashes
+        self._last: OrderedDict[Hashable, tuple[tuple[int, int], bytes, list[int]]] = OrderedDict()  # shape, tokens, hashes
 
-    def hashes(self, session: str | None, tokens: Sequence[int], block_size: int) -> list[int]:
-        """``chain_hashes(tokens, block_size)``, reusing the session's previous prompt."""
+    def hashes(self, session: Hashable | None, tokens: Sequence[int], block_size: int) -> list[int]:
+        """``chain_hashes(tokens, block_size)``, reusing the previous prompt of ``session``
+        (any key; the gateway's is the tenant and the session id, so one tenant's prompts
+        never meet another's, not even in how long hashing takes)."""
         n_full = len(tokens) // block_size if block_size > 0 else 0
         if session is None or n_full == 0:
             return chain_hashes(tokens, block_size)
