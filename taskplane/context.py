@@ -7,6 +7,7 @@ header contract of DESIGN.md lives in exactly one place.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
@@ -120,11 +121,14 @@ def _float(headers: Mapping[str, str], name: str) -> float | None:
     return value
 
 
+_CONTROL = re.compile("[\x00-\x1f]")
+
+
 def _text(headers: Mapping[str, str], name: str, max_len: int = 256) -> str | None:
     raw = headers.get(name)
     if raw is None or raw == "":
         return None
-    if len(raw) > max_len or any(ord(c) < 32 for c in raw):
+    if len(raw) > max_len or _CONTROL.search(raw):
         raise _bad(name, raw, f"printable text of at most {max_len} characters")
     return raw
 

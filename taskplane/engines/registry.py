@@ -2,6 +2,13 @@
 gateway's own in-flight counts, turned into the plain ``ReplicaView`` snapshot the
 scheduler decides on.
 
+The snapshot is kept, not rebuilt per decision: a ``ReplicaTable`` (the scheduler's
+struct of arrays) whose row for a replica is rebuilt only after one of the fields its
+view reads changed (a scrape, a lease taken or given back, a failure mark, a new
+config). At 256 replicas rebuilding every view per decision was most of the picker's
+CPU. Setting such a field on a ``ReplicaState`` is what marks it stale, so no writer
+(the scrape, a lease, a test) can forget to.
+
 Health is learned two ways: a periodic probe of ``/metrics`` (which also gives vLLM's
 queue and KV numbers) and passive failures seen while proxying, so a dead replica
 stops receiving calls within one failed attempt rather than one scrape interval.
@@ -11,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
 import structlog
 
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
+from taskplane.scheduler.table import COL, ReplicaTable
 from taskplane.scheduler.types import ReplicaView
 
 log = structlog.get_logger(__name__)
@@ -33,7 +43,14 @@ DEFAULT_PRICE_PER_HOUR = {
 }
 
 
-@dataclass
+#: The fields ``ReplicaState.view`` reads: setting one makes the replica's view stale.
+VIEW_FIELDS = frozenset({
+    "config", "pool", "healthy", "down_until", "kv_blocks_total", "kv_usage", "block_size", "num_running",
+    "num_waiting", "inflight", "inflight_prompt_tokens", "inflight_decode_tokens", "kv_events_live",
+})
+
+
+@dataclass(eq=False)  # one object per replica: compared and hashed by identity
 class ReplicaState:
     """Everything the gateway knows about one replica."""
 
@@ -61,6 +78,14 @@ class ReplicaState:
     probe_failures: int = 0
     progress_tokens: float = -1.0
     progress_at: float = field(default_factory=time.monotonic)
+    #: Called with the state after a field in ``VIEW_FIELDS`` was set (the registry's
+    #: stale set); None while the state belongs to no registry.
+    on_change: Callable[[ReplicaState], None] | None = field(default=None, repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in VIEW_FIELDS and self.on_change is not None:
+            self.on_change(self)
 
     def saw_progress(self) -> None:
         """The replica sent something (headers, a stream chunk, a body): it is alive."""
@@ -93,7 +118,8 @@ class ReplicaState:
     def health_url(self) -> str:
         return f"{self.config.url}/health"
 
-    def view(self) -> ReplicaView:
+    def view(self, now: float | None = None) -> ReplicaView:
+        now = time.monotonic() if now is None else now
         total = self.kv_blocks_total or self.config.kv_blocks or 4096
         free = max(0, round(total * (1.0 - self.kv_usage)))
         # The engine's own counts lag by a scrape; the gateway's in-flight count is fresh.
@@ -106,7 +132,7 @@ class ReplicaState:
             model=self.pool.model,
             gpu=self.config.gpu,
             cost_per_hour_usd=self.price_per_hour,
-            healthy=self.healthy and not self.config.draining and time.monotonic() >= self.down_until,
+            healthy=self.healthy and not self.config.draining and now >= self.down_until,
             model_loaded=True,
             kv_blocks_total=total,
             kv_blocks_free=free,
@@ -179,25 +205,64 @@ STALL_S = 5.0
 
 
 class ReplicaRegistry:
-    """Replicas by name; scrapes their metrics in the background."""
+    """Replicas by name; scrapes their metrics in the background and keeps the
+    scheduler's table of their views up to date (see the module docstring)."""
 
     def __init__(self, config: GatewayConfig, *, scrape_interval_s: float = 1.0) -> None:
         self.config = config
         self.scrape_interval_s = scrape_interval_s
         self.replicas: dict[str, ReplicaState] = {}
+        self._table = ReplicaTable()
+        self._stale: set[ReplicaState] = set()  # rows to rebuild before the table is read
+        self._held: dict[ReplicaState, float] = {}  # marked down until then: the row changes with time
+        self._by_model: dict[str, list[ReplicaState]] = {}  # cache, cleared when membership changes
+        self._listeners: list[Callable[[], None]] = []
         for pool in config.pools:
             for rc in pool.replicas:
-                self.add(pool, rc)
+                self._add(pool, rc)
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
 
+    # ---- membership ------------------------------------------------------
+    def on_membership_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after replicas joined or left, or a replica's config changed
+        (the picker's endpoint book rewrites Envoy's endpoints then, instead of polling)."""
+        self._listeners.append(listener)
+
+    def _members_changed(self) -> None:
+        self._by_model.clear()
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception as exc:  # a listener's failure must not undo the change
+                log.warning("membership_listener_failed", error=str(exc))
+
     def add(self, pool: PoolConfig, rc: ReplicaConfig) -> ReplicaState:
-        state = ReplicaState(config=rc, pool=pool, block_size=rc.block_size or 16)
-        self.replicas[state.name] = state
+        state = self._add(pool, rc)
+        self._members_changed()
         return state
 
     def remove(self, name: str) -> None:
-        self.replicas.pop(name, None)
+        if self._remove(name):
+            self._members_changed()
+
+    def _add(self, pool: PoolConfig, rc: ReplicaConfig) -> ReplicaState:
+        state = ReplicaState(config=rc, pool=pool, block_size=rc.block_size or 16)
+        self._remove(state.name)
+        self.replicas[state.name] = state
+        self._table.upsert(state.view())
+        state.on_change = self._stale.add
+        return state
+
+    def _remove(self, name: str) -> bool:
+        state = self.replicas.pop(name, None)
+        if state is None:
+            return False
+        state.on_change = None
+        self._stale.discard(state)
+        self._held.pop(state, None)
+        self._table.remove(name)
+        return True
 
     def set_pool_replicas(self, pool: PoolConfig, configs: list[ReplicaConfig]) -> tuple[list[str], list[str]]:
         """Replace a pool's replica set (discovery); return (added, removed) names."""
@@ -206,18 +271,62 @@ class ReplicaRegistry:
         added = [n for n in wanted if n not in current]
         removed = [n for n in current if n not in wanted]
         for n in removed:
-            self.remove(n)
+            self._remove(n)
         for n in added:
-            self.add(pool, wanted[n])
+            self._add(pool, wanted[n])
+        changed = bool(added or removed)
         for n in current - set(removed):  # a kept replica's settings may change (draining)
-            self.replicas[n].config = wanted[n]
+            if self.replicas[n].config != wanted[n]:
+                self.replicas[n].config = wanted[n]
+                changed = True
+        if changed:
+            self._members_changed()
         return added, removed
 
     def for_model(self, model: str) -> list[ReplicaState]:
-        return [s for s in self.replicas.values() if s.pool.model == model]
+        """The replicas serving ``model`` (a cached list: do not modify it)."""
+        states = self._by_model.get(model)
+        if states is None:
+            states = self._by_model[model] = [s for s in self.replicas.values() if s.pool.model == model]
+        return states
+
+    # ---- the scheduler's snapshot ------------------------------------------
+    def table(self) -> ReplicaTable:
+        """Every replica's view as the scheduler reads it, with the rows of replicas whose
+        state changed since the last read rebuilt (the others are kept). Valid until the
+        next change; the scheduler copies it before accounting placements of its own."""
+        now = time.monotonic()
+        if self._held:
+            for s in [s for s, until in self._held.items() if now >= until]:
+                del self._held[s]
+                self._stale.add(s)
+        while self._stale:
+            s = self._stale.pop()
+            self._table.upsert(s.view(now))
+            if s.healthy and s.down_until > now:
+                self._held[s] = s.down_until
+        return self._table
 
     def views(self, model: str | None = None) -> list[ReplicaView]:
-        return [s.view() for s in self.replicas.values() if model is None or s.pool.model == model]
+        return [v for v in self.table().views if model is None or v.model == model]
+
+    def least_loaded(self, model: str, count: int, *, skip: Collection[str] = ()) -> list[ReplicaState]:
+        """Up to ``count`` replicas of ``model`` that the scheduler counts healthy, outside
+        ``skip``, the least busy first (running plus waiting calls as their views count
+        them; ties in registry order): where a call goes if its replica fails. Sorted
+        over the table's columns; Python only looks at replicas until ``count`` are found."""
+        table = self.table()
+        rows = table.pool(model)
+        cols = table.columns(rows)
+        busy = cols[:, COL["num_running"]] + cols[:, COL["num_waiting"]]
+        out: list[ReplicaState] = []
+        for i in np.argsort(busy, kind="stable").tolist():
+            if len(out) == count:
+                break
+            view = table.views[int(rows[i])]
+            if view.healthy and view.name not in skip:
+                out.append(self.replicas[view.name])
+        return out
 
     def acquire(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> Lease:
         """Count a call as in flight on ``replica`` until the returned lease is released.

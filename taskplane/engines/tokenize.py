@@ -56,9 +56,15 @@ def render_chat(messages: Iterable[Mapping[str, Any]]) -> str:
     return "".join(parts)
 
 
+def token_string(text: str) -> bytes:
+    """Token ids of ``text`` as one ``bytes`` object: the same sequence of ints as
+    ``tokenize``, without a Python int per token (the gateway hashes it as it is)."""
+    return text.encode("utf-8")
+
+
 def tokenize(text: str) -> list[int]:
     """Token ids of ``text``: its UTF-8 bytes."""
-    return list(text.encode("utf-8"))
+    return list(token_string(text))
 
 
 def detokenize(tokens: Iterable[int]) -> str:
@@ -69,3 +75,8 @@ def detokenize(tokens: Iterable[int]) -> str:
 def chat_tokens(messages: Iterable[Mapping[str, Any]]) -> list[int]:
     """Token ids of the rendered chat prompt."""
     return tokenize(render_chat(messages))
+
+
+def chat_token_string(messages: Iterable[Mapping[str, Any]]) -> bytes:
+    """``chat_tokens`` as one ``bytes`` object (see ``token_string``)."""
+    return token_string(render_chat(messages))

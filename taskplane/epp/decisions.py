@@ -3,10 +3,12 @@
     python -m taskplane.epp.decisions --replicas 256 --calls 5000
 
 Drives the real ``Picker`` (intake, admission, the taskplane scheduler, the attempt
-lifecycle with a no-op row sink, the response's settling) with ext_proc messages built
-and serialized as Envoy sends them, over a registry of N replicas that report free KV
-room; no network and no Envoy, so the figure is the picker's own work per call (the
-gRPC transport adds its cost on top; docs/benchmarks.md reports both).
+lifecycle with a no-op row sink, the response's settling) with ext_proc messages as
+Envoy sends them, over a registry of N replicas that report free KV room; no network
+and no Envoy, so the figure is the picker's own work per call (the gRPC transport adds
+its cost on top; docs/benchmarks.md reports both). The messages are built and
+serialized before the clock starts (that is Envoy's work); parsing each one and
+serializing every answer is counted, as the picker does both behind gRPC.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ def _headers(pairs: dict[str, str], eos: bool = False) -> pb.HttpHeaders:
 
 
 def exchange(i: int) -> tuple[list[pb.ProcessingRequest], Any]:
-    """The messages Envoy sends for one unary chat call (serialized and parsed, as over
-    gRPC): the request's, and a function of the chosen endpoint for the response's."""
+    """The messages Envoy sends for one unary chat call: the request's, and a function of
+    the chosen endpoint for the response's."""
     body = {"model": MODEL, "max_tokens": 16, "messages": [
         {"role": "system", "content": "You are a careful agent working on ticket triage. " * 8},
         {"role": "user", "content": f"step {i % 7} of task {i // 7}: tool output " + "x " * 40}]}
@@ -77,11 +79,16 @@ def exchange(i: int) -> tuple[list[pb.ProcessingRequest], Any]:
                                      attributes={"envoy.filters.http.ext_proc": attrs}),
                 pb.ProcessingRequest(response_body=pb.HttpBody(body=answer_bytes, end_of_stream=True))]
 
-    return [_wire(m) for m in request], lambda served: [_wire(m) for m in response(served)]
+    return request, response
 
 
-def _wire(m: pb.ProcessingRequest) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest.FromString(m.SerializeToString())
+def _wire(messages: list[pb.ProcessingRequest]) -> list[bytes]:
+    return [m.SerializeToString() for m in messages]
+
+
+def _parsed(wire: list[bytes]) -> list[pb.ProcessingRequest]:
+    """What the picker's gRPC server hands it: each message parsed from its bytes."""
+    return [pb.ProcessingRequest.FromString(b) for b in wire]
 
 
 async def _stream(queue: asyncio.Queue[pb.ProcessingRequest | None]) -> AsyncIterator[pb.ProcessingRequest]:
@@ -101,13 +108,15 @@ async def measure(replicas: int, calls: int) -> dict[str, Any]:
     picker = Picker(gw, book, StreamBook())
     placed: dict[str, int] = {}
     per_call: list[float] = []
+    requests = [_wire(exchange(i)[0]) for i in range(calls)]
+    respond = exchange(0)[1]
+    responses = {ep: _wire(respond(ep)) for ep in book.by_endpoint}
     t0 = time.process_time()
     wall0 = time.perf_counter()
     for i in range(calls):
         c0 = time.perf_counter()
-        request, response = exchange(i)
         queue: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
-        for m in request:
+        for m in _parsed(requests[i]):
             queue.put_nowait(m)
         async for resp in picker.Process(_stream(queue), None):
             _wire_out(resp)
@@ -115,7 +124,7 @@ async def measure(replicas: int, calls: int) -> dict[str, Any]:
                 first = next(h.header.raw_value.decode().split(",")[0] for h in resp.request_body.response.header_mutation.set_headers
                              if h.header.key == "x-gateway-destination-endpoint")
                 placed[first] = placed.get(first, 0) + 1
-                for m in response(first):
+                for m in _parsed(responses[first]):
                     queue.put_nowait(m)
                 queue.put_nowait(None)
             elif resp.HasField("immediate_response"):

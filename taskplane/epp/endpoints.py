@@ -1,5 +1,9 @@
 """Replica names and the ``ip:port`` endpoints the GIE protocol speaks, kept in step
-with the registry (Kubernetes discovery, the autoscaler), and fed to Envoy as EDS."""
+with the registry (Kubernetes discovery, the autoscaler), and fed to Envoy as EDS.
+
+The book follows the registry's membership callback, so Envoy learns of a replica the
+moment it joins or leaves; a slow poll remains as a safety net for what a callback
+cannot fix (a hostname that did not resolve yet, an EDS write that failed)."""
 
 from __future__ import annotations
 
@@ -25,11 +29,20 @@ class EndpointBook:
         self.by_replica: dict[str, str] = {}
         self._urls: dict[str, str] | None = None  # None: not written yet (an empty pool still needs its file)
         self.unreachable: set[str] = set()  # replicas without an endpoint (yet): never chosen
+        registry.on_membership_change(self._registry_changed)
 
-    def refresh(self) -> bool:
-        """Re-read the registry; True when the set changed (and the EDS file was rewritten)."""
+    def _registry_changed(self) -> None:
+        try:
+            self.refresh()
+        except OSError as exc:  # the safety poll writes it again
+            self._urls = None
+            log.warning("eds_write_failed", error=str(exc))
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Re-read the registry; True when the set changed (and the EDS file was rewritten).
+        ``force``: resolve and write even if no URL changed."""
         urls = {name: s.config.url for name, s in self.registry.replicas.items()}
-        if urls == self._urls:
+        if urls == self._urls and not force:
             return False
         by_replica = {}
         for name, url in urls.items():
@@ -54,11 +67,13 @@ class EndpointBook:
             return None
         return self.by_endpoint.get(endpoint.strip())
 
-    async def follow(self, interval_s: float = 0.5) -> None:
-        """Keep Envoy's endpoints in step with the registry until cancelled."""
+    async def follow(self, interval_s: float = 5.0) -> None:
+        """Until cancelled, the safety poll behind the membership callback: names that
+        did not resolve are tried again, a failed EDS write is repeated."""
         while True:
-            try:
-                self.refresh()
-            except OSError as exc:
-                log.warning("eds_write_failed", error=str(exc))
             await asyncio.sleep(interval_s)
+            try:
+                self.refresh(force=bool(self.unreachable))
+            except OSError as exc:
+                self._urls = None  # written again on the next turn
+                log.warning("eds_write_failed", error=str(exc))

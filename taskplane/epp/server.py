@@ -19,7 +19,6 @@ GIE-style full-duplex config), from the chunks themselves.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import json
 import time
 from collections.abc import AsyncIterator
@@ -259,11 +258,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     def _fallbacks(self, model: str, primary: ReplicaState, exclude: set[str]) -> list[ReplicaState]:
         """Where Envoy goes if the choice fails before anything streamed: the least loaded
-        other healthy replicas of the model, in that order (a cheap look: no views)."""
-        now = time.monotonic()
-        others = (s for s in self.gw.registry.for_model(model)
-                  if s.healthy and now >= s.down_until and s is not primary and s.name not in exclude)
-        return heapq.nsmallest(MAX_FALLBACKS, others, key=lambda s: (s.inflight, s.num_running + s.num_waiting))
+        other healthy replicas of the model, in that order."""
+        return self.gw.registry.least_loaded(model, MAX_FALLBACKS, skip=exclude | {primary.name})
 
     def _routed(self, picked: PickedCall, ex: _Exchange) -> list[pb.ProcessingResponse]:
         call = picked.call
@@ -292,8 +288,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             name = self.book.replica(str(served))
             if name in self.gw.registry.replicas:
                 return self.gw.registry.replicas[name]
-            # an endpoint the book has not caught up with (it follows the registry every
-            # half second): one of the picker's own choices answered, known by address
+            # an endpoint the book does not know (its name did not resolve when the replica
+            # joined): one of the picker's own choices answered, known by address
             for choice in picked.order:
                 if choice.config.url.split("://", 1)[-1].rstrip("/") == str(served).strip():
                     return choice

@@ -8,8 +8,8 @@ nothing upstream.
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +36,7 @@ from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import auth
 from taskplane.gateway.openai_extra import REQUEST_MODELS, prompt_tokens
 from taskplane.gateway.requests import parse_body
-from taskplane.scheduler.hashing import chain_hashes
+from taskplane.scheduler.hashing import SessionChains, chain_hashes
 from taskplane.scheduler.types import CallRequest
 
 DEFAULT_MAX_TOKENS = 256
@@ -95,9 +95,11 @@ def check_ranges(ctx: CallContext) -> None:
 
 
 def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, raw: bytes, headers: Mapping[str, str], *,
-                 has_response_cache: bool) -> Call:
+                 has_response_cache: bool, chains: SessionChains | None = None) -> Call:
     """The call behind one request, or the ``TaskplaneError`` that refuses it.
-    ``has_response_cache``: a deterministic call may then be answered from the cache."""
+    ``has_response_cache``: a deterministic call may then be answered from the cache.
+    ``chains``: the sessions' latest block hashes, so a session's next prompt hashes only
+    what it does not share with the previous one."""
     refuse_conflicting_headers(headers)
     tenant_from_key = auth.authenticate(config, headers)
     claimed = (headers.get(H_TENANT) or "").strip()
@@ -124,11 +126,14 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
             f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
         )
     block_size = pool_block_size(registry, pool)
+    prompt = tokens[:-1]  # vLLM never serves the last prompt token from cache
+    session = (ctx.tenant, ctx.session_key) if ctx.session_key else None
+    hashes = chain_hashes(prompt, block_size) if chains is None else chains.hashes(session, prompt, block_size)
     request = CallRequest(
         model=pool.model,
         prompt_tokens=len(tokens),
         max_tokens=max_tokens,
-        block_hashes=chain_hashes(tokens[:-1], block_size),  # vLLM never serves the last prompt token from cache
+        block_hashes=hashes,
         tenant=ctx.tenant,
         priority=ctx.priority.value,
         session_id=ctx.session_key,
@@ -156,7 +161,7 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         client_wants_usage=bool(isinstance(stream_opts, dict) and stream_opts.get("include_usage")),
         deterministic=typed.temperature == 0 and not typed.stream and has_response_cache,
         request=request,
-        call_id=ctx.call_id or f"adhoc-{uuid.uuid4().hex}",
+        call_id=ctx.call_id or f"adhoc-{secrets.token_hex(16)}",
     )
 
 

@@ -46,6 +46,7 @@ from taskplane.gateway.intake import Call, prepare_call
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.placement import Placer
 from taskplane.gateway.stalls import CLOCK
+from taskplane.scheduler.hashing import SessionChains
 from taskplane.scheduler.types import Action, Decision
 from taskplane.store.records import AttemptRecord, Outcome
 
@@ -98,6 +99,7 @@ class AttemptLifecycle:
         self.metrics = metrics
         self.ledger = AttemptLedger(sink, metrics, placer, config.limits.request_timeout_s)
         self.has_response_cache = has_response_cache
+        self.chains = SessionChains()  # sessions' latest prompt hashes (intake)
         self._tenant_inflight: dict[str, int] = {}
         self._last_replica: OrderedDict[str, str] = OrderedDict()  # call id -> replica of its latest attempt
 
@@ -106,7 +108,8 @@ class AttemptLifecycle:
         """The call behind one request, or the ``TaskplaneError`` that refuses it (see ``intake``).
         A refusal is counted in the metrics and nothing else: no row, no slot."""
         try:
-            return prepare_call(self.config, self.registry, kind, raw, headers, has_response_cache=self.has_response_cache)
+            return prepare_call(self.config, self.registry, kind, raw, headers, has_response_cache=self.has_response_cache,
+                                chains=self.chains)
         except TaskplaneError as exc:
             self.metrics.requests.labels(model="?", outcome=exc.error_type.value).inc()
             raise

@@ -8,11 +8,12 @@ vLLM serves both endpoints itself, so the body is forwarded as it came.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from taskplane.engines.tokenize import chat_tokens, tokenize
+from taskplane.engines.tokenize import chat_token_string, token_string, tokenize
 from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
@@ -67,14 +68,15 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {"chat": ChatRequest, "completions"
                                                "responses": ResponsesRequest, "embeddings": EmbeddingsRequest}
 
 
-def prompt_tokens(typed: BaseModel) -> list[int]:
-    """The prompt's tokens as the engine will count them (the first input for embeddings)."""
+def prompt_tokens(typed: BaseModel) -> Sequence[int]:
+    """The prompt's tokens as the engine will count them (the first input for embeddings);
+    text prompts as ``bytes`` (byte-level tokens, see ``engines.tokenize``)."""
     if isinstance(typed, ChatRequest):
-        return chat_tokens(message_dicts(typed))
+        return chat_token_string(message_dicts(typed))
     if isinstance(typed, CompletionRequest):
-        return tokenize(typed.prompt_text)
+        return token_string(typed.prompt_text)
     if isinstance(typed, ResponsesRequest):
-        return chat_tokens(typed.messages())
+        return chat_token_string(typed.messages())
     assert isinstance(typed, EmbeddingsRequest)
     return [t for toks in typed.token_lists() for t in toks]
 

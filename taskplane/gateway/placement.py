@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from taskplane.engines.registry import ReplicaRegistry
+from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 
 
@@ -89,8 +90,9 @@ class ScheduledPlacer:
         self._waiting: dict[int, tuple[CallRequest, asyncio.Future[Decision]]] = {}
         self._pump_task: asyncio.Task[None] | None = None
 
-    def _views(self) -> list[ReplicaView]:
-        return self.registry.views()
+    def _views(self) -> ReplicaTable:
+        """The registry's kept table: only replicas whose state changed are re-read."""
+        return self.registry.table()
 
     async def place(self, req: CallRequest, *, exclude: set[str]) -> Decision:
         req.avoid_replicas = tuple(sorted(exclude))

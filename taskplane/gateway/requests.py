@@ -196,4 +196,6 @@ def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]
 
 
 def message_dicts(req: ChatRequest) -> list[dict[str, Any]]:
-    return [m.model_dump(exclude_none=False) for m in req.messages]
+    """The messages' role and content, what the chat template renders (not a full dump:
+    that cost a pydantic serialization per message per call)."""
+    return [{"role": m.role, "content": m.content} for m in req.messages]

@@ -1,0 +1,36 @@
+"""Intake hashes a session's prompt reusing the session's previous prompt: the values are
+still the chain of the call's own tokens, and one tenant's session never lends its
+blocks to another tenant's session of the same id."""
+
+from __future__ import annotations
+
+import json
+
+from taskplane.config import GatewayConfig
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.tokenize import chat_tokens
+from taskplane.gateway.intake import prepare_call
+from taskplane.scheduler.hashing import SessionChains, chain_hashes
+
+CONFIG = GatewayConfig.model_validate({
+    "auth": False, "pools": [{"model": "m", "replicas": [{"url": "http://127.0.0.1:1", "name": "r0", "block_size": 16}]}],
+})
+
+
+def _call(chains: SessionChains, tenant: str, messages: list[dict[str, str]]) -> list[int]:
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": messages}).encode()
+    headers = {"x-taskplane-tenant": tenant, "x-taskplane-session-id": "same-id"}
+    call = prepare_call(CONFIG, ReplicaRegistry(CONFIG), "chat", body, headers, has_response_cache=False, chains=chains)
+    assert call.request.block_hashes == chain_hashes(chat_tokens(messages)[:-1], 16)
+    return call.request.block_hashes
+
+
+def test_a_sessions_steps_and_another_tenants_same_session_id() -> None:
+    chains = SessionChains()
+    history = [{"role": "system", "content": "You triage tickets. " * 20}, {"role": "user", "content": "ticket 1"}]
+    first = _call(chains, "acme", history)
+    history += [{"role": "assistant", "content": "call the tool"}, {"role": "tool", "content": "result " * 30}]
+    second = _call(chains, "acme", history)
+    assert second[: len(first) - 1] == first[:-1] and len(second) > len(first)
+    _call(chains, "globex", [{"role": "user", "content": "something else entirely " * 10}])
+    assert len(chains._last) == 2  # one memo per (tenant, session)
