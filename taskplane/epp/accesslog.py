@@ -57,9 +57,12 @@ async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTP
         await picked.succeeded(stream_usage(md))
     elif client_left(entry):
         await picked.cancelled(int(md.get("completion_tokens") or md.get("events") or 0))
-    else:
-        what = "reported an error" if md.get("stream_error") else "ended the stream before it finished"
-        await picked.failed(failures.broken_stream(served.replica.name, what, transport=not md.get("stream_error")))
+    elif md.get("stream_error"):
+        await picked.failed(failures.broken_stream(served.replica.name, "reported an error", transport=False))
+    elif md.get("ended"):  # ended early, not reset: the client got the closing error event
+        await picked.failed(failures.broken_stream(served.replica.name, "ended the stream before it finished", transport=False))
+    else:  # reset (the connection broke or hung): the client's stream was cut
+        await picked.failed(failures.broken_stream(served.replica.name, "broke off the stream", transport=True))
 
 
 class AccessLogs(als_grpc.AccessLogServiceServicer):

@@ -34,6 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from taskplane.engines.registry import ReplicaState
 from taskplane.epp import protocol as P
 from taskplane.epp.calls import PickedCall
+from taskplane.epp.deadlines import BodyClock, Inbox, TimedOut, body_timeout_reply
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import DEST_HEADER, INFERENCE_PATHS, LB_NAMESPACE, TP_NAMESPACE
 from taskplane.errors import ErrorType, TaskplaneError
@@ -130,14 +131,26 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
         ex = _Exchange()
+        inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
+        upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         try:
-            async for req in request_iterator:
+            while (req := await inbox.next(upload.deadline)) is not None:
+                if isinstance(req, TimedOut):
+                    yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
+                    break
                 if req.HasField("protocol_config"):
                     ex.request_duplex = req.protocol_config.request_body_mode in _DUPLEX
                     ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
                 for resp in await self._on(req, ex):
+                    if resp.HasField("immediate_response"):
+                        upload.stop()  # answered: the exchange is over
                     yield resp
+                if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
+                    upload.start()
+                elif req.HasField("request_body") and req.request_body.end_of_stream:
+                    upload.stop()
         finally:
+            inbox.close()
             picked = ex.picked
             if picked is not None and not picked.settled and picked.key not in self.streams.pending:
                 # the client (or Envoy) went away before the answer settled
@@ -322,9 +335,12 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         headers = picked.headers()
         if call.stream:
             headers["cache-control"] = "no-cache"
-            if not ex.response_duplex:
-                self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
-            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+            if ex.response_duplex:
+                return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+            self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
+            # the Lua filter names the replica in the closing error event of a stream it ended early
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))),
+                                          dynamic_metadata=P.struct({TP_NAMESPACE: {"replica": served.replica.name}}))]
         return [self._buffer_response(ex, P.header_mutation(headers))]
 
     def _buffer_response(self, ex: _Exchange, headers: pb.HeaderMutation) -> pb.ProcessingResponse:

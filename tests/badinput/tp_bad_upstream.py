@@ -32,7 +32,7 @@ def _delta(text: str) -> bytes:
 
 
 MODES = ("garbage", "not-openai", "json-list", "usage-not-object", "usage-bad-counts", "html-500", "truncated-body", "close-at-once",
-         "stream-truncated", "stream-garbage-then-close", "stream-hang", "hang", "stream-error-event")
+         "stream-truncated", "stream-garbage-then-close", "stream-hang", "hang", "stream-error-event", "stream-ends-early")
 
 
 class BadUpstream:
@@ -128,6 +128,8 @@ class BadUpstream:
         elif mode == "stream-error-event":
             err = b'data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n'
             w.write(_sse_head() + _chunk(_delta("a")) + _chunk(err) + b"0\r\n\r\n")
+        elif mode == "stream-ends-early":  # a clean end of the body, but no [DONE]
+            w.write(_sse_head() + _chunk(_delta("a")) + _chunk(_delta("b")) + b"0\r\n\r\n")
         elif mode == "stream-hang":
             w.write(_sse_head() + _chunk(_delta("a")))
             await w.drain()
