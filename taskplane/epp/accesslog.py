@@ -43,10 +43,18 @@ def client_left(entry: al.HTTPAccessLogEntry) -> bool:
 
 
 async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
-    """Settle a streamed call from its access-log entry."""
+    """Settle a call from its access-log entry: a stream, or a unary answer cut off."""
     served = picked.served
     if served is None:
         await picked.settle()
+        return
+    if not picked.call.stream:  # a unary body that never came whole (Envoy answered 502)
+        if client_left(entry):
+            await picked.cancelled()
+            return
+        failure = failures.broken_response(served.replica.name, "the body broke off")
+        await picked.failed(failure)
+        await picked.exhausted(failure.error)  # Envoy does not retry once the answer started: the Python proxy's unplaced row
         return
     first_ms = md.get("first_token_ms")
     ttft_ms = None

@@ -228,7 +228,7 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
         _error_mapper("UT,UC,UR,UMSDR", 502, "replica_error", "replica failed: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("NR", 404, "invalid_request", "no route for this path"),
         _error_mapper("DPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
-        _error_mapper("UPE", 502, "replica_error", "the replica broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("UPE", 502, "replica_error", "the replica at %UPSTREAM_HOST% broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
         # the HTTP/1 codec's refusals (bad request line, header characters, content-length)
         _cel_mapper("response.code_details.startsWith('http1.') && response.code < 413",
                     "malformed HTTP request: %RESPONSE_CODE_DETAILS%"),

@@ -64,7 +64,8 @@ def _attempt_count(headers: dict[str, str]) -> int | None:
 
 
 class StreamBook:
-    """Streamed calls whose rows wait for their access-log entry (the Lua filter's usage)."""
+    """Calls whose rows wait for their access-log entry: streams (the Lua filter's usage),
+    and unary answers whose body broke off (the entry's flags say who broke it)."""
 
     def __init__(self) -> None:
         self.pending: dict[str, PickedCall] = {}
@@ -153,8 +154,12 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             inbox.close()
             picked = ex.picked
             if picked is not None and not picked.settled and picked.key not in self.streams.pending:
-                # the client (or Envoy) went away before the answer settled
-                await asyncio.shield(picked.cancelled(ex.generated))
+                if ex.status and not picked.call.stream and picked.served is not None:
+                    # a unary answer started but its body never came whole: the client left, or the
+                    # replica broke it off (Envoy answered 502 itself); the access log says which
+                    self.streams.put(picked)
+                else:  # the client (or Envoy) went away before the answer settled
+                    await asyncio.shield(picked.cancelled(ex.generated))
 
     async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         which = req.WhichOneof("request")

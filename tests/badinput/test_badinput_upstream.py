@@ -66,7 +66,7 @@ def _rows(metrics: str) -> float:
 
 @pytest.mark.parametrize("mode", NON_STREAM)
 async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
-    url, upstream, log, _plane = bad_gateway
+    url, upstream, log, plane = bad_gateway
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_hits, before_rows = upstream.hits.get(mode, 0), _rows((await client.get("/metrics")).text)
@@ -75,9 +75,11 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
         assert time.monotonic() - t0 < 15
         assert r.status_code in (502, 503), r.text
         err = r.json()["error"]
-        assert err["type"] in ("replica_error", "no_replica") and "bad" in err["message"]
+        assert err["type"] in ("replica_error", "no_replica")
+        # Envoy answers a body broken off after the headers itself: by the replica's address, not its name
+        assert ("bad" in err["message"]) or (plane == "envoy" and f"127.0.0.1:{upstream.port}" in err["message"]), err
         assert upstream.hits.get(mode, 0) > before_hits, "the broken replica was never asked"
-        rows = _rows((await client.get("/metrics")).text) - before_rows
+        rows = await _rows_settled(client, before_rows) - before_rows
         assert rows == upstream.hits[mode] - before_hits + 1, "one row per attempt plus the unplaced retry"
     assert "Traceback" not in log.read_text(errors="replace")
 
@@ -119,9 +121,11 @@ async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, 
                 cut = True
             raw = got.decode("utf-8", "replace")
         assert time.monotonic() - t0 < 15
-        if plane == "envoy" and mode in CUT_ON_ENVOY:
-            # tokens went out, then the replica broke: Envoy cuts the client's stream (never a [DONE])
-            assert status == 200 and cut, (status, cut, raw[-300:])
+        if plane == "envoy" and mode in CUT_ON_ENVOY and status == 200:
+            # tokens went out, then the replica broke: Envoy cuts the client's stream (never a [DONE]).
+            # (If the break reaches Envoy while the picker still holds the response headers, nothing
+            # went out yet and the client gets the 502 below instead.)
+            assert cut, raw[-300:]
             assert "data: [DONE]" not in raw and raw.startswith("data: "), raw[-300:]
         elif status == 200:
             assert not cut, raw[-300:]
