@@ -118,6 +118,7 @@ class _Exchange:
     sse_buf: bytes = b""
     usage: dict[str, Any] = field(default_factory=dict)
     stream_done: bool = False
+    engine_reported: bool = False  # the engine's own error event came (a duplex stream)
     generated: int = 0  # content events relayed (a duplex stream the client left: its tokens)
 
 
@@ -363,7 +364,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if picked.call.stream and ex.status < 400:
             out = self._scan_stream(ex, chunk)
             if eos:
-                await self._settle_scanned(ex, picked)
+                out += ex.sse_buf + await self._settle_scanned(ex, picked)
+                ex.sse_buf = b""
             return [self._pass_body(ex, out, eos)]
         ex.response_body += chunk
         if ex.response_duplex and not eos:
@@ -419,6 +421,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 picked.lc.first_token(picked.served)
             if event.strip() == b"data: [DONE]":
                 ex.stream_done = True
+            elif event.lstrip().startswith(b'data: {"error"'):
+                ex.engine_reported = True
             if out is not None:
                 outs.append(out + b"\n\n")
         return b"".join(outs)
@@ -430,10 +434,14 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=chunk + tail, end_of_stream=eos)))))
         return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(body=pb.BodyMutation(body=chunk))))
 
-    async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> None:
+    async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> bytes:
+        """Settle a stream the picker relayed to its end; what still goes to the client: the
+        Python relay's closing error event when the replica ended it early without one."""
         assert picked.served is not None
         if ex.stream_done:
             await picked.succeeded(ex.usage)
-        else:
-            await picked.failed(failures.broken_stream(picked.served.replica.name, "ended the stream before it finished",
-                                                       transport=False))
+            return b""
+        what = "reported an error" if ex.engine_reported else "ended the stream before it finished"
+        failure = failures.broken_stream(picked.served.replica.name, what, transport=False)
+        await picked.failed(failure)
+        return b"" if ex.engine_reported else b"data: " + json.dumps(failure.error.body()).encode() + b"\n\n"

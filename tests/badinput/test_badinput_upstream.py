@@ -27,9 +27,19 @@ STREAM = ["stream-truncated", "stream-garbage-then-close", "stream-hang", "strea
 #: proxy ends them with an error event; Envoy cannot: once the response started, its filter
 #: manager resets the client's stream with the upstream's (docs/benchmarks.md, data plane).
 CUT_ON_ENVOY = {"stream-truncated", "stream-garbage-then-close", "stream-hang"}
+#: The full-duplex picker path (a GIE-style Envoy, the measured alternative to the Lua scan)
+#: releases a unary answer's headers before its body, so it cannot set their status or cost
+#: headers from the body: a broken answer keeps the engine's status (not the contract's
+#: 502/503), a served one has no X-Taskplane-Cost-Usd. Known gap, not tested here.
+DUPLEX_UNARY_GAP = "envoy-duplex: a unary answer's headers go out before its body (status, cost headers)"
 
 
-@pytest.fixture(scope="module", params=["envoy", "python"])
+def _skip_duplex_unary(plane: str) -> None:
+    if plane == "envoy-duplex":
+        pytest.skip(DUPLEX_UNARY_GAP)
+
+
+@pytest.fixture(scope="module", params=["envoy", "envoy-duplex", "python"])
 def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path, str]]:
     work = Path(tmp_path_factory.mktemp(f"bad-upstream-{request.param}"))
     upstream = BadUpstream(free_port()).start()
@@ -40,7 +50,9 @@ def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     log = work / "gateway.log"
     pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"),
                       "--port", str(port)], log,
-                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param})
+                     # envoy-duplex: streamed bodies through the picker (a GIE-style Envoy), not the Lua scan
+                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param.split("-")[0],
+                          "TASKPLANE_EPP_STREAM_USAGE": "picker" if request.param == "envoy-duplex" else "lua"})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
         yield f"http://127.0.0.1:{port}", upstream, log, request.param
@@ -67,6 +79,7 @@ def _rows(metrics: str) -> float:
 @pytest.mark.parametrize("mode", NON_STREAM)
 async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
     url, upstream, log, plane = bad_gateway
+    _skip_duplex_unary(plane)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_hits, before_rows = upstream.hits.get(mode, 0), _rows((await client.get("/metrics")).text)
@@ -77,7 +90,7 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
         err = r.json()["error"]
         assert err["type"] in ("replica_error", "no_replica")
         # Envoy answers a body broken off after the headers itself: by the replica's address, not its name
-        assert ("bad" in err["message"]) or (plane == "envoy" and f"127.0.0.1:{upstream.port}" in err["message"]), err
+        assert ("bad" in err["message"]) or (plane.startswith("envoy") and f"127.0.0.1:{upstream.port}" in err["message"]), err
         assert upstream.hits.get(mode, 0) > before_hits, "the broken replica was never asked"
         rows = await _rows_settled(client, before_rows) - before_rows
         assert rows == upstream.hits[mode] - before_hits + 1, "one row per attempt plus the unplaced retry"
@@ -87,7 +100,8 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
 async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path, str]) -> None:
     """A replica that answers but reports token counts that are not counts: the client
     gets the answer, the attempt still gets its row (with the gateway's own prompt count)."""
-    url, upstream, log, _plane = bad_gateway
+    url, upstream, log, plane = bad_gateway
+    _skip_duplex_unary(plane)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_hits = upstream.hits.get("usage-bad-counts", 0)
@@ -105,6 +119,8 @@ async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tu
 @pytest.mark.parametrize("mode", STREAM)
 async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
     url, _upstream, log, plane = bad_gateway
+    if mode == "html-500":  # refused before streaming: a unary error answer
+        _skip_duplex_unary(plane)
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"mode:{mode}"}]}
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
@@ -121,7 +137,7 @@ async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, 
                 cut = True
             raw = got.decode("utf-8", "replace")
         assert time.monotonic() - t0 < 15
-        if plane == "envoy" and mode in CUT_ON_ENVOY and status == 200:
+        if plane.startswith("envoy") and mode in CUT_ON_ENVOY and status == 200:
             # tokens went out, then the replica broke: Envoy cuts the client's stream (never a [DONE]).
             # (If the break reaches Envoy while the picker still holds the response headers, nothing
             # went out yet and the client gets the 502 below instead.)
