@@ -150,6 +150,8 @@ async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, 
             last = json.loads(events[-1][6:])
             assert "error" in last, raw[-300:]
             assert "data: [DONE]" not in raw
+            if mode == "stream-ends-early":  # the Python relay's closing event, word for word, on every plane
+                assert last["error"] == {"type": "replica_error", "message": "replica bad ended the stream before it finished"}
         else:
             assert status in (502, 503), raw
             assert json.loads(raw)["error"]["type"] in ("replica_error", "no_replica")

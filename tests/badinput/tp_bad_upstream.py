@@ -60,6 +60,7 @@ class BadUpstream:
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # the teardown's gather needs it as this thread's loop
         self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
         self._ready.set()
         loop.run_forever()
