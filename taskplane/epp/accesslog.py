@@ -43,10 +43,18 @@ def client_left(entry: al.HTTPAccessLogEntry) -> bool:
 
 
 async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
-    """Settle a streamed call from its access-log entry."""
+    """Settle a call from its access-log entry: a stream, or a unary answer cut off."""
     served = picked.served
     if served is None:
         await picked.settle()
+        return
+    if not picked.call.stream:  # a unary body that never came whole (Envoy answered 502)
+        if client_left(entry):
+            await picked.cancelled()
+            return
+        failure = failures.broken_response(served.replica.name, "the body broke off")
+        await picked.failed(failure)
+        await picked.exhausted(failure.error)  # Envoy does not retry once the answer started: the Python proxy's unplaced row
         return
     first_ms = md.get("first_token_ms")
     ttft_ms = None
@@ -57,9 +65,12 @@ async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTP
         await picked.succeeded(stream_usage(md))
     elif client_left(entry):
         await picked.cancelled(int(md.get("completion_tokens") or md.get("events") or 0))
-    else:
-        what = "reported an error" if md.get("stream_error") else "ended the stream before it finished"
-        await picked.failed(failures.broken_stream(served.replica.name, what, transport=not md.get("stream_error")))
+    elif md.get("stream_error"):
+        await picked.failed(failures.broken_stream(served.replica.name, "reported an error", transport=False))
+    elif md.get("ended"):  # ended early, not reset: the client got the closing error event
+        await picked.failed(failures.broken_stream(served.replica.name, "ended the stream before it finished", transport=False))
+    else:  # reset (the connection broke or hung): the client's stream was cut
+        await picked.failed(failures.broken_stream(served.replica.name, "broke off the stream", transport=True))
 
 
 class AccessLogs(als_grpc.AccessLogServiceServicer):

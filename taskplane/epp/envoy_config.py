@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from taskplane.config import GatewayConfig
+from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
 from taskplane.epp.lua import USAGE_LUA
 from taskplane.gateway.openai_extra import PATHS
 
@@ -217,16 +218,17 @@ def _cel_mapper(expression: str, message: str, error_type: str = "invalid_reques
     }
 
 
-def local_reply_config() -> dict[str, Any]:
-    """Envoy's own replies in the contract's ``{"error": {"type", "message"}}`` shape. The
-    picker's ImmediateResponses already carry that shape and no response flag, so the
-    mappers match on Envoy's flags only and leave them untouched."""
+def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
+    """Envoy's own replies in the contract's ``{"error": {"type", "message"}}`` shape (the
+    header deadline's in the Python proxy's words). The picker's ImmediateResponses already
+    carry that shape and no response flag, so the mappers match on Envoy's flags only and
+    leave them untouched."""
     return {"mappers": [
         _error_mapper("UH,UF,URX,UO,NC", 503, "no_replica", "no replica answered: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("UT,UC,UR,UMSDR", 502, "replica_error", "replica failed: %RESPONSE_CODE_DETAILS%"),
         _error_mapper("NR", 404, "invalid_request", "no route for this path"),
         _error_mapper("DPE", 400, "invalid_request", "malformed request: %RESPONSE_CODE_DETAILS%"),
-        _error_mapper("UPE", 502, "replica_error", "the replica broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
+        _error_mapper("UPE", 502, "replica_error", "the replica at %UPSTREAM_HOST% broke the HTTP protocol: %RESPONSE_CODE_DETAILS%"),
         # the HTTP/1 codec's refusals (bad request line, header characters, content-length)
         _cel_mapper("response.code_details.startsWith('http1.') && response.code < 413",
                     "malformed HTTP request: %RESPONSE_CODE_DETAILS%"),
@@ -234,8 +236,10 @@ def local_reply_config() -> dict[str, Any]:
          "body_format_override": {"json_format": {"error": {"type": "payload_too_large", "message": "request body exceeds the limit"}},
                                   "content_type": "application/json"}},
         _cel_mapper("response.code == 408 && response.code_details == 'request_header_timeout'",
-                    "request headers not received in time (%RESPONSE_CODE_DETAILS%)"),
-        _cel_mapper("response.code == 408", "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
+                    f"request headers not received within {header_timeout_s:g} s"),
+        # the picker's own 408 (the body deadline, ``epp.deadlines``) already says it in the contract's words
+        _cel_mapper(f"response.code == 408 && response.code_details != '{BODY_TIMEOUT_DETAILS}'",
+                    "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
         {"filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 431, "runtime_key": "tp_431"}}}},
          "body_format_override": {"json_format": {"error": {"type": "invalid_request", "message": "request header block exceeds the 64 KiB limit"}},
                                   "content_type": "application/json"}},
@@ -271,7 +275,7 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],
-        "local_reply_config": local_reply_config(),
+        "local_reply_config": local_reply_config(limits.header_timeout_s),
     }
     return {
         "node": {"id": f"taskplane-{door.port}", "cluster": "taskplane"},

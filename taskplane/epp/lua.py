@@ -4,10 +4,15 @@ It passes every chunk through unbuffered (``bodyChunks``) and only looks for thr
 things, with plain substring searches: the first content event (time to first token,
 milliseconds since the epoch), the usage event (its token counts; the event is removed
 when the client did not ask for usage, as the Python relay did) and ``[DONE]`` (the
-stream finished). The findings go into the ``taskplane`` dynamic-metadata namespace,
+stream finished). A stream the replica ends without ``[DONE]`` (and without an error
+event of its own) gets the Python relay's closing ``data: {"error": ...}`` event in its last
+chunk; ``ended`` says the replica ended it rather than a reset. (A reset after the
+response started cannot be answered so: Envoy's filter manager resets the client's
+stream too, and no Lua code runs after it.) The findings go into the ``taskplane`` dynamic-metadata namespace,
 which the gRPC access log carries to the picker, which writes the attempt's row.
 The picker marks a call as streamed (``stream``) and says whether to hide usage
-(``hide_usage``) in the same namespace when it routes the call.
+(``hide_usage``) in the same namespace when it routes the call, and names the replica that
+answered (``replica``) when the response starts.
 """
 
 from __future__ import annotations
@@ -50,10 +55,15 @@ function envoy_on_response(h)
     return
   end
   local hide = md["hide_usage"] and true or false
+  local sse = h:headers():get(":status") == "200"
   local first = nil
   local carry = ""
   local events = 0
+  local done = false
+  local reported = false
+  local last = nil
   for chunk in h:bodyChunks() do
+    last = chunk
     local n = chunk:length()
     if n > 0 then
       local s = chunk:getBytes(0, n)
@@ -80,12 +90,26 @@ function envoy_on_response(h)
         end
       end
       if string.find(scan, "data: [DONE]", 1, true) then
+        done = true
         put(h, "done", true)
       elseif string.find(scan, 'data: {"error"', 1, true) then
+        reported = true
         put(h, "stream_error", true)
       end
       carry = string.sub(s, -64)
     end
+  end
+  -- The replica ended the stream (a reset never gets here: Envoy resets the client too).
+  -- Without [DONE] or its own error event the client is told, as the Python relay does,
+  -- in the last chunk, which is still this filter's to change until the loop returns.
+  put(h, "ended", true)
+  if sse and not done and not reported and last ~= nil then
+    local replica = md["replica"] or "?"
+    local event = 'data: {"error": {"type": "replica_error", "message": "replica ' .. replica ..
+      ' ended the stream before it finished"}}\n\n'
+    local n = last:length()
+    if n > 0 then event = last:getBytes(0, n) .. event end
+    last:setBytes(event)
   end
 end
 """

@@ -33,6 +33,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from taskplane.engines.registry import ReplicaState
 from taskplane.epp import protocol as P
 from taskplane.epp.calls import PickedCall
+from taskplane.epp.deadlines import BodyClock, Inbox, TimedOut, body_timeout_reply
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import DEST_HEADER, INFERENCE_PATHS, LB_NAMESPACE, TP_NAMESPACE
 from taskplane.errors import ErrorType, TaskplaneError
@@ -62,7 +63,8 @@ def _attempt_count(headers: dict[str, str]) -> int | None:
 
 
 class StreamBook:
-    """Streamed calls whose rows wait for their access-log entry (the Lua filter's usage)."""
+    """Calls whose rows wait for their access-log entry: streams (the Lua filter's usage),
+    and unary answers whose body broke off (the entry's flags say who broke it)."""
 
     def __init__(self) -> None:
         self.pending: dict[str, PickedCall] = {}
@@ -115,6 +117,7 @@ class _Exchange:
     sse_buf: bytes = b""
     usage: dict[str, Any] = field(default_factory=dict)
     stream_done: bool = False
+    engine_reported: bool = False  # the engine's own error event came (a duplex stream)
     generated: int = 0  # content events relayed (a duplex stream the client left: its tokens)
 
 
@@ -129,18 +132,34 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
         ex = _Exchange()
+        inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
+        upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         try:
-            async for req in request_iterator:
+            while (req := await inbox.next(upload.deadline)) is not None:
+                if isinstance(req, TimedOut):
+                    yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
+                    break
                 if req.HasField("protocol_config"):
                     ex.request_duplex = req.protocol_config.request_body_mode in _DUPLEX
                     ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
                 for resp in await self._on(req, ex):
+                    if resp.HasField("immediate_response"):
+                        upload.stop()  # answered: the exchange is over
                     yield resp
+                if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
+                    upload.start()
+                elif req.HasField("request_body") and req.request_body.end_of_stream:
+                    upload.stop()
         finally:
+            inbox.close()
             picked = ex.picked
             if picked is not None and not picked.settled and picked.key not in self.streams.pending:
-                # the client (or Envoy) went away before the answer settled
-                await asyncio.shield(picked.cancelled(ex.generated))
+                if ex.status and not picked.call.stream and picked.served is not None:
+                    # a unary answer started but its body never came whole: the client left, or the
+                    # replica broke it off (Envoy answered 502 itself); the access log says which
+                    self.streams.put(picked)
+                else:  # the client (or Envoy) went away before the answer settled
+                    await asyncio.shield(picked.cancelled(ex.generated))
 
     async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         which = req.WhichOneof("request")
@@ -318,9 +337,12 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         headers = picked.headers()
         if call.stream:
             headers["cache-control"] = "no-cache"
-            if not ex.response_duplex:
-                self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
-            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+            if ex.response_duplex:
+                return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+            self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
+            # the Lua filter names the replica in the closing error event of a stream it ended early
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))),
+                                          dynamic_metadata=P.struct({TP_NAMESPACE: {"replica": served.replica.name}}))]
         return [self._buffer_response(ex, P.header_mutation(headers))]
 
     def _buffer_response(self, ex: _Exchange, headers: pb.HeaderMutation) -> pb.ProcessingResponse:
@@ -338,7 +360,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if picked.call.stream and ex.status < 400:
             out = self._scan_stream(ex, chunk)
             if eos:
-                await self._settle_scanned(ex, picked)
+                out += ex.sse_buf + await self._settle_scanned(ex, picked)
+                ex.sse_buf = b""
             return [self._pass_body(ex, out, eos)]
         ex.response_body += chunk
         if ex.response_duplex and not eos:
@@ -394,6 +417,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 picked.lc.first_token(picked.served)
             if event.strip() == b"data: [DONE]":
                 ex.stream_done = True
+            elif event.lstrip().startswith(b'data: {"error"'):
+                ex.engine_reported = True
             if out is not None:
                 outs.append(out + b"\n\n")
         return b"".join(outs)
@@ -405,10 +430,14 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=chunk + tail, end_of_stream=eos)))))
         return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(body=pb.BodyMutation(body=chunk))))
 
-    async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> None:
+    async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> bytes:
+        """Settle a stream the picker relayed to its end; what still goes to the client: the
+        Python relay's closing error event when the replica ended it early without one."""
         assert picked.served is not None
         if ex.stream_done:
             await picked.succeeded(ex.usage)
-        else:
-            await picked.failed(failures.broken_stream(picked.served.replica.name, "ended the stream before it finished",
-                                                       transport=False))
+            return b""
+        what = "reported an error" if ex.engine_reported else "ended the stream before it finished"
+        failure = failures.broken_stream(picked.served.replica.name, what, transport=False)
+        await picked.failed(failure)
+        return b"" if ex.engine_reported else b"data: " + json.dumps(failure.error.body()).encode() + b"\n\n"

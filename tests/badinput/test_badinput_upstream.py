@@ -21,12 +21,27 @@ from taskplane.ports import free_port
 
 MODEL = "llama-3.1-8b"
 NON_STREAM = ["garbage", "not-openai", "json-list", "usage-not-object", "html-500", "truncated-body", "close-at-once", "hang"]
-STREAM = ["stream-truncated", "stream-garbage-then-close", "stream-hang", "stream-error-event", "close-at-once", "html-500"]
+STREAM = ["stream-truncated", "stream-garbage-then-close", "stream-hang", "stream-error-event", "stream-ends-early",
+          "close-at-once", "html-500"]
+#: Streams the replica breaks (connection closed or hung) after tokens went out. The Python
+#: proxy ends them with an error event; Envoy cannot: once the response started, its filter
+#: manager resets the client's stream with the upstream's (docs/benchmarks.md, data plane).
+CUT_ON_ENVOY = {"stream-truncated", "stream-garbage-then-close", "stream-hang"}
+#: The full-duplex picker path (a GIE-style Envoy, the measured alternative to the Lua scan)
+#: releases a unary answer's headers before its body, so it cannot set their status or cost
+#: headers from the body: a broken answer keeps the engine's status (not the contract's
+#: 502/503), a served one has no X-Taskplane-Cost-Usd. Known gap, not tested here.
+DUPLEX_UNARY_GAP = "envoy-duplex: a unary answer's headers go out before its body (status, cost headers)"
 
 
-@pytest.fixture(scope="module")
-def bad_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path]]:
-    work = Path(tmp_path_factory.mktemp("bad-upstream"))
+def _skip_duplex_unary(plane: str) -> None:
+    if plane == "envoy-duplex":
+        pytest.skip(DUPLEX_UNARY_GAP)
+
+
+@pytest.fixture(scope="module", params=["envoy", "envoy-duplex", "python"])
+def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path, str]]:
+    work = Path(tmp_path_factory.mktemp(f"bad-upstream-{request.param}"))
     upstream = BadUpstream(free_port()).start()
     port = free_port()
     cfg = {"pools": [{"model": MODEL, "replicas": [{"url": f"http://127.0.0.1:{upstream.port}", "name": "bad", "gpu": "h100"}]}],
@@ -35,12 +50,12 @@ def bad_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     log = work / "gateway.log"
     pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"),
                       "--port", str(port)], log,
-                     # the Python data plane: through Envoy a stream broken mid-way is a reset connection,
-                     # not the proxy's closing error event (docs/benchmarks.md, data plane)
-                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": "python"})
+                     # envoy-duplex: streamed bodies through the picker (a GIE-style Envoy), not the Lua scan
+                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param.split("-")[0],
+                          "TASKPLANE_EPP_STREAM_USAGE": "picker" if request.param == "envoy-duplex" else "lua"})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
-        yield f"http://127.0.0.1:{port}", upstream, log
+        yield f"http://127.0.0.1:{port}", upstream, log, request.param
     finally:
         proc.stop_pid(pid)
         upstream.stop()
@@ -62,8 +77,9 @@ def _rows(metrics: str) -> float:
 
 
 @pytest.mark.parametrize("mode", NON_STREAM)
-async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path], mode: str) -> None:
-    url, upstream, log = bad_gateway
+async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
+    url, upstream, log, plane = bad_gateway
+    _skip_duplex_unary(plane)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_hits, before_rows = upstream.hits.get(mode, 0), _rows((await client.get("/metrics")).text)
@@ -72,17 +88,20 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
         assert time.monotonic() - t0 < 15
         assert r.status_code in (502, 503), r.text
         err = r.json()["error"]
-        assert err["type"] in ("replica_error", "no_replica") and "bad" in err["message"]
+        assert err["type"] in ("replica_error", "no_replica")
+        # Envoy answers a body broken off after the headers itself: by the replica's address, not its name
+        assert ("bad" in err["message"]) or (plane.startswith("envoy") and f"127.0.0.1:{upstream.port}" in err["message"]), err
         assert upstream.hits.get(mode, 0) > before_hits, "the broken replica was never asked"
-        rows = _rows((await client.get("/metrics")).text) - before_rows
+        rows = await _rows_settled(client, before_rows) - before_rows
         assert rows == upstream.hits[mode] - before_hits + 1, "one row per attempt plus the unplaced retry"
     assert "Traceback" not in log.read_text(errors="replace")
 
 
-async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path]) -> None:
+async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path, str]) -> None:
     """A replica that answers but reports token counts that are not counts: the client
     gets the answer, the attempt still gets its row (with the gateway's own prompt count)."""
-    url, upstream, log = bad_gateway
+    url, upstream, log, plane = bad_gateway
+    _skip_duplex_unary(plane)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_hits = upstream.hits.get("usage-bad-counts", 0)
@@ -98,28 +117,64 @@ async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tu
 
 
 @pytest.mark.parametrize("mode", STREAM)
-async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path], mode: str) -> None:
-    url, _upstream, log = bad_gateway
+async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
+    url, _upstream, log, plane = bad_gateway
+    if mode == "html-500":  # refused before streaming: a unary error answer
+        _skip_duplex_unary(plane)
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"mode:{mode}"}]}
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await _healthy_again(client)
         before_rows = _rows((await client.get("/metrics")).text)
         t0 = time.monotonic()
+        cut = False
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            raw = (await r.aread()).decode("utf-8", "replace")
             status = r.status_code
+            got = bytearray()
+            try:
+                async for chunk in r.aiter_raw():
+                    got += chunk
+            except httpx.RemoteProtocolError:  # the connection was closed mid-body
+                cut = True
+            raw = got.decode("utf-8", "replace")
         assert time.monotonic() - t0 < 15
-        if status == 200:
+        if plane.startswith("envoy") and mode in CUT_ON_ENVOY and status == 200:
+            # tokens went out, then the replica broke: Envoy cuts the client's stream (never a [DONE]).
+            # (If the break reaches Envoy while the picker still holds the response headers, nothing
+            # went out yet and the client gets the 502 below instead.)
+            assert cut, raw[-300:]
+            assert "data: [DONE]" not in raw and raw.startswith("data: "), raw[-300:]
+        elif status == 200:
+            assert not cut, raw[-300:]
             # something was streamed: no retry possible, the stream must end with an error event
             events = [e for e in raw.split("\n\n") if e.startswith("data: ")]
             last = json.loads(events[-1][6:])
             assert "error" in last, raw[-300:]
             assert "data: [DONE]" not in raw
+            if mode == "stream-ends-early":  # the Python relay's closing event, word for word, on every plane
+                assert last["error"] == {"type": "replica_error", "message": "replica bad ended the stream before it finished"}
         else:
             assert status in (502, 503), raw
             assert json.loads(raw)["error"]["type"] in ("replica_error", "no_replica")
-        await asyncio.sleep(0.3)
-        assert _rows((await client.get("/metrics")).text) > before_rows
+        rows = await _rows_settled(client, before_rows)
+        if status == 200:  # one attempt, streamed, then broken: exactly one row (on Envoy, from its access log)
+            assert rows == before_rows + 1, (before_rows, rows)
+        else:
+            assert rows > before_rows
         reps = (await client.get("/admin/replicas")).json()["replicas"]
         assert reps[0]["inflight"] == 0
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+async def _rows_settled(client: httpx.AsyncClient, before: float) -> float:
+    """The row count once rows stopped arriving (a stream's row waits for Envoy's access
+    log): polled until it moved and then held still for half a second, at most 10 s."""
+    rows, still_since = before, time.monotonic()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        now = _rows((await client.get("/metrics")).text)
+        if now != rows:
+            rows, still_since = now, time.monotonic()
+        elif rows > before and time.monotonic() - still_since >= 0.5:
+            break
+    return rows

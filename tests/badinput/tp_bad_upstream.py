@@ -32,7 +32,7 @@ def _delta(text: str) -> bytes:
 
 
 MODES = ("garbage", "not-openai", "json-list", "usage-not-object", "usage-bad-counts", "html-500", "truncated-body", "close-at-once",
-         "stream-truncated", "stream-garbage-then-close", "stream-hang", "hang", "stream-error-event")
+         "stream-truncated", "stream-garbage-then-close", "stream-hang", "hang", "stream-error-event", "stream-ends-early")
 
 
 class BadUpstream:
@@ -60,6 +60,7 @@ class BadUpstream:
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # the teardown's gather needs it as this thread's loop
         self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
         self._ready.set()
         loop.run_forever()
@@ -128,6 +129,8 @@ class BadUpstream:
         elif mode == "stream-error-event":
             err = b'data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n'
             w.write(_sse_head() + _chunk(_delta("a")) + _chunk(err) + b"0\r\n\r\n")
+        elif mode == "stream-ends-early":  # a clean end of the body, but no [DONE]
+            w.write(_sse_head() + _chunk(_delta("a")) + _chunk(_delta("b")) + b"0\r\n\r\n")
         elif mode == "stream-hang":
             w.write(_sse_head() + _chunk(_delta("a")))
             await w.drain()
