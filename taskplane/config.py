@@ -130,6 +130,11 @@ class PoolConfig(_Strict):
     discovery: DiscoveryConfig | None = Field(
         default=None, description="Kubernetes endpoint discovery instead of a static replica list"
     )
+    hold_when_empty_s: float = Field(
+        default=0.0, ge=0, le=3600,
+        description="scale to zero: a call while no replica of this pool is up waits this long for one "
+                    "(an autoscaler sees it in taskplane_gateway_queued_calls) instead of a 503; 0: off",
+    )
 
 
 class TenantConfig(_Strict):

@@ -144,9 +144,8 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         raise UserError(f"--engine must be sim or vllm, not {engine!r}")
     if autoscale is not None and engine != "sim":
         raise UserError("--autoscale runs simulated replicas: use --engine sim")
-    if autoscale is not None and autoscale[0] < 1:
-        raise UserError("--autoscale MIN must be at least 1 on the dev stack: the live gateway does not yet hold "
-                        "calls while a pool is at zero (the simulator does); use e.g. 1:4")
+    if autoscale is not None and autoscale[0] < 0:
+        raise UserError("--autoscale MIN must be 0 or more")
     ports = _ports(base_port, autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
@@ -260,6 +259,9 @@ def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int
     proc.wait_until(ready, "autoscaler replicas", 60, pid, log_file)
 
 
+DEV_WAKE_HOLD_S = 60.0  # a dev replica is up in a few seconds; a real one in tens of seconds
+
+
 def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
     replicas = [{"url": r["url"], "gpu": r["gpu"], "kv_events": r["kv_events"], "kv_replay": r.get("kv_replay"),
                  "name": r["name"], "block_size": r.get("block_size")} for r in info["replicas"]]
@@ -271,6 +273,8 @@ def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
             path.write_text(json.dumps({"replicas": []}))
         pool = {"model": "llama-3.1-8b", "max_context_tokens": 8192,
                 "discovery": {"source": "file", "path": str(path)}}
+        if info["autoscale"]["min"] == 0:  # the pool may be at zero: a call waits for the replica it wakes
+            pool["hold_when_empty_s"] = DEV_WAKE_HOLD_S
     return {
         "pools": [pool],
         "tenants": DEV_TENANTS,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from taskplane.engines.registry import ReplicaRegistry
@@ -83,12 +84,18 @@ class ScheduledPlacer:
 
     PUMP_INTERVAL_S = 0.02
 
-    def __init__(self, scheduler: Any, registry: ReplicaRegistry, *, max_wait_s: float = 120.0) -> None:
+    WAKE_POLL_S = 0.1  # how often a call held for an empty pool looks for a replica
+
+    def __init__(self, scheduler: Any, registry: ReplicaRegistry, *, max_wait_s: float = 120.0,
+                 hold_when_empty: Mapping[str, float] | None = None) -> None:
         self.scheduler = scheduler
         self.registry = registry
         self.max_wait_s = max_wait_s
+        # scale to zero: per pool, how long a call waits for a replica to join an empty pool
+        self.hold_when_empty = dict(hold_when_empty or {})
         self._waiting: dict[int, tuple[CallRequest, asyncio.Future[Decision]]] = {}
         self._pump_task: asyncio.Task[None] | None = None
+        self._held_for_replica: dict[int, CallRequest] = {}
 
     def _views(self) -> ReplicaTable:
         """The registry's kept table: only replicas whose state changed are re-read."""
@@ -97,6 +104,10 @@ class ScheduledPlacer:
     async def place(self, req: CallRequest, *, exclude: set[str]) -> Decision:
         req.avoid_replicas = tuple(sorted(exclude))
         decision = self.scheduler.decide(req, self._views(), now_s())
+        if decision.action is Action.NO_REPLICA and not exclude and self._pool_empty(req.model):
+            hold_s = self.hold_when_empty.get(req.model, 0.0)
+            if hold_s > 0:
+                return await self._await_replica(req, exclude, hold_s)
         if decision.action is not Action.QUEUE:
             return decision
         fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -110,6 +121,26 @@ class ScheduledPlacer:
             return Decision(Action.SHED, reason="waited in the admission queue until the budget ran out", retry_after_s=1.0)
         finally:
             self._waiting.pop(id(req), None)
+
+    def _pool_empty(self, model: str) -> bool:
+        return not any(s.healthy for s in self.registry.for_model(model))
+
+    async def _await_replica(self, req: CallRequest, exclude: set[str], hold_s: float) -> Decision:
+        """Hold a call for a pool scaled to zero until a replica is up (the autoscaler sees
+        it in ``queue_depths``), then place it as any other; 503 if none joins in time."""
+        if req.budget_ms is not None:
+            hold_s = min(hold_s, req.budget_ms / 1000.0)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + hold_s
+        self._held_for_replica[id(req)] = req
+        try:
+            while self._pool_empty(req.model):
+                if loop.time() >= until:
+                    return Decision(Action.NO_REPLICA, reason=f"no replica of {req.model!r} came up within {hold_s:.0f} s")
+                await asyncio.sleep(self.WAKE_POLL_S)
+        finally:
+            self._held_for_replica.pop(id(req), None)
+        return await self.place(req, exclude=exclude)
 
     def _ensure_pump(self) -> None:
         if self._pump_task is None or self._pump_task.done():
@@ -130,9 +161,13 @@ class ScheduledPlacer:
                 entry[1].set_result(decision)
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
-        """Calls held by admission control, per pool and priority band."""
-        depths = getattr(self.scheduler, "queue_depths", None)
-        return depths() if depths is not None else {}
+        """Calls held by admission control (or for an empty pool), per pool and priority band."""
+        depths_of = getattr(self.scheduler, "queue_depths", None)
+        depths: dict[str, dict[str, int]] = depths_of() if depths_of is not None else {}
+        for req in self._held_for_replica.values():
+            bands = depths.setdefault(req.model, {})
+            bands[req.priority] = bands.get(req.priority, 0) + 1
+        return depths
 
     def completed(
         self, req: CallRequest, decision: Decision, *, ok: bool, ttft_ms: float | None,

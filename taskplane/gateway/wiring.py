@@ -21,7 +21,8 @@ def build_placer(config: GatewayConfig, registry: ReplicaRegistry) -> ScheduledP
     from taskplane.scheduler.policies import build_policy
 
     scheduler = build_policy(config.scheduler, tenants=config.tenants, pools=config.pools)
-    return ScheduledPlacer(scheduler, registry, max_wait_s=config.limits.request_timeout_s)
+    hold = {p.model: p.hold_when_empty_s for p in config.pools if p.hold_when_empty_s > 0}
+    return ScheduledPlacer(scheduler, registry, max_wait_s=config.limits.request_timeout_s, hold_when_empty=hold)
 
 
 def build_response_cache(config: GatewayConfig) -> Any | None:

@@ -101,3 +101,26 @@ def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> 
         down = _cli("dev", "down", "--state-dir", str(state))
     assert down.returncode == 0
     assert not any(proc.port_in_use(int(str(r["url"]).rsplit(":", 1)[1])) for r in info["replicas"])
+
+
+def test_a_pool_at_zero_holds_a_call_until_the_replica_it_wakes_is_up(tmp_path: Path) -> None:
+    """`--autoscale 0:2`: after an idle minute the pool is at zero; a call then waits at the
+    gateway (not a 503), the autoscaler sees it held and starts a replica, and the call is served."""
+    state = tmp_path / "state"
+    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "0:2", "--base-port", str(_base_port()))
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
+        deadline = time.monotonic() + 180.0  # the idle minute, then the cordon and drain
+        while time.monotonic() < deadline and _replicas(state):
+            time.sleep(3.0)
+        assert _replicas(state) == [], "the idle pool did not go to zero"
+        t0 = time.monotonic()
+        r = httpx.post(f"{info['gateway_url']}/v1/chat/completions", timeout=120, json={
+            "model": "llama-3.1-8b", "max_tokens": 8, "messages": [{"role": "user", "content": "wake up"}]})
+        assert r.status_code == 200, r.text
+        print(f"served after {time.monotonic() - t0:.1f} s at zero replicas")
+        assert [x["phase"] for x in _replicas(state)] == ["ready"]
+    finally:
+        down = _cli("dev", "down", "--state-dir", str(state))
+    assert down.returncode == 0

@@ -205,6 +205,7 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 r.live_session_tokens, r.live_sessions = live_tokens.get(name, 0), live_n.get(name, 0)
             s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
                             min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds + held,
+                            held_requests=held if not any(r.phase is Phase.READY for r in book.replicas.values()) else 0,
                             workflows=workflows, profiles=profiles)
             plan = scaler.plan(s)
             metrics.record(scaler.name, s, plan)
