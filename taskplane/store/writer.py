@@ -224,6 +224,7 @@ class CostWriter:
         self._flushing = 0  # flush() calls waiting
         self._pending = 0
         self._written = 0
+        self._batches = 0  # Postgres transactions that delivered rows
         self._dead = 0
         self._last_error: str | None = None
         self._last_error_at: float | None = None
@@ -389,6 +390,7 @@ class CostWriter:
         return {
             "pending": self._pending,
             "written": self._written,
+            "batches": self._batches,
             "dead": self._dead,
             "postgres_ok": self._postgres_ok,
             "last_error": self._last_error,
@@ -532,6 +534,7 @@ class CostWriter:
         await self._io(self.outbox.delete, [r.seq for r in rows])
         self._pending -= len(rows)
         self._written += len(rows)
+        self._batches += 1
         if self._postgres_ok is not True:
             if self._postgres_ok is False:
                 log.info("Postgres is back; outbox draining", pending=self._pending)
