@@ -248,6 +248,7 @@ class CostWriter:
         self._engine = create_engine(self.database_url)
         self._closing = False
         self._stop.clear()
+        self._urgent.clear()  # set by an earlier close()
         self._sender = asyncio.create_task(self._send_loop(), name="taskplane-cost-writer")
         self._heart = asyncio.create_task(self._heartbeat(), name="taskplane-outbox-heartbeat")
         if self._pending:
