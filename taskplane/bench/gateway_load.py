@@ -13,6 +13,10 @@ RSS (psutil, sampled every 50 ms), and TTFT / total latency percentiles for both
 "added" is gateway minus direct at the same percentile. Each phase is bounded: it stops
 when its calls are done or after ``--timeout-s``. Client, gateway and replicas share the
 machine's cores, so the added latency includes CPU contention with the load generator.
+
+``--postgres`` gives the gateways an embedded Postgres (as ``taskplane dev up`` does), so
+their CPU includes the attempt rows' outbox and writer, and checks the rows afterwards:
+one success row per call served, none doubled (``rows``).
 """
 
 from __future__ import annotations
@@ -240,12 +244,12 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
                         headers: dict[str, str], direct: PhaseStats) -> dict[str, Any]:
     """One data plane under the load: its latency, errors, CPU and memory against the direct phase."""
     urls = [f"{url}/v1/chat/completions"]
-    await run_phase(f"warmup-{name}", urls, min(50, calls), max_tokens, timeout_s, headers)
+    _, warm = await run_phase(f"warmup-{name}", urls, min(50, calls), max_tokens, timeout_s, headers)
     sampler = RssSampler(pid)
     cpu0 = cpu_by_process(sampler.proc)
     queue0 = await _queue_seconds(url)
     with sampler:
-        gateway, _ = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
+        gateway, results = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
     cpu1 = cpu_by_process(sampler.proc)
     split = {k: round((v - cpu0.get(k, 0.0)) * 1000.0 / calls, 3) for k, v in cpu1.items()}
     cpu_s = sum(cpu1.values()) - sum(cpu0.values())
@@ -261,6 +265,7 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     refusals = sum(1 for e in gateway.error_samples if e.startswith(("429", "503")))
     return {
         "stats": asdict(gateway), "errors": gateway.errors, "refusal_samples": refusals,
+        "served": sum(1 for r in warm if r.ok) + sum(1 for r in results if r.ok),
         "rss_mb": {"before": round(sampler.baseline / 2**20, 1), "peak": round(sampler.peak / 2**20, 1)},
         "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
         "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
@@ -298,14 +303,50 @@ async def _queue_seconds(gateway_url: str) -> tuple[float, float]:
     return queue.sum, queue.count
 
 
+async def count_rows(database_url: str) -> dict[str, int]:
+    """Attempt rows by outcome, and how many call keys have more than one success row."""
+    from sqlalchemy import text
+
+    from taskplane.store.db import create_engine
+
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            rows = {str(o): int(n) for o, n in await conn.execute(text("SELECT outcome, count(*) FROM llm_calls GROUP BY 1"))}
+            doubled = (await conn.execute(text(
+                "SELECT count(*) FROM (SELECT split_part(attempt_key, ':', 1), split_part(attempt_key, ':', 2) "
+                "FROM llm_calls WHERE outcome = 'success' GROUP BY 1, 2 HAVING count(*) > 1) d"))).scalar_one()
+    finally:
+        await engine.dispose()
+    return {**rows, "calls_with_two_success_rows": int(doubled)}
+
+
+@contextlib.contextmanager
+def embedded_postgres(workdir: Path) -> Any:
+    """An embedded Postgres with taskplane's schema for the run, stopped and removed after."""
+    from taskplane.ports import free_port
+    from taskplane.store import embedded
+    from taskplane.store.migrate import upgrade
+
+    data = workdir / "pg" / "data"
+    url = embedded.start(data, free_port())
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        embedded.destroy(data)
+
+
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
-        workdir: Path | None = None, admission: bool = True, data_planes: tuple[str, ...] = ("envoy",)) -> dict[str, Any]:
+        workdir: Path | None = None, admission: bool = True, data_planes: tuple[str, ...] = ("envoy",),
+        postgres: bool = False) -> dict[str, Any]:
     """Start replicas + one gateway per data plane, run the phases, stop everything; return the figures."""
     _raise_fd_limit(4 * calls + 1024)  # inherited by the gateway and replicas started below
     saved = os.environ.get("TASKPLANE_DATA_PLANE")
-    with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp, contextlib.ExitStack() as stack:
         wd = workdir or Path(tmp)
-        cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192,
+        database_url = stack.enter_context(embedded_postgres(wd)) if postgres else None
+        cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192, database_url=database_url,
                                          config_overrides=load_config(calls, admission)))
         try:
             os.environ["TASKPLANE_DATA_PLANE"] = data_planes[0]
@@ -319,7 +360,10 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
                     gateways[plane] = cluster.add_gateway()
                 res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways))
                 res["admission"] = admission
-                return res
+            if database_url is not None:  # the gateways stopped: their writers flushed
+                res["rows"] = asyncio.run(count_rows(database_url))
+                res["rows"]["served"] = sum(p["served"] for p in res["data_planes"].values())
+            return res
         finally:
             os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
             if saved is None:
@@ -345,6 +389,8 @@ def render(res: dict[str, Any]) -> str:
         rows += [(f"TTFT {name}", p["stats"], "ttft_ms"), (f"total {name}", p["stats"], "total_ms")]
     for label, stats, kind in rows:
         lines.append(f"{label:16}" + "".join(f"{stats[kind].get(q, float('nan')):>10.1f}" for q in ("p50", "p90", "p99")))
+    if "rows" in res:
+        lines.append(f"attempt rows in Postgres: {res['rows']}")
     samples = d["error_samples"] + [e for p in res["data_planes"].values() for e in p["stats"]["error_samples"]]
     if samples:
         lines.append(f"error samples: {samples}")
@@ -362,11 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-planes", default="envoy",
                    help="comma-separated: envoy (Envoy + picker, Lua usage scan), envoy-duplex (streamed bodies through "
                         "the picker), python (the thin proxy); the first cannot be envoy-duplex")
+    p.add_argument("--postgres", action="store_true",
+                   help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args(argv)
     planes = tuple(x.strip() for x in args.data_planes.split(",") if x.strip())
     res = run(args.calls, args.replicas, args.max_tokens, args.speed, args.timeout_s, admission=not args.no_admission,
-              data_planes=planes)
+              data_planes=planes, postgres=args.postgres)
     print(render(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))

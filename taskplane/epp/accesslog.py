@@ -10,6 +10,7 @@ No Python runs per chunk.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +18,10 @@ import structlog
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
-from google.protobuf.json_format import MessageToDict
 
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.envoy_config import TP_NAMESPACE
+from taskplane.epp.protocol import struct_dict
 from taskplane.gateway import failures
 
 log = structlog.get_logger(__name__)
@@ -82,17 +83,25 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als.StreamAccessLogsMessage], context: Any) -> als.StreamAccessLogsResponse:
         async for msg in request_iterator:
+            settling = []
             for entry in msg.http_logs.log_entry:
                 self.entries += 1
                 ns = entry.common_properties.metadata.filter_metadata.get(TP_NAMESPACE)
                 if ns is None:
                     continue
-                md = MessageToDict(ns)
+                md = struct_dict(ns)
                 picked = self.streams.pop(str(md.get("call", "")))
-                if picked is None:
-                    continue
-                try:
-                    await settle_from_log(picked, md, entry)
-                except Exception as exc:  # one bad entry must not end the log stream
-                    log.error("access_log_settle_failed", call=picked.key, error=type(exc).__name__, detail=str(exc)[:200])
+                if picked is not None:
+                    settling.append(self._settle(picked, md, entry))
+            if settling:
+                # the entries of one message together: their rows share one outbox commit
+                # (one after the other, each waited for its own fsync); shielded, so a call
+                # taken from the book is settled even if the log stream ends meanwhile
+                await asyncio.shield(asyncio.gather(*settling))
         return als.StreamAccessLogsResponse()
+
+    async def _settle(self, picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
+        try:
+            await settle_from_log(picked, md, entry)
+        except Exception as exc:  # one bad entry must not end the log stream
+            log.error("access_log_settle_failed", call=picked.key, error=type(exc).__name__, detail=str(exc)[:200])

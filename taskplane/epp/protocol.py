@@ -91,12 +91,32 @@ def attribute(req: pb.ProcessingRequest, name: str) -> str | None:
     return None
 
 
+def plain(value: struct_pb2.Value) -> Any:
+    """One protobuf ``Value`` as plain Python (numbers are floats, as JSON has them)."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return value.number_value
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind is None or kind == "null_value":
+        return None
+    return MessageToDict(value)
+
+
+def struct_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    """A flat ``Struct`` (dynamic metadata) as a dict, without ``MessageToDict``'s generic
+    walk: it was a tenth of the access log's cost per streamed call."""
+    return {k: plain(v) for k, v in s.fields.items()}
+
+
 def metadata_value(req: pb.ProcessingRequest, namespace: str, key: str) -> Any:
     """A value Envoy forwarded from dynamic metadata (``metadata_context``), or None."""
     s = req.metadata_context.filter_metadata.get(namespace)
     if s is None or key not in s.fields:
         return None
-    return MessageToDict(s).get(key)
+    return plain(s.fields[key])
 
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

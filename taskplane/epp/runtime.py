@@ -41,6 +41,11 @@ from taskplane.ports import free_port
 
 log = structlog.get_logger(__name__)
 
+#: How long a stopping front door waits for the access-log entries of streams that have
+#: ended (Envoy flushes its log every 50 ms) before it stops Envoy and settles the rest as
+#: cancelled: without it, streams served whole just before a stop got cancelled rows.
+LOG_GRACE_S = 0.5
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: on SIGTERM the front door stops Envoy and
@@ -165,16 +170,21 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)
     usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", "lua")
     envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)
+    envoy_alive = False
     try:
         await envoy.start()
+        envoy_alive = True
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
         stop = asyncio.create_task(server.stopping.wait(), name="signal")
         done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if envoy_exit in done:
+            envoy_alive = False
             log.error("envoy_exited", code=envoy_exit.result(), log=str(envoy.log_file))
     finally:
         await _cancel(follow)
+        if envoy_alive:  # streams that just ended: their access-log entries are one Envoy flush away
+            await ps.picker.streams.drained(LOG_GRACE_S)
         await envoy.stop()
         await health.set_ready(ps.health, False)
         await ps.server.stop(grace=1)

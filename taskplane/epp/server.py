@@ -19,6 +19,7 @@ GIE-style full-duplex config), from the chunks themselves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -69,14 +70,26 @@ class StreamBook:
     def __init__(self) -> None:
         self.pending: dict[str, PickedCall] = {}
         self.since: dict[str, float] = {}
+        self._empty = asyncio.Event()
+        self._empty.set()
 
     def put(self, picked: PickedCall) -> None:
         self.pending[picked.key] = picked
         self.since[picked.key] = time.monotonic()
+        self._empty.clear()
 
     def pop(self, key: str) -> PickedCall | None:
         self.since.pop(key, None)
-        return self.pending.pop(key, None)
+        picked = self.pending.pop(key, None)
+        if not self.pending:
+            self._empty.set()
+        return picked
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no stream waits for its log entry, at most ``timeout_s``; whether none does."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._empty.wait(), timeout=timeout_s)
+        return not self.pending
 
     async def expire(self, max_age_s: float) -> int:
         """Settle streams whose log entry never came (lost with an Envoy restart, say), so
@@ -98,6 +111,7 @@ class StreamBook:
             self.since.pop(key, None)
             await picked.cancelled()
             n += 1
+        self._empty.set()
         return n
 
 

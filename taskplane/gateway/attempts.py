@@ -162,7 +162,7 @@ class AttemptLedger:
     async def write(self, rec: AttemptRecord) -> None:
         """Every attempt row goes through here, so ``taskplane_gateway_cost_rows_total`` is the
         exact count of rows handed to the cost writer (fault tests compare it with Postgres)."""
-        self.metrics.cost_rows.labels(outcome=rec.outcome.value).inc()
+        self.metrics.child(self.metrics.cost_rows, rec.outcome.value).inc()
         log.debug("attempt_recorded", attempt_key=rec.attempt_key, task_id=rec.task_id, outcome=rec.outcome.value,
                   replica=rec.replica, error_type=rec.error_type)
         # counted and logged first, then shielded: a client that goes away cannot drop the row
@@ -188,7 +188,7 @@ class AttemptLedger:
         """Price the attempt's share of the replica's batch (see ``costing``)."""
         rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
         rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
-        self.metrics.cost.labels(tenant=rec.tenant).inc(rec.cost_usd)
+        self.metrics.child(self.metrics.cost, rec.tenant).inc(rec.cost_usd)
 
     def success(self, a: Attempt, total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any],
                 batch_end: int) -> AttemptRecord:
@@ -202,11 +202,12 @@ class AttemptLedger:
         rec.completion_tokens = token_count(usage.get("completion_tokens"))
         rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
         self.charge(rec, replica, total_ms, a.batch_start, batch_end)
-        self.metrics.attempts.labels(replica=replica.name, outcome="success").inc()
-        self.metrics.requests.labels(model=call.pool.model, outcome="success").inc()
-        self.metrics.latency.labels(model=call.pool.model).observe(total_ms / 1000.0)
+        m, model = self.metrics, call.pool.model
+        m.child(m.attempts, replica.name, "success").inc()
+        m.child(m.requests, model, "success").inc()
+        m.child(m.latency, model).observe(total_ms / 1000.0)
         if ttft_ms is not None:
-            self.metrics.ttft.labels(model=call.pool.model).observe(ttft_ms / 1000.0)
+            m.child(m.ttft, model).observe(ttft_ms / 1000.0)
         return rec
 
     def failure(self, a: Attempt, outcome: Outcome, error_type: ErrorType, total_ms: float, batch_end: int,
@@ -217,7 +218,7 @@ class AttemptLedger:
         rec.error_type = error_type.value
         rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
         self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
-        self.metrics.attempts.labels(replica=a.replica.name, outcome=rec.outcome.value).inc()
+        self.metrics.child(self.metrics.attempts, a.replica.name, rec.outcome.value).inc()
         return rec
 
     async def record_unplaced(self, call: Call, err: TaskplaneError, outcome: Outcome, try_index: int = 0) -> None:

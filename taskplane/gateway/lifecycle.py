@@ -239,7 +239,7 @@ class AttemptLifecycle:
         return batch_end
 
     def _gauge(self, replica: ReplicaState) -> None:
-        self.metrics.inflight.labels(replica=replica.name).set(replica.inflight)
+        self.metrics.child(self.metrics.inflight, replica.name).set(replica.inflight)
 
     async def succeeded(self, attempt: Attempt, usage: Mapping[str, Any]) -> AttemptRecord | None:
         """The attempt served the call; ``usage`` as the engine reported it. Returns its row

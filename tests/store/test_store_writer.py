@@ -171,3 +171,31 @@ async def test_not_started_is_a_clear_error(tmp_path: Path) -> None:
 def test_outcome_enum_round_trips() -> None:
     rec = attempt(1, outcome=Outcome.SHED, cost_usd=0.0)
     assert AttemptRecord.model_validate_json(rec.model_dump_json()) == rec
+
+
+async def _rows_arrive(url: str, n: int, within_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await scalar(url, "SELECT count(*) FROM llm_calls") != n:
+        assert asyncio.get_running_loop().time() < deadline, "rows did not reach Postgres"
+        await asyncio.sleep(0.05)
+
+
+async def test_rows_recorded_one_by_one_reach_postgres_in_one_transaction_per_window(fresh_db_url: str, tmp_path: Path) -> None:
+    """Each append is its own outbox commit (and wakes the sender); the sender still gathers
+    them for its window and delivers them together, not one transaction per row."""
+    async with CostWriter(fresh_db_url, tmp_path / "o", send_window_s=5.0) as writer:
+        for i in range(30):
+            await writer.record_attempt(attempt(i))
+        await _rows_arrive(fresh_db_url, 30)
+        assert writer.stats()["written"] == 30
+        assert writer.stats()["batches"] <= 2  # one window, or the first row's wake and one more
+
+
+async def test_flush_does_not_wait_for_the_send_window(fresh_db_url: str, tmp_path: Path) -> None:
+    async with CostWriter(fresh_db_url, tmp_path / "o", send_window_s=600.0) as writer:
+        await writer.record_attempt(attempt(1))
+        await asyncio.sleep(0.2)  # the sender is gathering now
+        assert await writer.flush(timeout=30)
+        await writer.record_attempt(attempt(2))
+        assert await writer.flush(timeout=30)
+    assert await scalar(fresh_db_url, "SELECT count(*) FROM llm_calls") == 2
