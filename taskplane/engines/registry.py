@@ -204,6 +204,14 @@ PROBE_FAILURES_DOWN = 3
 STALL_S = 5.0
 
 
+def _notify(listeners: list[Callable[[], None]]) -> None:
+    for listener in list(listeners):
+        try:
+            listener()
+        except Exception as exc:  # a listener's failure must not undo the change
+            log.warning("registry_listener_failed", error=str(exc))
+
+
 class ReplicaRegistry:
     """Replicas by name; scrapes their metrics in the background and keeps the
     scheduler's table of their views up to date (see the module docstring)."""
@@ -217,6 +225,7 @@ class ReplicaRegistry:
         self._held: dict[ReplicaState, float] = {}  # marked down until then: the row changes with time
         self._by_model: dict[str, list[ReplicaState]] = {}  # cache, cleared when membership changes
         self._listeners: list[Callable[[], None]] = []
+        self._up_listeners: list[Callable[[], None]] = []
         for pool in config.pools:
             for rc in pool.replicas:
                 self._add(pool, rc)
@@ -229,13 +238,15 @@ class ReplicaRegistry:
         (the picker's endpoint book rewrites Envoy's endpoints then, instead of polling)."""
         self._listeners.append(listener)
 
+    def on_replica_up(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after a replica joined or came back healthy (calls held for an
+        empty pool are placed at once then, instead of polling)."""
+        self._up_listeners.append(listener)
+
     def _members_changed(self) -> None:
         self._by_model.clear()
-        for listener in list(self._listeners):
-            try:
-                listener()
-            except Exception as exc:  # a listener's failure must not undo the change
-                log.warning("membership_listener_failed", error=str(exc))
+        _notify(self._listeners)
+        _notify(self._up_listeners)
 
     def add(self, pool: PoolConfig, rc: ReplicaConfig) -> ReplicaState:
         state = self._add(pool, rc)
@@ -443,3 +454,4 @@ class ReplicaRegistry:
         s.last_scrape = time.monotonic()
         if not was:
             log.info("replica_up", replica=s.name)
+            _notify(self._up_listeners)

@@ -84,8 +84,6 @@ class ScheduledPlacer:
 
     PUMP_INTERVAL_S = 0.02
 
-    WAKE_POLL_S = 0.1  # how often a call held for an empty pool looks for a replica
-
     def __init__(self, scheduler: Any, registry: ReplicaRegistry, *, max_wait_s: float = 120.0,
                  hold_when_empty: Mapping[str, float] | None = None) -> None:
         self.scheduler = scheduler
@@ -96,6 +94,8 @@ class ScheduledPlacer:
         self._waiting: dict[int, tuple[CallRequest, asyncio.Future[Decision]]] = {}
         self._pump_task: asyncio.Task[None] | None = None
         self._held_for_replica: dict[int, CallRequest] = {}
+        self._replica_up = asyncio.Event()  # set (then replaced) when a replica joins or recovers
+        registry.on_replica_up(self._wake_held_calls)
 
     def _views(self) -> ReplicaTable:
         """The registry's kept table: only replicas whose state changed are re-read."""
@@ -135,12 +135,19 @@ class ScheduledPlacer:
         self._held_for_replica[id(req)] = req
         try:
             while self._pool_empty(req.model):
-                if loop.time() >= until:
+                came_up = self._replica_up
+                try:
+                    await asyncio.wait_for(came_up.wait(), timeout=max(0.0, until - loop.time()))
+                except TimeoutError:
                     return Decision(Action.NO_REPLICA, reason=f"no replica of {req.model!r} came up within {hold_s:.0f} s")
-                await asyncio.sleep(self.WAKE_POLL_S)
         finally:
             self._held_for_replica.pop(id(req), None)
         return await self.place(req, exclude=exclude)
+
+    def _wake_held_calls(self) -> None:
+        """Wake every call held for an empty pool; each checks its own pool again."""
+        self._replica_up.set()
+        self._replica_up = asyncio.Event()
 
     def _ensure_pump(self) -> None:
         if self._pump_task is None or self._pump_task.done():

@@ -25,10 +25,6 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, env=dict(os.environ))
 
 
-def _base_port() -> int:
-    return free_base(4)  # a whole block of the port plan, free now
-
-
 def _replicas(state: Path) -> list[dict[str, object]]:
     return list(json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)["replicas"])
 
@@ -69,7 +65,7 @@ async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
 @pytest.mark.flaky(reruns=2)
 def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:4", "--base-port", str(_base_port()))
+    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:4", "--base-port", str(free_base(4)))
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
@@ -107,7 +103,7 @@ def test_a_pool_at_zero_holds_a_call_until_the_replica_it_wakes_is_up(tmp_path: 
     """`--autoscale 0:2`: after an idle minute the pool is at zero; a call then waits at the
     gateway (not a 503), the autoscaler sees it held and starts a replica, and the call is served."""
     state = tmp_path / "state"
-    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "0:2", "--base-port", str(_base_port()))
+    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "0:2", "--base-port", str(free_base(4)))
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)

@@ -18,14 +18,10 @@ def _cli(*args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
-def _base_port() -> int:
-    return free_base(3)  # a whole block of the port plan, free now
-
-
 def test_demo_runs_a_fleet_and_prints_the_cost_report(tmp_path: Path) -> None:
     state = tmp_path / "state"
     try:
-        res = _cli("demo", "--state-dir", str(state), "--tasks", "8", "--base-port", str(_base_port()))
+        res = _cli("demo", "--state-dir", str(state), "--tasks", "8", "--base-port", str(free_base(3)))
         out = res.stdout + res.stderr
         assert res.returncode == 0, out[-4000:]
         assert "running the agent fleet" in out and "cost report for this run" in out

@@ -21,10 +21,6 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
                           env=dict(os.environ))
 
 
-def _base_port() -> int:
-    return free_base(2)  # a whole block of the port plan, free now
-
-
 def _assert_data_plane(info: dict[str, object]) -> None:
     """Envoy answers on the gateway port; the endpoint picker's gRPC health says SERVING."""
     import grpc
@@ -42,7 +38,7 @@ def _assert_data_plane(info: dict[str, object]) -> None:
 
 def test_dev_up_status_down(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    base = _base_port()
+    base = free_base(2)
     up = _cli("dev", "up", "--state-dir", str(state), "--replicas", "2", "--base-port", str(base))
     try:
         assert up.returncode == 0, up.stderr

@@ -6,18 +6,12 @@ kept (so the table is really incremental, and a stale row would be caught)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-
-import uvicorn
+from tp_sim_replica import sim_replica
 
 from taskplane.config import GatewayConfig, ReplicaConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.ports import free_port
 from taskplane.scheduler.types import ReplicaView
-from taskplane.sim.server import SimReplica, create_app
 
 
 def _config(*urls: str) -> GatewayConfig:
@@ -81,26 +75,8 @@ def test_the_fallback_order_follows_the_load_the_table_shows() -> None:
     assert registry.least_loaded("another-model", 2) == []
 
 
-@contextlib.asynccontextmanager
-async def _sim_replica(kv_blocks: int) -> AsyncIterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(kv_blocks=kv_blocks, block_size=32)), host="127.0.0.1",
-                                           port=port, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        for _ in range(500):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "the simulated replica did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 async def test_a_scrape_of_a_real_replica_reaches_the_table() -> None:
-    async with _sim_replica(kv_blocks=1234) as url:
+    async with sim_replica(kv_blocks=1234, block_size=32) as url:
         registry = ReplicaRegistry(_config(url, "http://127.0.0.1:2"))
         assert _row(registry, "r0").kv_blocks_total == 4096  # nothing scraped yet: the default
         await registry.start()

@@ -3,7 +3,6 @@ header-recording endpoint, a real gateway cluster, and in-process workers for ea
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,11 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 from tp_sdk_recorder import Recorder
+from tp_sdk_workers import serving_worker
 
 from taskplane.dev.local import LocalCluster
 from taskplane.sdk.client import taskplane_client
-from workflows.worker import TaskplaneWorker, build_worker
+from workflows.worker import TaskplaneWorker
 
 AGENTS_MODULE = "tp_sdk_agents"
 
@@ -43,9 +43,7 @@ async def tp_client(temporal_env: Any) -> Client:
 @pytest_asyncio.fixture(scope="session")
 async def rec_worker(tp_client: Client, recorder: Recorder, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TaskplaneWorker]:
     """A worker whose gateway is the header recorder (no database)."""
-    queue = f"sdk-rec-{uuid.uuid4().hex[:8]}"
-    worker = await build_worker(tp_client, recorder.url, None, [AGENTS_MODULE], task_queue=queue, include_examples=False)
-    async with worker:
+    async with serving_worker(tp_client, recorder.url, None, [AGENTS_MODULE], queue_prefix="sdk-rec") as worker:
         yield worker
 
 
@@ -63,8 +61,6 @@ async def gw_worker(
     tp_client: Client, gw_cluster: LocalCluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[TaskplaneWorker]:
     """A worker sending LLM calls through the gateway and task rows to Postgres."""
-    queue = f"sdk-gw-{uuid.uuid4().hex[:8]}"
-    worker = await build_worker(tp_client, gw_cluster.gateway_url, pg_url, [AGENTS_MODULE], task_queue=queue,
-                                include_examples=False, outbox_dir=tmp_path_factory.mktemp("sdk-outbox"))
-    async with worker:
+    async with serving_worker(tp_client, gw_cluster.gateway_url, pg_url, [AGENTS_MODULE], queue_prefix="sdk-gw",
+                              outbox_dir=tmp_path_factory.mktemp("sdk-outbox")) as worker:
         yield worker

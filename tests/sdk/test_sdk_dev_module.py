@@ -30,10 +30,6 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=240, env=env, cwd=cwd)
 
 
-def _base_port() -> int:
-    return free_base(1)  # a whole block of the port plan, free now
-
-
 def _load(tmp: Path, name: str):  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(tmp))
     try:
@@ -48,7 +44,7 @@ def test_dev_up_module_serves_the_users_agents_and_adds_more(tmp_path: Path) -> 
     for name in (first, second):
         (tmp_path / f"{name}.py").write_text(AGENT_SRC.format(name=name))
     state = tmp_path / ".taskplane"
-    base = str(_base_port())
+    base = str(free_base(1))
     up = _cli(tmp_path, "dev", "up", "--state-dir", str(state), "--replicas", "1", "--base-port", base,
               "--module", first)
     try:

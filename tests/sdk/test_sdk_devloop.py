@@ -23,19 +23,18 @@ import tp_sdk_tools as tools_mod
 from temporalio.client import Client, WorkflowExecutionStatus
 from tp_sdk_db import wait_status
 from tp_sdk_recorder import Recorder
+from tp_sdk_workers import serving_worker
 
 import taskplane
 from taskplane import temporal_names as tn
 from taskplane.sdk import TaskFailed
 from taskplane.sdk.spec import DEADLINE_GRACE
-from workflows.worker import TaskplaneWorker, build_worker
+from workflows.worker import TaskplaneWorker
 
 
 @pytest_asyncio.fixture(scope="module")
 async def dev_worker(tp_client: Client, recorder: Recorder) -> AsyncIterator[TaskplaneWorker]:
-    worker = await build_worker(tp_client, recorder.url, None, ["tp_sdk_devloop"],
-                                task_queue=f"sdk-dev-{uuid.uuid4().hex[:8]}", include_examples=False)
-    async with worker:
+    async with serving_worker(tp_client, recorder.url, None, ["tp_sdk_devloop"], queue_prefix="sdk-dev") as worker:
         yield worker
 
 

@@ -17,6 +17,7 @@ import tp_sdk_tools as tools_mod
 from temporalio.client import Client, WorkflowExecutionStatus
 from tp_sdk_db import rows as _rows
 from tp_sdk_recorder import Recorder
+from tp_sdk_workers import serving_worker
 
 import taskplane
 from taskplane.errors import UserError
@@ -28,10 +29,8 @@ from workflows.worker import TaskplaneWorker, build_worker
 async def db_worker(tp_client: Client, recorder: Recorder, pg_url: str,
                     tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TaskplaneWorker]:
     """A worker with a database that serves tp_sdk_agents only (not tp_sdk_tools)."""
-    worker = await build_worker(tp_client, recorder.url, pg_url, ["tp_sdk_agents"],
-                                task_queue=f"sdk-rows-{uuid.uuid4().hex[:8]}", include_examples=False,
-                                outbox_dir=tmp_path_factory.mktemp("rows-outbox"))
-    async with worker:
+    async with serving_worker(tp_client, recorder.url, pg_url, ["tp_sdk_agents"], queue_prefix="sdk-rows",
+                              outbox_dir=tmp_path_factory.mktemp("rows-outbox")) as worker:
         yield worker
 
 

@@ -13,20 +13,19 @@ import pytest_asyncio
 import tp_sdk_tools as tools_mod
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from tp_sdk_workers import serving_worker
 
 import taskplane
 from taskplane.dev.local import LocalCluster
 from taskplane.sdk.tools import tool_schema
-from workflows.worker import TaskplaneWorker, build_worker
+from workflows.worker import TaskplaneWorker
 
 
 @pytest_asyncio.fixture(scope="module")
 async def tools_worker(tp_client: Client, gw_cluster: LocalCluster, pg_url: str,
                        tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TaskplaneWorker]:
-    worker = await build_worker(tp_client, gw_cluster.gateway_url, pg_url, ["tp_sdk_tools"],
-                                task_queue=f"sdk-tools-{uuid.uuid4().hex[:8]}", include_examples=False,
-                                outbox_dir=tmp_path_factory.mktemp("tools-outbox"))
-    async with worker:
+    async with serving_worker(tp_client, gw_cluster.gateway_url, pg_url, ["tp_sdk_tools"], queue_prefix="sdk-tools",
+                              outbox_dir=tmp_path_factory.mktemp("tools-outbox")) as worker:
         yield worker
 
 
