@@ -3,6 +3,7 @@ simulated replicas on loopback, against the same calls sent straight to the repl
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
     python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
+    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --rounds 5   # median of 5 alternating pairs
 
 With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
 ``python``: the thin Python proxy) each gets its own gateway over the same replicas, in
@@ -273,17 +274,44 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     }
 
 
+def median_ratios(rounds: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per data plane, the median over rounds of each round's ratio to that round's direct
+    phase: on a shared machine the load moves between phases, so one pair is not a figure."""
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for r in rounds:
+        for plane, kinds in r["ratio_to_direct"].items():
+            for kind, qs in kinds.items():
+                for q, ratio in qs.items():
+                    out.setdefault(plane, {}).setdefault(kind, {}).setdefault(q, []).append(ratio)
+    return {plane: {kind: {q: round(statistics.median(v), 3) for q, v in qs.items()} for kind, qs in kinds.items()}
+            for plane, kinds in out.items()}
+
+
 async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: float,
-                gateways: dict[str, tuple[str, int]]) -> dict[str, Any]:
+                gateways: dict[str, tuple[str, int]], rounds: int = 1) -> dict[str, Any]:
+    """``rounds`` times: the direct phase, then each data plane's; the first round's figures
+    in full, every round's ratios, and their medians."""
     headers = {"X-Taskplane-Tenant": "load"}
     direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
     # warm the direct path (connections, first-call imports), then measure
     await run_phase("warmup-direct", direct_urls, min(50, calls), max_tokens, timeout_s, headers)
-    direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
-    planes = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, direct)
-              for name, (url, pid) in gateways.items()}
+    per_round: list[dict[str, Any]] = []
+    for i in range(rounds):
+        round_direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
+        round_planes = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, round_direct)
+                        for name, (url, pid) in gateways.items()}
+        if i == 0:
+            direct, planes = round_direct, round_planes
+        per_round.append({
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "errors": {"direct": round_direct.errors, **{k: p["errors"] for k, p in round_planes.items()}},
+            "direct_ttft_ms": {q: round(round_direct.ttft_ms.get(q, float("nan")), 1) for q in ("p50", "p99")},
+            "cpu_ms_per_call": {k: p["cpu_ms_per_call"] for k, p in round_planes.items()},
+            "ratio_to_direct": {k: p["ratio_to_direct"] for k, p in round_planes.items()},
+        })
     first = next(iter(planes.values()))
     return {
+        "rounds": per_round, "ratio_to_direct_median": median_ratios(per_round),
         "calls": calls, "concurrency": calls, "replicas": len(cluster.replicas), "max_tokens": max_tokens,
         "cpu_count": psutil.cpu_count(),
         "errors": {"direct": direct.errors, "gateway": first["errors"]},  # the first data plane's (each: data_planes)
@@ -339,7 +367,7 @@ def embedded_postgres(workdir: Path) -> Any:
 
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
         workdir: Path | None = None, admission: bool = True, data_planes: tuple[str, ...] = ("envoy",),
-        postgres: bool = False) -> dict[str, Any]:
+        postgres: bool = False, rounds: int = 1) -> dict[str, Any]:
     """Start replicas + one gateway per data plane, run the phases, stop everything; return the figures."""
     _raise_fd_limit(4 * calls + 1024)  # inherited by the gateway and replicas started below
     saved = os.environ.get("TASKPLANE_DATA_PLANE")
@@ -358,7 +386,7 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
                     os.environ["TASKPLANE_DATA_PLANE"] = "envoy" if plane == "envoy-duplex" else plane
                     os.environ["TASKPLANE_EPP_STREAM_USAGE"] = "picker" if plane == "envoy-duplex" else "lua"
                     gateways[plane] = cluster.add_gateway()
-                res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways))
+                res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways, rounds))
                 res["admission"] = admission
             if database_url is not None:  # the gateways stopped: their writers flushed
                 res["rows"] = asyncio.run(count_rows(database_url))
@@ -389,6 +417,13 @@ def render(res: dict[str, Any]) -> str:
         rows += [(f"TTFT {name}", p["stats"], "ttft_ms"), (f"total {name}", p["stats"], "total_ms")]
     for label, stats, kind in rows:
         lines.append(f"{label:16}" + "".join(f"{stats[kind].get(q, float('nan')):>10.1f}" for q in ("p50", "p90", "p99")))
+    if len(res["rounds"]) > 1:
+        for i, r in enumerate(res["rounds"], 1):
+            lines.append(f"round {i} (load {r['load_average_1m']}): direct TTFT {r['direct_ttft_ms']} ms; "
+                         + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}, CPU {r['cpu_ms_per_call'][k]} ms/call"
+                                     for k, v in r["ratio_to_direct"].items()))
+        lines.append("median over rounds: " + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}"
+                                                         for k, v in res["ratio_to_direct_median"].items()))
     if "rows" in res:
         lines.append(f"attempt rows in Postgres: {res['rows']}")
     samples = d["error_samples"] + [e for p in res["data_planes"].values() for e in p["stats"]["error_samples"]]
@@ -410,15 +445,18 @@ def main(argv: list[str] | None = None) -> int:
                         "the picker), python (the thin proxy); the first cannot be envoy-duplex")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the direct phase and each data plane's this many times, alternating; report every "
+                        "round's ratio to its own direct phase and the median (the load of a shared machine drifts)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args(argv)
     planes = tuple(x.strip() for x in args.data_planes.split(",") if x.strip())
     res = run(args.calls, args.replicas, args.max_tokens, args.speed, args.timeout_s, admission=not args.no_admission,
-              data_planes=planes, postgres=args.postgres)
+              data_planes=planes, postgres=args.postgres, rounds=max(1, args.rounds))
     print(render(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
-    failed = res["errors"]["direct"] + sum(p["errors"] for p in res["data_planes"].values())
+    failed = sum(n for r in res["rounds"] for n in r["errors"].values())
     return 0 if failed == 0 else 1
 
 

@@ -10,11 +10,20 @@ from taskplane.bench import gateway_load
 
 
 def test_concurrent_streams_through_the_gateway_have_no_errors(tmp_path: Path) -> None:
-    res = gateway_load.run(calls=300, replicas=3, max_tokens=16, timeout_s=240, workdir=tmp_path)
+    res = gateway_load.run(calls=200, replicas=3, max_tokens=16, timeout_s=240, workdir=tmp_path, rounds=2)
     print("\n" + gateway_load.render(res))
     assert res["errors"] == {"direct": 0, "gateway": 0}, res["gateway"]["error_samples"]
-    assert res["gateway"]["calls"] == 300
+    assert res["gateway"]["calls"] == 200
+    assert [r["errors"] for r in res["rounds"]] == [{"direct": 0, "envoy": 0}] * 2  # direct, then the gateway, twice
+    ratios = [r["ratio_to_direct"]["envoy"]["ttft_ms"]["p50"] for r in res["rounds"]]
+    assert res["ratio_to_direct_median"]["envoy"]["ttft_ms"]["p50"] == round(sum(ratios) / 2, 3)
     for phase in ("direct", "gateway"):
         assert set(res[phase]["ttft_ms"]) >= {"p50", "p90", "p99"}
     assert res["gateway_rss_mb"]["peak"] >= res["gateway_rss_mb"]["before"] > 0
     assert res["gateway_cpu_ms_per_call"] > 0
+
+
+def test_the_median_ratio_is_taken_per_data_plane_and_percentile_over_the_rounds() -> None:
+    rounds = [{"ratio_to_direct": {"envoy": {"ttft_ms": {"p50": r, "p99": 2 * r}}}} for r in (1.4, 0.9, 1.1)]
+    rounds[1]["ratio_to_direct"]["envoy"]["ttft_ms"].pop("p99")  # a round whose direct phase had no p99
+    assert gateway_load.median_ratios(rounds) == {"envoy": {"ttft_ms": {"p50": 1.1, "p99": 2.5}}}
