@@ -13,13 +13,25 @@ to come of the sessions pinned to a replica (each pin's steps remaining plus one
 sessions included: their next steps come back to it) and the calls it runs or queues (all
 a plain client without a session leaves behind). The relative
 threshold keeps a large fleet's small differences out; the absolute one keeps a small
-fleet's first few tasks on the shared prompt's replica. Only new work is balanced (a call
+fleet's first few tasks on the shared prompt's replica.
+
+Neither scales with the fleet: among 16 replicas running ~10 calls each, chance alone leaves
+the most loaded at 1.5x the least, and "within 2 of the least loaded" keeps a handful of
+them, away from the session's prefix and from the replicas the latency scorer would pick
+(Mooncake, 16 x H100: TTFT p50 252 ms with the filter, 168 without). So in a fleet of at
+least ``chance_min_replicas`` the filter also asks that the most loaded replica be above what
+random placement of the same load would leave there: the expected maximum of n Poisson
+counts, mean + sqrt(2 ln n * mean), times ``chance_k``. A pile-up (affinity pulling new work
+onto one replica) is far above it; chance spread is not. Smaller fleets keep the two
+thresholds alone: on 4 replicas the chance rule cost the agents bench 1-2 points of tasks
+within deadline (docs/benchmarks.md, issue 18 third pass). Only new work is balanced (a call
 that opens a task, or a plain call): a later step of a session stays with its context,
 whose re-prefill would cost more than the imbalance.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,10 +48,17 @@ class LoadBalanceParams:
         2.0, "imbalance when the most loaded replica's load (calls to come or in flight) exceeds the least loaded's by more than this"
     )
     rel_threshold: float = param(1.5, "... and is at least this multiple of it (SGLang's balance_rel_threshold)")
+    chance_k: float = param(
+        1.5, "in a fleet of at least chance_min_replicas: ... and exceeds the fleet's mean load by more than this "
+        "many times the spread chance alone gives n replicas (sqrt(2 ln n x mean)); 0: no such condition"
+    )
+    chance_min_replicas: int = param(
+        8, "fleets (replicas able to take the call) smaller than this balance by the two thresholds alone"
+    )
 
     def validate(self) -> None:
-        if self.abs_threshold < 0 or self.rel_threshold < 1:
-            raise ValueError("abs_threshold must be >= 0 and rel_threshold >= 1")
+        if self.abs_threshold < 0 or self.rel_threshold < 1 or self.chance_k < 0 or self.chance_min_replicas < 2:
+            raise ValueError("abs_threshold and chance_k must be >= 0, rel_threshold >= 1, chance_min_replicas >= 2")
 
 
 def replica_load(state: CycleState) -> np.ndarray:
@@ -51,6 +70,14 @@ def replica_load(state: CycleState) -> np.ndarray:
         return calls
     pins.sweep(state.now_s)
     return np.maximum(calls, pins.work_of_rows(state.table, state.rows))
+
+
+def chance_high(loads: np.ndarray, k: float) -> float:
+    """The most loaded of ``len(loads)`` replicas as random placement of the same load
+    would leave it, plus margin: mean + k * sqrt(2 ln n * mean) (the expected maximum of n
+    Poisson counts, normal approximation)."""
+    mean = float(loads.mean())
+    return mean + k * math.sqrt(2.0 * math.log(len(loads)) * mean)
 
 
 @register("load-balance")
@@ -69,9 +96,12 @@ class LoadBalanceFilter(Filter):
         able = ~state.c(state.saturated)
         if len(load) < 2 or int(np.count_nonzero(able)) < 2:
             return None
-        low, high = float(load[able].min()), float(load[able].max())
+        loads = load[able]
+        low, high = float(loads.min()), float(loads.max())
         if high - low <= p.abs_threshold or high < p.rel_threshold * low:
             return None  # balanced enough: affinity decides
+        if p.chance_k and len(loads) >= p.chance_min_replicas and high <= chance_high(loads, p.chance_k):
+            return None  # no more spread than random placement would give: nothing piles up
         return able & (load <= low + p.abs_threshold)
 
     def keeps(self, one: OneCandidate) -> bool:

@@ -1,0 +1,82 @@
+"""The taskplane preset with other load-balance filter parameters, side by side in one run.
+
+    python scripts/load_balance_sweep.py mooncake [--duration-s S] [--host-kv-gb G] VARIANT...
+    python scripts/load_balance_sweep.py agents --load L [--host-kv-gb G] [--seed N] VARIANT...
+
+VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
+of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
+or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
+4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from taskplane.bench.ceiling import hit_ceiling
+from taskplane.bench.command import build_cluster, lifetimes_for
+from taskplane.bench.metrics import call_latencies, policy_metrics
+from taskplane.bench.runner import run_policy
+from taskplane.bench.tiers import tier_metrics
+from taskplane.bench.workloads import (
+    DEFAULT_WINDOW_S,
+    agent_tenants,
+    agent_workload,
+    mooncake_workload,
+    tasks_for,
+)
+from taskplane.scheduler.policies import PRESETS, build_policy, build_scheduler
+from taskplane.sim.hosttier import TierSpec
+
+AGENTS_CAPACITY = 0.835  # tasks/s of h100:4 (llm-d-scorers at >= 90 % within deadline), docs/benchmarks.md
+
+
+def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
+    if variant in PRESETS:
+        return build_policy(variant, seed=seed, tenants=tenants, metrics=False), variant
+    filters: list[Any] = [f for f in PRESETS["taskplane"].filters if f != "load-balance"]
+    if variant == "default":
+        filters.append("load-balance")
+    elif variant != "none":
+        filters.append({"type": "load-balance", "params": json.loads(variant)})
+    return build_scheduler(policy="taskplane", filters=filters, seed=seed, tenants=tenants, metrics=False), "taskplane"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload", choices=("mooncake", "agents"))
+    ap.add_argument("variants", nargs="+")
+    ap.add_argument("--duration-s", type=float, default=None)
+    ap.add_argument("--host-kv-gb", type=float, default=0.0)
+    ap.add_argument("--load", type=float, default=1.3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace", type=Path, default=None, help="a trace in the Mooncake format (default: ../shared/traces/mooncake_conversation_trace.jsonl)")
+    a = ap.parse_args()
+    if a.workload == "mooncake":
+        wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
+        cluster, _ = build_cluster(16, None, TierSpec(host_kv_gb=a.host_kv_gb))
+    else:
+        rate = a.load * AGENTS_CAPACITY
+        wl, tenants = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed), agent_tenants()
+        cluster, _ = build_cluster(4, None, TierSpec(host_kv_gb=a.host_kv_gb))
+    ceiling = hit_ceiling(wl)
+    for v in a.variants:
+        pol, preset = policy(v, a.seed, tenants)
+        run = run_policy(pol, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for(preset))
+        m = policy_metrics(run.result, hit_ceiling=ceiling, decision_ns=run.decision_ns,
+                           latencies=call_latencies(run.result))
+        m.update(tier_metrics(run.result, wl))
+        line = (f"{v:26s} TTFT p50 {m['ttft_p50_ms']:6.0f} p99 {m['ttft_p99_ms']:7.0f} ms  "
+                f"hits {m['prefix_hit_ratio']:.3f}")
+        if a.workload == "agents":
+            g, w = m["tool_gap_ttft_p99_ms"], m["warm_ttft_p99_ms"]
+            line += (f"  in deadline {m['deadline_met_ratio']:.2%}  after a tool gap p99 {g:.0f} / warm p99 {w:.0f} ms"
+                     f" = {g / w:.2f}x  sheds {m['sheds']}")
+        print(f"{line}  cpu {run.cpu_s:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
