@@ -61,26 +61,33 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from taskplane.bench.gateway_load import cpu_seconds, pin_ports
+from taskplane.bench.gateway_load import cpu_by_process, cpu_seconds, pin_ports
 from taskplane.bench.real_client import HeaderStyle, Target, TaskRun, drive
-from taskplane.bench.real_metrics import parse_counters
+from taskplane.bench.real_metrics import histograms, parse_counters
 from taskplane.bench.real_workload import CPU_TENANTS, RealWorkload, real_agent_workload
 from taskplane.dev.local import LocalCluster, LocalReplica
+from taskplane.errors import UserError
 
 MODEL = "llama-3.1-8b"
+#: the replicas' own latency histograms: the time a call spent at its replica, without the
+#: data plane in front and the client's own CPU (what placement changes, alone)
+REPLICA_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds")
 TARGETS: dict[str, HeaderStyle | None] = {"round-robin": None, "taskplane": "taskplane", "plain": "plain"}
 #: arrival shapes: (rate multiplier per phase as (duration_s, multiplier)); "burst" is all
 #: sessions inside ``burst_s``, "phases" a light stretch then a heavy one
 LIGHT_HEAVY: tuple[tuple[float, float], ...] = ((20.0, 0.3), (20.0, 1.6))
 
 
-def workload(sessions: int, seed: int, arrival: str, burst_s: float, rate_per_s: float) -> RealWorkload:
+def workload(sessions: int, seed: int, arrival: str, burst_s: float, rate_per_s: float,
+             max_context: int = 4000) -> RealWorkload:
     """The agent tasks: ``burst`` (every session starts within ``burst_s``: "N at once") or
     ``phases`` (a light stretch at 0.3x ``rate_per_s``, then a heavy one at 1.6x)."""
     if arrival == "burst":
-        return real_agent_workload(sessions, seed, rate_per_s=sessions / burst_s, phases=())
+        return real_agent_workload(sessions, seed, rate_per_s=sessions / burst_s, phases=(),
+                                   max_context_tokens=max_context)
     if arrival == "phases":
-        return real_agent_workload(sessions, seed, rate_per_s=rate_per_s, phases=LIGHT_HEAVY)
+        return real_agent_workload(sessions, seed, rate_per_s=rate_per_s, phases=LIGHT_HEAVY,
+                                   max_context_tokens=max_context)
     raise ValueError(f"unknown arrival shape {arrival!r} (burst or phases)")
 
 
@@ -104,8 +111,23 @@ def _counters(client: httpx.Client, replicas: Sequence[LocalReplica]) -> list[di
     for r in replicas:
         resp = client.get(f"{r.url}/metrics")
         resp.raise_for_status()
-        out.append(parse_counters(resp.text, r.model))
+        values = parse_counters(resp.text, r.model)
+        for key, h in histograms(resp.text, REPLICA_HISTOGRAMS).items():
+            values[f"{key}_sum"], values[f"{key}_count"] = h.sum, h.count
+        out.append(values)
     return out
+
+
+def start_cluster(cluster: LocalCluster, attempts: int = 3) -> LocalCluster:
+    """Start it on ports below the ephemeral range; a start that lost a port race to
+    another process on a shared machine is tried again on new ports."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return pin_ports(cluster).start()
+        except UserError as exc:
+            if attempt == attempts or "Address already in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def reset_caches(client: httpx.Client, replicas: Sequence[LocalReplica], timeout_s: float = 30.0) -> None:
@@ -168,6 +190,9 @@ def run_figures(tasks: Sequence[TaskRun], before: list[dict[str, float]], after:
         "call_ms": _ms([c.e2e_s for c in ok if c.e2e_s is not None]),
         "ttft_ms": _ms([c.ttft_s for c in ok if c.ttft_s is not None]),
         "queue_ms": {"mean": round(statistics.fmean(queue), 1), "max": round(max(queue), 1)} if queue else None,
+        "replica_side_ms": {
+            kind: round(1000.0 * sum(d[f"{name}_sum"] for d in deltas) / n, 1) if (n := sum(d[f"{name}_count"] for d in deltas)) else None
+            for kind, name in zip(("ttft_mean", "e2e_mean"), REPLICA_HISTOGRAMS, strict=True)},
         "calls_per_replica": [int(d["requests"]) for d in deltas],
         "prefix_hit_ratio": round(hits / queries, 4) if queries else None,
         "prompt_tokens": int(queries), "prompt_tokens_computed": int(queries - hits),
@@ -200,13 +225,40 @@ def one_run(cluster: LocalCluster, target: str, wl: RealWorkload, label: str,
 
 
 def process_cpu(cluster: LocalCluster) -> dict[str, float]:
-    """CPU seconds so far of the gateway (picker + Envoy), the replicas, and this client:
+    """CPU seconds so far of the picker, Envoy, the replicas, and this client:
     on a shared 2-core machine they compete, and a target's latency includes that."""
     assert cluster.gateway_pid is not None
     replicas = sum(cpu_seconds(psutil.Process(r.pid)) for r in cluster.replicas if r.pid is not None)
     t = os.times()
-    return {"gateway": cpu_seconds(psutil.Process(cluster.gateway_pid)), "replicas": replicas,
-            "client": t.user + t.system}
+    gateway = cpu_by_process(psutil.Process(cluster.gateway_pid))  # the picker's process, and Envoy
+    return {"picker": gateway.get("gateway", 0.0), "envoy": sum(v for k, v in gateway.items() if k != "gateway"),
+            "replicas": replicas, "client": t.user + t.system}
+
+
+def pin_tree(pid: int, cores: set[int]) -> None:
+    """Pin every thread of a process and its descendants to ``cores``."""
+    root = psutil.Process(pid)
+    for p in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            for t in p.threads():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(t.id, cores)
+
+
+def pin_gateway_apart(cluster: LocalCluster) -> dict[str, list[int]]:
+    """The gateway (picker and Envoy) on the last core, replicas and this client on the
+    others: a router host of its own, as in production, and every target's replicas and
+    client get the same CPU (the gateway idles in the round-robin run)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or cluster.gateway_pid is None:
+        raise RuntimeError("--pin needs at least 2 cores and a running gateway")
+    apart, rest = {cores[-1]}, set(cores[:-1])
+    pin_tree(cluster.gateway_pid, apart)
+    for r in cluster.replicas:
+        if r.pid is not None:
+            pin_tree(r.pid, rest)
+    pin_tree(os.getpid(), rest)
+    return {"gateway": sorted(apart), "replicas_and_client": sorted(rest)}
 
 
 def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -228,7 +280,7 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]
 
 def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Sequence[str] = tuple(TARGETS),
           seed: int = 1, arrival: str = "burst", burst_s: float = 1.0, rate_per_s: float = 3.0, speed: float = 1.0,
-          kv_blocks: int = 4096, admission: bool = True, workdir: Path | None = None, calls_out: Path | None = None,
+          kv_blocks: int = 4096, max_context: int = 4000, admission: bool = True, pin: bool = False, workdir: Path | None = None, calls_out: Path | None = None,
           console: Console | None = None) -> dict[str, Any]:
     """Start the replicas and the gateway once, run every target ``rounds`` times (order
     rotated each round), stop everything; return the figures."""
@@ -236,16 +288,19 @@ def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Se
     if unknown:
         raise ValueError(f"unknown targets {unknown} (choose from {', '.join(TARGETS)})")
     console = console or Console(stderr=True)
-    wl = workload(sessions, seed, arrival, burst_s, rate_per_s)
+    wl = workload(sessions, seed, arrival, burst_s, rate_per_s, max_context)
+    pinned: dict[str, list[int]] | None = None
     runs: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="tp-agents-live-") as tmp:
         wd = workdir or Path(tmp)
-        cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=kv_blocks, model=MODEL,
-                                         config_overrides=gateway_config(sessions, admission)))
-        with cluster, contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack:
+            cluster = start_cluster(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=kv_blocks, model=MODEL,
+                                                 config_overrides=gateway_config(sessions, admission)))
+            stack.callback(cluster.stop)
             sink = stack.enter_context(calls_out.open("w")) if calls_out else None
             with httpx.Client(timeout=30.0, trust_env=False) as client:
                 wait_gateway_live(client, cluster.gateway_url, cluster.replicas)
+            pinned = pin_gateway_apart(cluster) if pin else None
             for rnd in range(rounds):
                 order = [*targets[rnd % len(targets):], *targets[:rnd % len(targets)]]
                 runs.append({})
@@ -266,7 +321,7 @@ def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Se
     return {
         "sessions": len(wl.tasks), "calls_per_run": wl.num_calls, "replicas": replicas, "rounds": rounds,
         "arrival": arrival, "speed": speed, "kv_blocks": kv_blocks, "block_size": 16, "seed": seed,
-        "admission": admission, "cpu_count": os.cpu_count(), "workload": wl.meta,
+        "admission": admission, "max_context_tokens": max_context, "pinned": pinned, "cpu_count": os.cpu_count(), "workload": wl.meta,
         "runs": runs, "ratios": [ratios(r) for r in runs],
     }
 
@@ -310,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=3.0, help="tasks per second before the phase multiplier (phases)")
     p.add_argument("--speed", type=float, default=1.0, help="sim speed-up over its H100 timing model (1: GPU time)")
     p.add_argument("--kv-blocks", type=int, default=4096, help="KV blocks of 16 tokens per replica")
+    p.add_argument("--max-context", type=int, default=4000,
+                   help="a task ends before its context would pass this many tokens (the pools allow 8192)")
+    p.add_argument("--pin", action="store_true",
+                   help="the gateway on a core of its own, the replicas and the client on the others")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-admission", action="store_true", help="the gateway without admission control")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
@@ -319,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     res = bench(sessions=args.sessions, replicas=args.replicas, rounds=args.rounds,
                 targets=[t.strip() for t in args.targets.split(",") if t.strip()], seed=args.seed,
                 arrival=args.arrival, burst_s=args.burst_s, rate_per_s=args.rate, speed=args.speed,
-                kv_blocks=args.kv_blocks, admission=not args.no_admission, calls_out=args.calls_out, console=console)
+                kv_blocks=args.kv_blocks, max_context=args.max_context, admission=not args.no_admission, pin=args.pin, calls_out=args.calls_out, console=console)
     Console(width=200).print(render_table(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
