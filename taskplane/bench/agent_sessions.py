@@ -262,7 +262,8 @@ def pin_gateway_apart(cluster: LocalCluster) -> dict[str, list[int]]:
 
 
 def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Each target's call latency and TTFT over round-robin's of the same round."""
+    """Each target's call latency and TTFT over round-robin's of the same round, at the
+    client (what an agent waits) and at the replicas (what placement changed, alone)."""
     base = run.get("round-robin")
     out: dict[str, dict[str, float | None]] = {}
     if base is None:
@@ -271,10 +272,10 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]
         if name == "round-robin":
             continue
         out[name] = {}
-        for kind in ("call_ms", "ttft_ms"):
-            for p in ("mean", "p50", "p99"):
-                a, b = fig[kind][p], base[kind][p]
-                out[name][f"{kind[:-3]}_{p}"] = round(a / b, 3) if a is not None and b else None
+        pairs = [(f"{kind[:-3]}_{p}", fig[kind][p], base[kind][p]) for kind in ("call_ms", "ttft_ms")
+                 for p in ("mean", "p50", "p99")]
+        pairs += [(f"replica_{k}", fig["replica_side_ms"][k], base["replica_side_ms"][k]) for k in ("e2e_mean", "ttft_mean")]
+        out[name] = {key: round(a / b, 3) if a is not None and b else None for key, a, b in pairs}
     return out
 
 
@@ -337,14 +338,17 @@ def render_table(res: dict[str, Any]) -> Table:
     """Every run side by side, with each target's ratio to round-robin of its round."""
     table = Table(title=f"{res['sessions']} agent sessions ({res['arrival']}), {res['replicas']} simulated replicas, "
                         f"{res['calls_per_run']} calls per run")
-    for col in ("round", "target", "call mean / p50 / p99 ms", "x rr (mean)", "TTFT mean / p50 / p99 ms",
+    for col in ("round", "target", "call mean / p50 / p99 ms", "x rr (mean)", "at replica: call / TTFT ms", "x rr",
+                "TTFT mean / p50 / p99 ms",
                 "in budget", "429s", "calls per replica", "prefix hits", "queue ms mean", "load"):
         table.add_column(col, justify="left" if col in ("target",) else "right")
     for i, (run, ratio) in enumerate(zip(res["runs"], res["ratios"], strict=True)):
         for name, fig in run.items():
             c, t = fig["call_ms"], fig["ttft_ms"]
-            r = ratio.get(name, {}).get("call_mean")
+            r, rr = ratio.get(name, {}).get("call_mean"), ratio.get(name, {}).get("replica_e2e_mean")
+            at = fig["replica_side_ms"]
             table.add_row(str(i + 1), name, f"{c['mean']} / {c['p50']} / {c['p99']}", "-" if r is None else f"{r:.2f}",
+                          f"{at['e2e_mean']} / {at['ttft_mean']}", "-" if rr is None else f"{rr:.2f}",
                           f"{t['mean']} / {t['p50']} / {t['p99']}", f"{fig['tasks_within_budget']}/{fig['tasks']}",
                           str(fig["refusals"]), "/".join(map(str, fig["calls_per_replica"])),
                           "-" if fig["prefix_hit_ratio"] is None else f"{fig['prefix_hit_ratio']:.3f}",
