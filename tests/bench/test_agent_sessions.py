@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from taskplane.bench.agent_sessions import TARGETS, bench, render_table
+from taskplane.dev import processes as proc
 
 
 def test_agent_sessions_every_target_serves_every_task_without_refusal(tmp_path: Path) -> None:
@@ -47,3 +50,19 @@ def test_agent_sessions_every_target_serves_every_task_without_refusal(tmp_path:
     through_gateway = [c for r in rows if r["target"] == "taskplane" for c in r["calls"]]
     assert all(c["replica"] for c in through_gateway)  # X-Taskplane-Replica named who served each call
     render_table(res)  # renders without error
+
+
+def test_pin_group_pins_every_process_of_the_group(tmp_path: Path) -> None:
+    """``--pin`` and the real-vLLM bench rely on it: a child of the group, started before the
+    pin, runs only on the given core afterwards."""
+    core = max(os.sched_getaffinity(0))
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+    pid = proc.spawn([sys.executable, "-c", script], tmp_path / "sleep.log")
+    try:
+        proc.wait_until(lambda: len(proc.group_members(pid)) == 2, "child started", 10, pid, tmp_path / "sleep.log")
+        proc.pin_group(pid, {core})
+        members = proc.group_members(pid)
+        assert len(members) == 2
+        assert all(os.sched_getaffinity(p) == {core} for p in members)
+    finally:
+        proc.stop_pid(pid, timeout_s=2)
