@@ -178,6 +178,10 @@ def run_figures(tasks: Sequence[TaskRun], before: list[dict[str, float]], after:
     calls = [c for t in tasks for c in t.calls]
     ok = [c for c in calls if c.ok]
     queue = [c.queue_ms for c in ok if c.queue_ms is not None]
+    # the opening: until the last task sent its first call (every session arriving at once)
+    opening_end = max((t.calls[0].sent_s for t in tasks if t.calls), default=0.0)
+    opening = [c.e2e_s for c in ok if c.e2e_s is not None and c.sent_s <= opening_end]
+    later = [c.e2e_s for c in ok if c.e2e_s is not None and c.sent_s > opening_end]
     hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
     return {
         "tasks": len(tasks),
@@ -189,6 +193,9 @@ def run_figures(tasks: Sequence[TaskRun], before: list[dict[str, float]], after:
         "calls_refused": sum(1 for c in calls if c.sheds),
         "call_ms": _ms([c.e2e_s for c in ok if c.e2e_s is not None]),
         "ttft_ms": _ms([c.ttft_s for c in ok if c.ttft_s is not None]),
+        "opening_s": round(opening_end, 2),
+        "call_ms_opening": {"calls": len(opening), "mean": _ms(opening)["mean"]},
+        "call_ms_after_opening": {"calls": len(later), "mean": _ms(later)["mean"]},
         "queue_ms": {"mean": round(statistics.fmean(queue), 1), "max": round(max(queue), 1)} if queue else None,
         "replica_side_ms": {
             kind: round(1000.0 * sum(d[f"{name}_sum"] for d in deltas) / n, 1) if (n := sum(d[f"{name}_count"] for d in deltas)) else None
@@ -338,7 +345,8 @@ def render_table(res: dict[str, Any]) -> Table:
     """Every run side by side, with each target's ratio to round-robin of its round."""
     table = Table(title=f"{res['sessions']} agent sessions ({res['arrival']}), {res['replicas']} simulated replicas, "
                         f"{res['calls_per_run']} calls per run")
-    for col in ("round", "target", "call mean / p50 / p99 ms", "x rr (mean)", "at replica: call / TTFT ms", "x rr",
+    for col in ("round", "target", "call mean / p50 / p99 ms", "x rr (mean)", "opening / after: call mean ms",
+                "at replica: call / TTFT ms", "x rr",
                 "TTFT mean / p50 / p99 ms",
                 "in budget", "429s", "calls per replica", "prefix hits", "queue ms mean", "load"):
         table.add_column(col, justify="left" if col in ("target",) else "right")
@@ -348,6 +356,7 @@ def render_table(res: dict[str, Any]) -> Table:
             r, rr = ratio.get(name, {}).get("call_mean"), ratio.get(name, {}).get("replica_e2e_mean")
             at = fig["replica_side_ms"]
             table.add_row(str(i + 1), name, f"{c['mean']} / {c['p50']} / {c['p99']}", "-" if r is None else f"{r:.2f}",
+                          f"{fig['call_ms_opening']['mean']} / {fig['call_ms_after_opening']['mean']}",
                           f"{at['e2e_mean']} / {at['ttft_mean']}", "-" if rr is None else f"{rr:.2f}",
                           f"{t['mean']} / {t['p50']} / {t['p99']}", f"{fig['tasks_within_budget']}/{fig['tasks']}",
                           str(fig["refusals"]), "/".join(map(str, fig["calls_per_replica"])),

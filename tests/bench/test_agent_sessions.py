@@ -38,6 +38,8 @@ def test_agent_sessions_every_target_serves_every_task_without_refusal(tmp_path:
         assert sum(fig["calls_per_replica"]) == fig["calls"], name
         assert fig["prompt_tokens"] > fig["prompt_tokens_computed"] > 0, name  # some prefix was reused
         assert fig["replica_side_ms"]["e2e_mean"] is not None, name
+        assert fig["call_ms_opening"]["calls"] + fig["call_ms_after_opening"]["calls"] == fig["calls"], name
+        assert fig["call_ms_opening"]["calls"] >= fig["tasks"], name  # every first call is in the opening
     # round-robin is the client's: calls taken in turn; through the gateway the queue wait is reported
     per = run["round-robin"]["calls_per_replica"]
     assert max(per) - min(per) <= 1
