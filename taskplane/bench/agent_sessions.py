@@ -73,8 +73,8 @@ MODEL = "llama-3.1-8b"
 #: data plane in front and the client's own CPU (what placement changes, alone)
 REPLICA_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds")
 TARGETS: dict[str, HeaderStyle | None] = {"round-robin": None, "taskplane": "taskplane", "plain": "plain"}
-#: arrival shapes: (rate multiplier per phase as (duration_s, multiplier)); "burst" is all
-#: sessions inside ``burst_s``, "phases" a light stretch then a heavy one
+#: ``--arrival phases``: (duration_s, rate multiplier) pairs, a light stretch then a heavy
+#: one (the pattern repeats until every session has arrived)
 LIGHT_HEAVY: tuple[tuple[float, float], ...] = ((20.0, 0.3), (20.0, 1.6))
 
 
