@@ -111,16 +111,7 @@ def pin_replicas(replicas: list[VllmReplica]) -> dict[int, int]:
     for r in replicas:
         core = cores[r.index % len(cores)]
         placed[r.index] = core
-        for pid in proc.group_members(r.pid):
-            try:
-                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    os.sched_setaffinity(tid, {core})
-                except OSError:
-                    pass
+        proc.pin_group(r.pid, {core})
     return placed
 
 

@@ -28,7 +28,7 @@ from taskplane.bench.real_workload import RealCall, RealTask, RealWorkload
 from taskplane.sim.cluster import TaskResult
 from taskplane.store.records import TaskStatus
 
-HeaderStyle = Literal["taskplane", "session"]
+HeaderStyle = Literal["taskplane", "session", "plain"]
 
 #: how long one call may take before it counts as failed
 CALL_TIMEOUT_S = 300.0
@@ -112,7 +112,9 @@ class Target:
 
 
 def routing_headers(style: HeaderStyle, task: RealTask, call: RealCall, remaining_s: float | None) -> dict[str, str]:
-    """The per-call routing headers of one style."""
+    """The per-call routing headers of one style (``plain``: none, a bare OpenAI client)."""
+    if style == "plain":
+        return {}
     if style == "session":
         return {"X-Session-ID": task.task_id}
     h = {

@@ -75,6 +75,21 @@ def group_members(pgid: int) -> dict[int, list[str]]:
     return members
 
 
+def pin_group(pgid: int, cores: set[int]) -> None:
+    """Pin every thread of every process in group ``pgid`` to ``cores`` (threads started
+    later inherit the mask): benches that give each part a fixed share of the machine."""
+    for pid in group_members(pgid):
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except OSError:
+                pass
+
+
 def stop_pid(pid: int | None, timeout_s: float = 8.0) -> None:
     """SIGTERM the process group, then SIGKILL what is left."""
     if not alive(pid):
