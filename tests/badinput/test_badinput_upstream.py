@@ -93,8 +93,15 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
         assert ("bad" in err["message"]) or (plane.startswith("envoy") and f"127.0.0.1:{upstream.port}" in err["message"]), err
         assert upstream.hits.get(mode, 0) > before_hits, "the broken replica was never asked"
         rows = await _rows_settled(client, before_rows) - before_rows
-        assert rows == upstream.hits[mode] - before_hits + 1, "one row per attempt plus the unplaced retry"
+        assert rows == upstream.hits[mode] - before_hits + 1, (
+            f"one row per attempt plus the unplaced retry; rows by outcome now: {_rows_by_outcome(await client.get('/metrics'))}, "
+            f"status {r.status_code}, headers {dict(r.headers)}, gateway log tail: {log.read_text(errors='replace')[-3000:]}")
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def _rows_by_outcome(metrics: httpx.Response) -> dict[str, str]:
+    return {ln.split("{", 1)[1].split("}", 1)[0]: ln.rsplit(" ", 1)[1] for ln in metrics.text.splitlines()
+            if ln.startswith("taskplane_gateway_cost_rows_total{")}
 
 
 async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path, str]) -> None:
