@@ -175,15 +175,17 @@ def answer(phase: str, *, headers: Mapping[str, str] | None = None, remove: Iter
     resp = pb.ProcessingResponse()
     part = getattr(resp, phase)
     part.SetInParent()
-    if headers is not None:
-        mutation = part.response.header_mutation
-        mutation.SetInParent()
-        fill_headers(mutation, headers, remove)
-    if body is not None:
-        part.response.body_mutation.body = body
-    elif streamed is not None:
-        chunk = part.response.body_mutation.streamed_response
-        chunk.body, chunk.end_of_stream = streamed
+    if headers is not None or body is not None or streamed is not None:
+        common = part.response
+        if headers is not None:
+            mutation = common.header_mutation
+            mutation.SetInParent()
+            fill_headers(mutation, headers, remove)
+        if body is not None:
+            common.body_mutation.body = body
+        elif streamed is not None:
+            chunk = common.body_mutation.streamed_response
+            chunk.body, chunk.end_of_stream = streamed
     if metadata is not None:
         fill_struct(resp.dynamic_metadata, metadata)
     return resp
