@@ -182,8 +182,8 @@ class AttemptLedger:
     async def _after_note(self, rec: AttemptRecord) -> Stored | None:
         """Store the row once its attempt's in-flight note (if any) is committed."""
         note = self._notes.pop(rec.attempt_key, None)
-        if note is not None:
-            await asyncio.gather(note, return_exceptions=True)
+        if note is not None and not note.done():  # (usually committed long before the answer came)
+            await asyncio.wait((note,))  # its failure is logged by the note itself; not cancelled with us
         return await self.sink.record_attempt(rec)
 
     def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
