@@ -148,5 +148,6 @@ class PickedCall:
             return
         self.settled = True
         for attempt in self.attempts.values():
-            await self.lc.failed(attempt, failures.internal(attempt.replica.name, "attempt ended without an answer"))
+            if not attempt.settled:  # a settled attempt ignores it: build no failure for it
+                await self.lc.failed(attempt, failures.internal(attempt.replica.name, "attempt ended without an answer"))
         self.lc.leave(self.call)

@@ -13,7 +13,6 @@ from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 
@@ -122,30 +121,85 @@ def metadata_value(req: pb.ProcessingRequest, namespace: str, key: str) -> Any:
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def header_mutation(set_headers: Mapping[str, str] | None = None, remove: Iterable[str] = ()) -> pb.HeaderMutation:
-    """Headers to set (overwriting) and to remove. Filled in place: a message per header
-    built and then copied in cost about twice as much (several per call)."""
-    mutation = pb.HeaderMutation(remove_headers=list(remove))
+def fill_headers(mutation: pb.HeaderMutation, set_headers: Mapping[str, str] | None = None, remove: Iterable[str] = ()) -> None:
+    """Add headers to set (overwriting) and to remove to ``mutation``, in place: a message
+    per header built and then copied in cost about twice as much (several per call)."""
+    mutation.remove_headers.extend(remove)
     for key, value in (set_headers or {}).items():
-        option = mutation.set_headers.add(append_action=_OVERWRITE)
+        option = mutation.set_headers.add()
+        option.append_action = _OVERWRITE
         option.header.key = key
         option.header.raw_value = value.encode()
+
+
+def header_mutation(set_headers: Mapping[str, str] | None = None, remove: Iterable[str] = ()) -> pb.HeaderMutation:
+    """Headers to set (overwriting) and to remove, as a message of its own."""
+    mutation = pb.HeaderMutation()
+    fill_headers(mutation, set_headers, remove)
     return mutation
+
+
+def fill_struct(target: struct_pb2.Struct, value: Mapping[str, Any]) -> None:
+    """``value`` (nested mappings of strings, booleans, numbers, None) written into ``target``
+    field by field; ``Struct.update``'s pure-Python walk cost three times as much."""
+    fields = target.fields
+    for key, v in value.items():
+        if isinstance(v, str):
+            fields[key].string_value = v
+        elif isinstance(v, bool):
+            fields[key].bool_value = v
+        elif isinstance(v, int | float):
+            fields[key].number_value = v
+        elif isinstance(v, Mapping):
+            fill_struct(fields[key].struct_value, v)
+        elif v is None:
+            fields[key].null_value = struct_pb2.NULL_VALUE
+        else:  # lists: the generic path
+            target.update({key: v})
 
 
 def struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
-    s.update(dict(value))
+    fill_struct(s, value)
     return s
 
 
+def answer(phase: str, *, headers: Mapping[str, str] | None = None, remove: Iterable[str] = (), body: bytes | None = None,
+           streamed: tuple[bytes, bool] | None = None, metadata: Mapping[str, Any] | None = None) -> pb.ProcessingResponse:
+    """The answer to one ext_proc message of ``phase`` (``request_headers``, ``request_body``,
+    ``response_headers``, ``response_body``), built in place: nested messages made first and
+    then copied in cost two to three times as much, three answers per call.
+    ``headers`` (even empty) sets a header mutation, ``remove`` drops headers with it;
+    ``body`` replaces a buffered body, ``streamed`` (bytes, end_of_stream) answers a
+    streamed chunk; ``metadata``: dynamic metadata to emit."""
+    resp = pb.ProcessingResponse()
+    part = getattr(resp, phase)
+    part.SetInParent()
+    if headers is not None or body is not None or streamed is not None:
+        common = part.response
+        if headers is not None:
+            mutation = common.header_mutation
+            mutation.SetInParent()
+            fill_headers(mutation, headers, remove)
+        if body is not None:
+            common.body_mutation.body = body
+        elif streamed is not None:
+            chunk = common.body_mutation.streamed_response
+            chunk.body, chunk.end_of_stream = streamed
+    if metadata is not None:
+        fill_struct(resp.dynamic_metadata, metadata)
+    return resp
+
+
 def immediate(status: int, body: bytes, headers: Mapping[str, str] | None = None, details: str = "") -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
-        headers=header_mutation(headers),
-        body=body,
-        details=details.replace(" ", "_")[:64],
-    ))
+    resp = pb.ProcessingResponse()
+    reply = resp.immediate_response
+    reply.status.code = status  # type: ignore[assignment]
+    reply.headers.SetInParent()
+    fill_headers(reply.headers, headers)
+    reply.body = body
+    reply.details = details.replace(" ", "_")[:64]
+    return resp
 
 
 def error_reply(exc: TaskplaneError) -> pb.ProcessingResponse:

@@ -213,9 +213,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
     async def _request_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         if ex.kind is None:  # not ours: pass the body on as it came
             if ex.request_duplex:
-                return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(
-                    body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=req.request_body.body,
-                                                                                   end_of_stream=req.request_body.end_of_stream)))))]
+                return [P.answer("request_body", streamed=(req.request_body.body, req.request_body.end_of_stream))]
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         ex.body += req.request_body.body
         if len(ex.body) > self.gw.config.limits.max_body_bytes:
@@ -299,17 +297,13 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         endpoints = ",".join(e for e in (self.book.endpoint(r.name) for r in picked.order) if e)
         body = json.dumps(upstream_body(call, picked.model), separators=(",", ":")).encode()
         remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k == "authorization"]
-        headers = P.header_mutation({DEST_HEADER: endpoints, "content-length": str(len(body)),
-                                     "content-type": "application/json"}, remove=sorted(set(remove)))
-        metadata = P.struct({LB_NAMESPACE: {DEST_HEADER: endpoints},
-                             TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}})
+        headers = {DEST_HEADER: endpoints, "content-length": str(len(body)), "content-type": "application/json"}
+        metadata = {LB_NAMESPACE: {DEST_HEADER: endpoints},
+                    TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
         if ex.request_duplex:
-            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=P.common(headers=headers)),
-                                          dynamic_metadata=metadata),
-                    pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(
-                        body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=True)))))]
-        return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(headers=headers, body=pb.BodyMutation(body=body))),
-                                      dynamic_metadata=metadata)]
+            return [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
+                    P.answer("request_body", streamed=(body, True))]
+        return [P.answer("request_body", headers=headers, remove=sorted(set(remove)), body=body, metadata=metadata)]
 
     # ---- response ---------------------------------------------------------------
     def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> ReplicaState | None:
@@ -347,23 +341,22 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             self.gw.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
         if status >= 400:
-            return [self._buffer_response(ex, P.header_mutation())]
+            return [self._buffer_response(ex, {})]
         headers = picked.headers()
         if call.stream:
             headers["cache-control"] = "no-cache"
             if ex.response_duplex:
-                return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))))]
+                return [P.answer("response_headers", headers=headers)]
             self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
             # the Lua filter names the replica in the closing error event of a stream it ended early
-            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=P.header_mutation(headers))),
-                                          dynamic_metadata=P.struct({TP_NAMESPACE: {"replica": served.replica.name}}))]
-        return [self._buffer_response(ex, P.header_mutation(headers))]
+            return [P.answer("response_headers", headers=headers, metadata={TP_NAMESPACE: {"replica": served.replica.name}})]
+        return [self._buffer_response(ex, headers)]
 
-    def _buffer_response(self, ex: _Exchange, headers: pb.HeaderMutation) -> pb.ProcessingResponse:
+    def _buffer_response(self, ex: _Exchange, headers: dict[str, str]) -> pb.ProcessingResponse:
         """Ask Envoy for the whole response body (unary answers and errors are small)."""
-        resp = pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=P.common(headers=headers)))
+        resp = P.answer("response_headers", headers=headers)
         if not ex.response_duplex:
-            resp.mode_override.CopyFrom(pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFERED))
+            resp.mode_override.response_body_mode = pm.ProcessingMode.BUFFERED
         return resp
 
     async def _response_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
@@ -400,21 +393,17 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if self.gw.response_cache is not None and picked.call.deterministic:
             self.gw.response_cache.put(self.gw._cache_key(picked.call), data)
         if ex.response_duplex:
-            return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(
-                headers=P.header_mutation(headers),
-                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=raw, end_of_stream=True)))))]
-        return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=P.header_mutation(headers))))]
+            return [P.answer("response_body", headers=headers, streamed=(raw, True))]
+        return [P.answer("response_body", headers=headers)]
 
     def _replace_body(self, ex: _Exchange, err: TaskplaneError) -> pb.ProcessingResponse:
         """The contract's error instead of what the engine sent."""
         body = json.dumps(err.body()).encode()
         extra = {"retry-after": str(max(1, round(err.retry_after_s)))} if err.retry_after_s is not None else {}
-        headers = P.header_mutation({":status": str(err.status), "content-type": "application/json",
-                                     "content-length": str(len(body)), **extra})
+        headers = {":status": str(err.status), "content-type": "application/json", "content-length": str(len(body)), **extra}
         if ex.response_duplex:
-            return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=headers,
-                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=True)))))
-        return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(headers=headers, body=pb.BodyMutation(body=body))))
+            return P.answer("response_body", headers=headers, streamed=(body, True))
+        return P.answer("response_body", headers=headers, body=body)
 
     def _scan_stream(self, ex: _Exchange, chunk: bytes) -> bytes:
         """A streamed answer the data plane sends through the picker (a GIE full-duplex
@@ -440,9 +429,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
     def _pass_body(self, ex: _Exchange, chunk: bytes, eos: bool) -> pb.ProcessingResponse:
         if ex.response_duplex:
             tail = ex.sse_buf if eos else b""
-            return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(
-                body=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=chunk + tail, end_of_stream=eos)))))
-        return pb.ProcessingResponse(response_body=pb.BodyResponse(response=P.common(body=pb.BodyMutation(body=chunk))))
+            return P.answer("response_body", streamed=(chunk + tail, eos))
+        return P.answer("response_body", body=chunk)
 
     async def _settle_scanned(self, ex: _Exchange, picked: PickedCall) -> bytes:
         """Settle a stream the picker relayed to its end; what still goes to the client: the

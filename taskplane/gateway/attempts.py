@@ -94,8 +94,11 @@ def attempt_key(tenant: str, call_id: str, attempt: int, try_index: int) -> str:
 
 
 def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outcome: Outcome, model_served: str | None,
-               started: datetime) -> AttemptRecord:
-    """The row of one attempt, with what is known before it ran; its key is the idempotency key."""
+               started: datetime, **fields: Any) -> AttemptRecord:
+    """The row of one attempt, with what is known before it ran and any further ``fields``
+    (passed to the constructor: each assignment afterwards costs a pydantic ``__setattr__``);
+    its key is the idempotency key."""
+    fields.setdefault("prompt_tokens", call.prompt_tokens)
     return AttemptRecord(
         attempt_key=attempt_key(call.ctx.tenant, call.call_id, call.ctx.attempt, try_index),
         task_id=call.ctx.task_id,
@@ -108,9 +111,9 @@ def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outc
         model_served=model_served,
         replica=replica.name if replica else None,
         gpu=replica.config.gpu if replica else None,
-        prompt_tokens=call.prompt_tokens,
         outcome=outcome,
         started_at=started,
+        **fields,
     )
 
 
@@ -143,8 +146,7 @@ class AttemptLedger:
         if not self.journal:
             return
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
-                         started=a.started)
-        rec.error_type, rec.queue_ms = GATEWAY_LOST, a.queue_ms
+                         started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms)
         note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
                                 price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
         self._notes[rec.attempt_key] = asyncio.ensure_future(self._write_note(rec.attempt_key, note.model_dump_json()))
@@ -180,8 +182,8 @@ class AttemptLedger:
     async def _after_note(self, rec: AttemptRecord) -> Stored | None:
         """Store the row once its attempt's in-flight note (if any) is committed."""
         note = self._notes.pop(rec.attempt_key, None)
-        if note is not None:
-            await asyncio.gather(note, return_exceptions=True)
+        if note is not None and not note.done():  # (usually committed long before the answer came)
+            await asyncio.wait((note,))  # its failure is logged by the note itself; not cancelled with us
         return await self.sink.record_attempt(rec)
 
     def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
@@ -194,13 +196,12 @@ class AttemptLedger:
                 batch_end: int) -> AttemptRecord:
         """The row of a served attempt, its tokens as the engine reported them."""
         call, replica = a.call, a.replica
-        rec = new_record(call, try_index=a.try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=a.model,
-                         started=a.started)
-        rec.prompt_tokens = token_count(usage.get("prompt_tokens")) or call.prompt_tokens
         details = usage.get("prompt_tokens_details") or {}
-        rec.cached_tokens = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-        rec.completion_tokens = token_count(usage.get("completion_tokens"))
-        rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
+        rec = new_record(call, try_index=a.try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=a.model,
+                         started=a.started, prompt_tokens=token_count(usage.get("prompt_tokens")) or call.prompt_tokens,
+                         cached_tokens=token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+                         completion_tokens=token_count(usage.get("completion_tokens")),
+                         queue_ms=a.queue_ms, total_ms=total_ms, ttft_ms=ttft_ms)
         self.charge(rec, replica, total_ms, a.batch_start, batch_end)
         m, model = self.metrics, call.pool.model
         m.child(m.attempts, replica.name, "success").inc()
@@ -214,9 +215,8 @@ class AttemptLedger:
                 ttft_ms: float | None = None) -> AttemptRecord:
         """The row of an attempt that did not serve the call: the GPU time was spent all the same."""
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=outcome, model_served=a.model,
-                         started=a.started)
-        rec.error_type = error_type.value
-        rec.queue_ms, rec.total_ms, rec.ttft_ms = a.queue_ms, total_ms, ttft_ms
+                         started=a.started, error_type=error_type.value, queue_ms=a.queue_ms, total_ms=total_ms,
+                         ttft_ms=ttft_ms)
         self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
         self.metrics.child(self.metrics.attempts, a.replica.name, rec.outcome.value).inc()
         return rec

@@ -80,6 +80,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: One decoder for every body (``json.loads`` with hooks builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 #: Deepest nesting of objects and arrays a body may have. OpenAI bodies need about ten
 #: (a tool's JSON schema a few more); engines fail with 500 on a few hundred, which would
 #: let one tenant's requests take every replica out.
@@ -178,7 +182,7 @@ def parse_body(raw: bytes, kind: type[_Common]) -> tuple[_Common, dict[str, Any]
     except UnicodeDecodeError:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, "request body is not valid UTF-8") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        data = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:

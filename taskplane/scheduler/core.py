@@ -61,6 +61,7 @@ class Scheduler:
         self.seed = seed
         self.sticky = sticky  # decide a pinned session's call over its replica first
         self.metrics = metrics
+        self._placements: dict[str, Any] = {}  # replica -> its PLACEMENTS child (``labels`` cost ~5 us a call)
         plugins = [*self.filters, *self.scorers, self.picker]
         stateful = [p for p in plugins if isinstance(p, Stateful)]
         self.handle = Handle(
@@ -195,7 +196,10 @@ class Scheduler:
     def _placed(self, state: CycleState | OneCandidate, view: ReplicaView, scores: dict[str, float]) -> Decision:
         """The PLACE decision for ``view``, after every lifecycle hook heard of it."""
         if self.metrics:
-            PLACEMENTS.labels(self.name, view.name).inc()
+            child = self._placements.get(view.name)
+            if child is None:
+                child = self._placements[view.name] = PLACEMENTS.labels(self.name, view.name)
+            child.inc()
         decision = Decision(Action.PLACE, replica=view.name, model=state.model, gpu=view.gpu, scores=scores)
         for hook in self.hooks:
             hook.placed(state, view, decision)

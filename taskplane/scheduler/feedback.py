@@ -110,6 +110,7 @@ class ToolGapHints(Stateful):
         self.hints = 0
         self._ended: dict[str, tuple[float, str | None]] = {}  # session -> (its last call's end, agent)
         self._usage: dict[Any, float] = {}  # call -> KV usage of its replica when placed
+        self._plan_counters: dict[str, Any] = {}  # action -> its LIFETIME_PLANS child
 
     def placed(self, state: CycleState | OneCandidate, view: ReplicaView, decision: Decision) -> None:
         req = state.request
@@ -144,4 +145,7 @@ class ToolGapHints(Stateful):
         action = self.planner.plan(hint, kv_usage=usage, load_s=0.0).action.value
         self.plans[action] = self.plans.get(action, 0) + 1
         if self.metrics:
-            LIFETIME_PLANS.labels(self.policy, action).inc()
+            child = self._plan_counters.get(action)
+            if child is None:
+                child = self._plan_counters[action] = LIFETIME_PLANS.labels(self.policy, action)
+            child.inc()

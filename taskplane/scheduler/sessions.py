@@ -78,6 +78,7 @@ class SessionPins:
         self._pins: dict[str, Pin] = {}
         self._gaps: dict[str, _GapStats] = {}
         self.broken: dict[str, int] = {}
+        self._broken_counters: dict[str, Counter] = {}  # reason -> its PINS_BROKEN child
         # tokens of the sessions pinned to each replica, by a small id per replica, so a
         # decision reads a whole pool's working sets with one gather (working_sets_of_rows)
         self._ws_ids = ReplicaSlots()
@@ -290,4 +291,7 @@ class SessionPins:
     def _count(self, reason: str, n: int = 1) -> None:
         self.broken[reason] = self.broken.get(reason, 0) + n
         if self.metrics:
-            PINS_BROKEN.labels(self.policy, reason).inc(n)
+            child = self._broken_counters.get(reason)
+            if child is None:
+                child = self._broken_counters[reason] = PINS_BROKEN.labels(self.policy, reason)
+            child.inc(n)
