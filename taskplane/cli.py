@@ -198,6 +198,7 @@ def sim_engine(
     cold_start_s: Annotated[float, typer.Option(help="weight load delay when the model is not loaded")] = 0.0,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="batch limit, like vLLM's --max-num-seqs")] = 256,
     kv_replay_port: Annotated[int | None, typer.Option(help="replay socket port (default: KV-events port + 1000)")] = None,
+    enable_sleep_mode: Annotated[bool, typer.Option(help="vLLM's sleep mode: POST /sleep, POST /wake_up, GET /is_sleeping")] = False,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.server import serve
@@ -206,6 +207,7 @@ def sim_engine(
         port=port, gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size,
         kv_events_port=kv_events_port, seed=seed, speed=speed, host=host,
         faults=fault or [], cold_start_s=cold_start_s, max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port,
+        enable_sleep_mode=enable_sleep_mode,
     )
 
 

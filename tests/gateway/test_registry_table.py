@@ -82,9 +82,10 @@ def test_the_fallback_order_follows_the_load_the_table_shows() -> None:
 
 
 @contextlib.asynccontextmanager
-async def _sim_replica(kv_blocks: int) -> AsyncIterator[str]:
+async def _sim_replica(kv_blocks: int, *, enable_sleep_mode: bool = False) -> AsyncIterator[str]:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(kv_blocks=kv_blocks, block_size=32)), host="127.0.0.1",
+    rep = SimReplica(kv_blocks=kv_blocks, block_size=32, speed=100.0, enable_sleep_mode=enable_sleep_mode)
+    server = uvicorn.Server(uvicorn.Config(create_app(rep), host="127.0.0.1",
                                            port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     try:
@@ -133,3 +134,25 @@ def test_discovery_changes_reach_the_table_and_the_endpoint_book_at_once() -> No
     assert book.endpoint("r0") is None and book.replica("127.0.0.1:1") is None
     registry.remove("r7")
     assert len(registry.table()) == 0 and book.by_replica == {}
+
+
+async def test_a_sleeping_replica_answers_health_yet_leaves_placement_until_it_wakes() -> None:
+    """vLLM sleep mode: /health stays 200, the sleep-state gauge is what the scrape reads."""
+    import httpx
+
+    async with _sim_replica(kv_blocks=256, enable_sleep_mode=True) as url:
+        registry = ReplicaRegistry(_config(url, "http://127.0.0.1:2"))
+        await registry.start()
+        try:
+            assert _row(registry, "r0").healthy
+            async with httpx.AsyncClient() as c:
+                assert (await c.post(f"{url}/sleep", params={"level": 1})).status_code == 200
+                assert (await c.get(f"{url}/health")).status_code == 200
+                await registry.scrape(registry.replicas["r0"])
+                assert not _row(registry, "r0").healthy and registry.replicas["r0"].sleeping
+                assert registry.least_loaded("llama-3.1-8b", 2) == []
+                assert (await c.post(f"{url}/wake_up")).json()["status"] == "awake"
+            await registry.scrape(registry.replicas["r0"])
+            assert _row(registry, "r0").healthy and not registry.replicas["r0"].sleeping
+        finally:
+            await registry.close()
