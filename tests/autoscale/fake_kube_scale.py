@@ -7,8 +7,15 @@ patch types answer 415) of ``.../deployments/{name}/scale`` and
 /api/v1/namespaces/{ns}/pods/{name}`` merges metadata; a missing object is a 404 ``Status``;
 a negative replica count is a 422 ``Invalid`` Status. On scale-down the fake deletes pods as
 the controller does (``pkg/controller/replicaset``: lower pod-deletion-cost first, then the
-newer pod); on scale-up it creates pods named ``{name}-{n}``. Every change bumps one
-resourceVersion.
+newer pod); on scale-up it creates pods named ``{name}-{n}``, labelled ``app={name}`` (the
+Scale's ``status.selector``). ``GET /api/v1/namespaces/{ns}/pods?labelSelector=k=v`` lists
+them as a ``PodList``. Every change bumps one resourceVersion.
+
+The pod proxy subresource (``/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/{path}``)
+forwards the request to the engine behind the pod, as the API server does: a new pod takes
+the first free URL of ``backends`` (real ``taskplane sim-engine`` processes in the tests);
+a pod with none answers 503 ``ServiceUnavailable`` as the real proxy does for a pod it
+cannot reach.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -49,6 +57,9 @@ class FakeScaleApi:
     owner: dict[str, tuple[str, str]] = field(default_factory=dict)
     rv: int = 1
     deleted: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)  # engine URLs, one per pod, in order of creation
+    engine: dict[str, str] = field(default_factory=dict)  # pod -> its engine's URL
+    proxied: list[str] = field(default_factory=list)  # "POST vllm-0:8000/sleep" as the engines saw them
     _clock: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -56,7 +67,10 @@ class FakeScaleApi:
             Route("/apis/apps/v1/namespaces/{ns}/{plural}/{name}/scale", self._scale, methods=["GET", "PATCH"]),
             Route("/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/{plural}/{name}/scale", self._scale,
                   methods=["GET", "PATCH"]),
+            Route("/api/v1/namespaces/{ns}/pods", self._pods, methods=["GET"]),
             Route("/api/v1/namespaces/{ns}/pods/{name}", self._pod, methods=["GET", "PATCH"]),
+            Route("/api/v1/namespaces/{ns}/pods/{name}/proxy/{path:path}", self._proxy,
+                  methods=["GET", "POST"]),
         ])
 
     def add_workload(self, plural: str, name: str, replicas: int) -> None:
@@ -68,8 +82,12 @@ class FakeScaleApi:
         while len(mine) < n:
             pod = f"{name}-{next(self._clock)}"
             self.pods[pod] = {"kind": "Pod", "apiVersion": "v1", "metadata": {
-                "name": pod, "namespace": self.namespace, "annotations": {}, "creationOrder": len(self.pods)}}
+                "name": pod, "namespace": self.namespace, "labels": {"app": name}, "annotations": {},
+                "creationOrder": len(self.pods)}, "status": {"phase": "Running", "podIP": "127.0.0.1"}}
             self.owner[pod] = (plural, name)
+            free = [u for u in self.backends if u not in self.engine.values()]
+            if free:
+                self.engine[pod] = free[0]
             mine.append(pod)
         if len(mine) > n:
             def rank(p: str) -> tuple[int, int]:
@@ -78,6 +96,7 @@ class FakeScaleApi:
             for pod in sorted(mine, key=rank)[: len(mine) - n]:
                 del self.pods[pod]
                 del self.owner[pod]
+                self.engine.pop(pod, None)
                 self.deleted.append(pod)
         self.workloads[(plural, name)] = n
         self.rv += 1
@@ -101,6 +120,30 @@ class FakeScaleApi:
                 return status(422, "Invalid", f"Scale.autoscaling \"{name}\" is invalid: spec.replicas: must be >= 0")
             self._resize(plural, name, n)
         return JSONResponse(self._scale_obj(plural, name))
+
+    async def _pods(self, request: Request) -> Response:
+        if request.path_params["ns"] != self.namespace:
+            return JSONResponse({"kind": "PodList", "apiVersion": "v1", "items": []})
+        want = dict(kv.split("=", 1) for kv in request.query_params.get("labelSelector", "").split(",") if kv)
+        items = [p for p in self.pods.values()
+                 if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
+        return JSONResponse({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                             "items": items})
+
+    async def _proxy(self, request: Request) -> Response:
+        name, _, port = request.path_params["name"].partition(":")
+        if name not in self.pods or request.path_params["ns"] != self.namespace:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        url = self.engine.get(name)
+        if url is None:
+            return status(503, "ServiceUnavailable", f"error trying to reach service: dial tcp {name}:{port}")
+        path = request.path_params["path"]
+        self.proxied.append(f"{request.method} {name}:{port}/{path}")
+        async with httpx.AsyncClient(timeout=300) as c:
+            resp = await c.request(request.method, f"{url}/{path}", params=list(request.query_params.multi_items()),
+                                   content=await request.body())
+        return Response(resp.content, status_code=resp.status_code,
+                        media_type=resp.headers.get("content-type"))
 
     async def _pod(self, request: Request) -> Response:
         name = request.path_params["name"]

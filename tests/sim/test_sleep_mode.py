@@ -12,8 +12,8 @@ import httpx
 
 from taskplane.engines.metrics import parse_metrics
 from taskplane.scheduler.kv.events import AllBlocksCleared, BlockStored
-from taskplane.sim.sleep import sleep_seconds, wake_seconds
 from taskplane.sim.gpus import default_cold_start_s
+from taskplane.sim.sleep import sleep_seconds, wake_seconds
 
 from .conftest import SimProc
 from .test_kv_events import Collector, _chat, _msgs, _subscribe
