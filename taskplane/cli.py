@@ -44,6 +44,7 @@ def dev_up(
     base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX: the replicas are started and stopped by the autoscaler")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
+    sleep_level: Annotated[int, typer.Option(min=0, max=2, help="with --autoscale: a scale-in victim sleeps (vLLM sleep mode level 1 or 2) and a scale-out wakes it first; 0: it stops")] = 0,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
@@ -54,7 +55,7 @@ def dev_up(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
-                    modules=module or [])
+                    modules=module or [], sleep_level=sleep_level)
     stack.print_status(info)
 
 
@@ -65,6 +66,8 @@ def dev_autoscaler(
     gateway_url: Annotated[str, typer.Option()] = "http://127.0.0.1:18203",
     base_port: Annotated[int, typer.Option()] = 18200,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    sleep_level: Annotated[int, typer.Option(min=0, max=2)] = 0,
+    sleep_max_s: Annotated[float, typer.Option(min=0)] = 600.0,
 ) -> None:
     """The dev stack's autoscaler process (started by `dev up --autoscale`)."""
     import asyncio
@@ -76,7 +79,8 @@ def dev_autoscaler(
     mn, mx = parse_range(autoscale)
     asyncio.run(dev.run(state_dir.resolve(), gateway_url=gateway_url, base_port=base_port, min_replicas=mn,
                         max_replicas=mx, metrics_port=metrics_port,
-                        database_url=os.environ.get("TASKPLANE_DATABASE_URL")))
+                        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level,
+                        sleep_max_s=sleep_max_s))
 
 
 @dev_app.command("down")

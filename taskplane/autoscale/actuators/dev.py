@@ -6,7 +6,8 @@ usage from the gateway's ``/admin/replicas``; workflows in flight and their agen
 from Postgres. It starts ``taskplane sim-engine`` processes, publishes the pool to the
 gateway through a replicas file (``discovery: {source: file}``; a draining replica stays
 listed with ``draining: true`` until its calls in flight are done, so none fails), stops
-them, writes ``fleet_hours`` rows, records every replica in ``autoscale.json`` (which
+them (or, with ``sleep_level``, puts them to sleep through vLLM's ``/sleep`` and wakes them
+first on the next scale-out: ``sim-engine --enable-sleep-mode``), writes ``fleet_hours`` rows, records every replica in ``autoscale.json`` (which
 ``dev status --json`` reads) and serves its decisions as Prometheus metrics.
 """
 
@@ -33,6 +34,7 @@ from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSigna
 from taskplane.dev import processes as proc
 from taskplane.dev.ports import plan as ports_plan
 from taskplane.engines.file_discovery import write_replicas
+from taskplane.sim.sleep import wake_seconds
 
 log = structlog.get_logger("taskplane.autoscale")
 POOL = "llama-3.1-8b"
@@ -65,6 +67,7 @@ class DevFleet:
     min_replicas: int
     max_replicas: int
     speed: float = 5.0
+    sleep_level: int = 0  # > 0: replicas start with vLLM sleep mode (a scale-in victim sleeps)
     replicas: dict[str, DevReplica] = field(default_factory=dict)
     _free: list[int] = field(default_factory=list)
 
@@ -78,6 +81,8 @@ class DevFleet:
         cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(ports.http), "--gpu", gpu, "--model", POOL,
                "--kv-blocks", "2048", "--kv-events-port", str(ports.kv_events), "--kv-replay-port", str(ports.kv_replay),
                "--seed", str(i), "--speed", str(self.speed)]
+        if self.sleep_level:
+            cmd.append("--enable-sleep-mode")
         rep = DevReplica(name, gpu, ports.http, ports.kv_events, ports.kv_replay, i, proc.spawn(cmd, log_file),
                          str(log_file))
         self.replicas[name] = rep
@@ -90,11 +95,13 @@ class DevFleet:
             self._free.append(rep.slot)
 
     def publish(self, book: FleetBook) -> None:
-        """The gateway's replicas file (serving and draining ones) and autoscale.json."""
-        listed = [self.replicas[n].published(r.phase is Phase.DRAINING) for n, r in book.replicas.items()
+        """The gateway's replicas file (serving, draining and sleeping ones: the last two marked
+        ``draining``, so no scrape's lag can place a call there) and autoscale.json."""
+        off = (Phase.DRAINING, Phase.SLEEPING)
+        listed = [self.replicas[n].published(r.phase in off) for n, r in book.replicas.items()
                   if n in self.replicas and r.phase is not Phase.STARTING]
         write_replicas(self.state_dir / "replicas.json", listed)
-        status = [{**self.replicas[n].published(r.phase is Phase.DRAINING), "phase": r.phase.value,
+        status = [{**self.replicas[n].published(r.phase in off), "phase": r.phase.value,
                    "pid": self.replicas[n].pid, "metrics_url": f"{self.replicas[n].url}/metrics"}
                   for n, r in book.replicas.items() if n in self.replicas]
         tmp = self.state_dir / "autoscale.tmp"
@@ -134,6 +141,16 @@ async def _gateway_demand(client: httpx.AsyncClient, gateway_url: str) -> Gatewa
     return out
 
 
+async def _engine_op(client: httpx.AsyncClient, url: str, path: str, **params: Any) -> bool:
+    """vLLM's ``/sleep`` or ``/wake_up`` on a replica (it answers once the weights moved)."""
+    try:
+        resp = await client.post(f"{url}/{path}", params=params, timeout=60.0)
+    except httpx.HTTPError as exc:
+        log.warning("autoscale_engine_op_failed", url=url, op=path, error=str(exc))
+        return False
+    return resp.status_code == 200
+
+
 async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
     try:
         return (await client.get(f"{url}/health", timeout=1.0)).status_code == 200
@@ -143,14 +160,19 @@ async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
 
 async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas: int, max_replicas: int,
               metrics_port: int | None = None, database_url: str | None = None, capacity_per_s: float = 2000.0,
-              concurrency_per_replica: float = 24.0) -> None:
+              concurrency_per_replica: float = 24.0, sleep_level: int = 0, sleep_max_s: float = 600.0) -> None:
     """The autoscaler loop until SIGTERM; then it stops every replica it started."""
-    fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas)
-    gens = [Generation("h100", 2.5, cold_start_s=3.0, capacity_per_s=capacity_per_s, max_replicas=max_replicas)]
+    fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas, sleep_level=sleep_level)
+    # cold start: the sim-engine process comes up; a wake: the modelled hot start at the fleet's speed
+    wake_s = wake_seconds("h100", POOL, sleep_level) / fleet.speed + 1.0 if sleep_level else None  # + a health tick
+    gens = [Generation("h100", 2.5, cold_start_s=3.0, capacity_per_s=capacity_per_s, max_replicas=max_replicas,
+                       wake_s=wake_s)]
     serial = iter(range(1, 1 << 30))
-    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}")  # unique for the stack's life
+    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}",  # unique for the stack's life
+                     sleep_level=sleep_level)
     scaler = TaskplaneAutoscaler(PlannerConfig(interval_s=2.0, scale_in_delay_s=15.0, cordon_max_s=20.0,
-                                               idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica))
+                                               idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica,
+                                               sleep_max_s=sleep_max_s))
     metrics = AutoscaleMetrics()
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)
@@ -212,12 +234,21 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
             acts = book.apply(plan, now)
             for name, gpu in acts.start:
                 fleet.spawn(name, gpu)
+            if acts.wake:  # the hot start: back in the gateway's file once its health check says ready
+                await asyncio.gather(*(_engine_op(client, fleet.replicas[n].url, "wake_up") for n in acts.wake))
             for name, _kill in acts.stop:
-                _stopped(book, fleet, name, now, "never served")
+                asleep = book.replicas[name].phase is Phase.SLEEPING
+                _stopped(book, fleet, name, now, "asleep too long" if asleep else "never served")
             for name, _kill in book.due(now):
-                if name in seen_draining:  # calls in flight done, and no new ones can come
+                if name not in seen_draining:  # calls in flight done, and no new ones can come
+                    continue
+                seen_draining.discard(name)
+                if book.sleep_level and await _engine_op(client, fleet.replicas[name].url, "sleep",
+                                                         level=book.sleep_level, mode="wait"):
+                    book.slept(name, now)
+                    metrics.acted(POOL, scaler.name, "sleep", name)
+                else:
                     _stopped(book, fleet, name, now, "drained")
-                    seen_draining.discard(name)
             fleet.publish(book)
             if engine is not None:
                 await _write_fleet_hours(engine, book, epoch)

@@ -127,7 +127,8 @@ class KubeActuator:
             raise ValueError(f"sleep level {level}: 1 or 2")
         await self.annotate(pod, {SLEEP_LEVEL: str(level), DELETION_COST: str(SLEEPER_COST)})
         try:
-            await self._engine(pod, "sleep", {"level": level})
+            # mode=wait: a call still in flight finishes first (never fail one); older vLLM ignores it
+            await self._engine(pod, "sleep", {"level": level, "mode": "wait"})
         except KubeError:
             await self.annotate(pod, {SLEEP_LEVEL: None, DELETION_COST: None})
             raise
