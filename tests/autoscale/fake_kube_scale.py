@@ -15,14 +15,22 @@ The pod proxy subresource (``/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/{p
 forwards the request to the engine behind the pod, as the API server does: a new pod takes
 the first free URL of ``backends`` (real ``taskplane sim-engine`` processes in the tests);
 a pod with none answers 503 ``ServiceUnavailable`` as the real proxy does for a pod it
-cannot reach.
+cannot reach. A pod's ``status.podIP`` is its backend's host and its container ports are
+``ports``, so the gateway's pod discovery finds the engine behind it.
+
+With ``mirror`` (the discovery tests' ``FakeKubeApi``, which speaks list and watch), every
+pod change is mirrored there (:meth:`FakeScaleApi.sync_mirror`, called after each change
+the HTTP API makes), so a gateway watching the pods sees what the controller did; serve
+:meth:`FakeScaleApi.cluster_app` for both.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from starlette.applications import Starlette
@@ -60,6 +68,9 @@ class FakeScaleApi:
     backends: list[str] = field(default_factory=list)  # engine URLs, one per pod, in order of creation
     engine: dict[str, str] = field(default_factory=dict)  # pod -> its engine's URL
     proxied: list[str] = field(default_factory=list)  # "POST vllm-0:8000/sleep" as the engines saw them
+    ports: dict[str, int] = field(default_factory=lambda: {"http": 8000})  # the vLLM container's named ports
+    mirror: Any = None  # a tests/deploy/fake_kube.FakeKubeApi: pods listed and watched there too
+    _mirrored: dict[str, str] = field(default_factory=dict)  # pod -> the JSON last mirrored
     _clock: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -81,13 +92,17 @@ class FakeScaleApi:
         mine = [p for p, o in self.owner.items() if o == (plural, name)]
         while len(mine) < n:
             pod = f"{name}-{next(self._clock)}"
-            self.pods[pod] = {"kind": "Pod", "apiVersion": "v1", "metadata": {
-                "name": pod, "namespace": self.namespace, "labels": {"app": name}, "annotations": {},
-                "creationOrder": len(self.pods)}, "status": {"phase": "Running", "podIP": "127.0.0.1"}}
-            self.owner[pod] = (plural, name)
             free = [u for u in self.backends if u not in self.engine.values()]
             if free:
                 self.engine[pod] = free[0]
+            ip = urlsplit(self.engine[pod]).hostname if pod in self.engine else "127.0.0.1"
+            container = {"name": "vllm", "ports": [{"name": n, "containerPort": p, "protocol": "TCP"}
+                                                   for n, p in self.ports.items()]}
+            self.pods[pod] = {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                "name": pod, "namespace": self.namespace, "labels": {"app": name}, "annotations": {},
+                "creationOrder": len(self.pods)}, "spec": {"containers": [container]},
+                "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+            self.owner[pod] = (plural, name)
             mine.append(pod)
         if len(mine) > n:
             def rank(p: str) -> tuple[int, int]:
@@ -100,6 +115,23 @@ class FakeScaleApi:
                 self.deleted.append(pod)
         self.workloads[(plural, name)] = n
         self.rv += 1
+
+    async def sync_mirror(self) -> None:
+        """Copy every pod change to ``mirror`` (puts for new or changed pods, deletes for gone ones)."""
+        if self.mirror is None:
+            return
+        for name, pod in self.pods.items():
+            text = json.dumps(pod, sort_keys=True)
+            if self._mirrored.get(name) != text:
+                await self.mirror.put("pods", json.loads(text))
+                self._mirrored[name] = text
+        for name in [n for n in self._mirrored if n not in self.pods]:
+            await self.mirror.delete("pods", self.namespace, name)
+            del self._mirrored[name]
+
+    def cluster_app(self) -> Starlette:
+        """One API server: the mirror's pod list and watch, then this fake's scale, pod and proxy routes."""
+        return Starlette(routes=[*(self.mirror.app.routes if self.mirror is not None else []), *self.app.routes])
 
     def _scale_obj(self, plural: str, name: str) -> dict[str, Any]:
         n = self.workloads[(plural, name)]
@@ -119,6 +151,7 @@ class FakeScaleApi:
             if not isinstance(n, int) or n < 0:
                 return status(422, "Invalid", f"Scale.autoscaling \"{name}\" is invalid: spec.replicas: must be >= 0")
             self._resize(plural, name, n)
+            await self.sync_mirror()
         return JSONResponse(self._scale_obj(plural, name))
 
     async def _pods(self, request: Request) -> Response:
@@ -155,4 +188,5 @@ class FakeScaleApi:
                 return status(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
             merge(pod, await request.json())
             self.rv += 1
+            await self.sync_mirror()
         return JSONResponse(pod)
