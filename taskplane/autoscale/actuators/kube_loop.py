@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import structlog
 
-from taskplane.autoscale.actuators.kube import SLEEP_LEVEL, KubeActuator, KubeTarget
+from taskplane.autoscale.actuators.kube import SLEEP_LEVEL, KubeActuator, KubeError, KubeTarget
 from taskplane.autoscale.actuators.signals import (
     ShedWindow,
     gateway_demand,
@@ -100,10 +100,14 @@ class KubeLoop:
                 if not p["metadata"].get("deletionTimestamp")}
         gpu = self.cfg.generation.gpu
         for name, pod in pods.items():
-            if name in self.book.replicas:
+            asleep = SLEEP_LEVEL in (pod["metadata"].get("annotations") or {})
+            known = self.book.replicas.get(name)
+            if known is not None:
+                if asleep and known.phase is Phase.STARTING:  # a wake that failed: wake it again next plan
+                    known.phase, known.phase_since_s = Phase.SLEEPING, now
                 continue
             self.book.provision(gpu, now, name=name)
-            if SLEEP_LEVEL in (pod["metadata"].get("annotations") or {}):
+            if asleep:
                 r = self.book.replicas[name]
                 r.phase, r.phase_since_s = Phase.SLEEPING, now
             log.info("autoscale_pod_adopted", pod=name, phase=self.book.replicas[name].phase.value)
@@ -173,7 +177,13 @@ class KubeLoop:
             if pod not in self._unplaceable:  # the gateway may still place a call there
                 continue
             self._unplaceable.discard(pod)
-            if await self.act.retire(pod) == "slept":
+            try:
+                slept = await self.act.retire(pod) == "slept"
+            except KubeError as exc:  # the engine refused to sleep (no sleep mode): remove the pod instead
+                log.warning("autoscale_sleep_refused", pod=pod, error=str(exc))
+                await self.act.stop(pod)
+                slept = False
+            if slept:
                 self.book.slept(pod, now)
                 self.metrics.acted(self.cfg.pool, self.scaler.name, "sleep", pod)
             else:
