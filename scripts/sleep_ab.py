@@ -4,7 +4,7 @@ victims stopped (sleep level 0, today's default) or put to sleep (levels 1 and 2
 virtual-time cluster simulator. Prints one table (GPU-hours, cold starts, wakes, deadline
 met, goodput per GPU-hour, TTFT p99) and writes it as JSON.
 
-    .venv/bin/python scripts/sleep_ab.py --replicas 4 --day-s 3600 --out /tmp/sleep_ab.json
+    .venv/bin/python scripts/sleep_ab.py --replicas 4 --day-s 1800 --days 2 --sleep-max-s 600,1800
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
-from taskplane.autoscale.planner import TaskplaneAutoscaler
+from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.bench.diurnal import DayCurve, autoscaler_metrics, default_generations, profile_fleet
 from taskplane.bench.diurnal_command import PROBE_WINDOW_S, diurnal_workload, served_rate
 from taskplane.bench.workloads import agent_workload
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.elastic import simulate_fleet
+from taskplane.sim.workloads.base import Workload
 
 
 def main() -> None:
@@ -27,7 +29,9 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--day-s", type=float, default=3600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--days", type=int, default=1, help="days back to back (a sleeper pays off when load comes back)")
     ap.add_argument("--levels", default="0,1,2")
+    ap.add_argument("--sleep-max-s", default="600", help="comma-separated keep-asleep budgets to compare")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
 
@@ -39,16 +43,24 @@ def main() -> None:
                             window_s=PROBE_WINDOW_S, seed=a.seed)
     curve = DayCurve(day_s=a.day_s)
     wl = diurnal_workload(rate, curve, a.seed, None)
+    days = [wl] + [diurnal_workload(rate, curve, a.seed + 10 * d, None) for d in range(1, a.days)]
+    tasks = [replace(t, task_id=f"d{d}-{t.task_id}", session_id=f"d{d}-{t.session_id or t.task_id}",
+                     arrival_s=t.arrival_s + d * a.day_s) for d, day in enumerate(days) for t in day.tasks]
+    wl = Workload(name=f"diurnal-x{a.days}", tasks=tasks, block_size=wl.block_size)
+    horizon = a.days * a.day_s
     model = wl.tasks[0].model
     rows = {}
-    for level in (int(x) for x in a.levels.split(",")):
+    runs = [(0, 600.0)] if "0" in a.levels.split(",") else []
+    runs += [(int(lv), float(keep)) for lv in a.levels.split(",") if lv != "0" for keep in a.sleep_max_s.split(",")]
+    for level, keep in runs:
         gens = default_generations(f"h100:{2 * a.replicas}", model, profile["capacity_per_s"])
-        res = simulate_fleet(wl, factory(), TaskplaneAutoscaler(), generations=gens, min_replicas=1,
-                             max_replicas=2 * a.replicas, initial=1, horizon_s=a.day_s, seed=a.seed, model=model,
-                             sleep_level=level)
+        res = simulate_fleet(wl, factory(), TaskplaneAutoscaler(PlannerConfig(sleep_max_s=keep)), generations=gens,
+                             min_replicas=1, max_replicas=2 * a.replicas, initial=1, horizon_s=horizon, seed=a.seed,
+                             model=model, sleep_level=level)
         m = autoscaler_metrics(res, 1.0)
-        rows[f"sleep_level={level}"] = {**m, "sleeps": res.stats.sleeps, "wakes": res.stats.wakes}
-    print(f"diurnal day {a.day_s:.0f} s, {len(wl.tasks)} tasks, served rate {rate:.3f}/s, up to {2 * a.replicas} H100s")
+        name = "sleep_level=0" if level == 0 else f"sleep_level={level} sleep_max_s={keep:g}"
+        rows[name] = {**m, "sleeps": res.stats.sleeps, "wakes": res.stats.wakes}
+    print(f"{a.days} diurnal day(s) of {a.day_s:.0f} s, {len(wl.tasks)} tasks, served rate {rate:.3f}/s, up to {2 * a.replicas} H100s")
     cols = ("gpu_hours", "idle_gpu_hours", "cold_starts", "wakes", "sleeps", "deadline_met_ratio",
             "goodput_per_gpu_hour", "fleet_cost_per_successful_task_usd", "ttft_p99_ms", "failed_inflight_calls")
     print("| run | " + " | ".join(cols) + " |")

@@ -373,8 +373,10 @@ def create_app(rep: SimReplica) -> FastAPI:
         check_length(rep.max_model_len, len(prompt), body)
         await _hang_if_needed()
         rep.check_faults_on_request()
+        arrived = time.monotonic()
         await rep.until_awake()
         call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat)
+        call.arrival_wall = arrived  # a call held while the replica slept counts the wait in its TTFT, as in vLLM
         rep.submit(call, sim)
         if call.stream:
             return call, None
