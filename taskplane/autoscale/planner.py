@@ -14,8 +14,10 @@ What only the control plane sees, and what it does with it:
   needed, on the cheapest generation (price per unit of work) that meets the pool's SLO;
 - an idle pool goes to zero; a held call wakes it;
 - vLLM sleep mode: a sleeping replica (still paid for, its GPU held) is the first capacity
-  added, its wake time standing for the cold start; one left asleep ``sleep_max_s`` is
-  deleted, since it costs as much as a serving one.
+  added, ready after its wake instead of a cold start; the look-ahead stays the cold start's
+  (waking a sleeper early costs nothing more, and the capacity beyond the sleepers still
+  needs the cold start's lead); one left asleep ``sleep_max_s`` is deleted, since it costs
+  as much as a serving one.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class TaskplaneAutoscaler:
             return plan
         self._last = s.now_s
         gens = [g for g in s.generations if g.meets_slo] or s.generations
-        horizon = self._lead_s(s, gens) + cfg.interval_s
+        horizon = max(g.cold_start_s for g in gens) + cfg.interval_s
         need = self.demand(s, horizon) / cfg.target_load
         if cfg.concurrency_per_replica and s.generations:
             load = sum(r.inflight for r in active) + s.queued_requests
@@ -117,13 +119,6 @@ class TaskplaneAutoscaler:
             self._shrink(s, plan, need, capacity, floor, idle)
         plan.desired = len(active) + len(plan.start) + len(plan.uncordon) + len(plan.wake) - len(plan.cordon)
         return plan
-
-    def _lead_s(self, s: PoolSignals, gens: list[Generation]) -> float:
-        """How long the next capacity takes to serve: a sleeping replica's wake when there is
-        one to wake (the fast path), else the slowest considered generation's cold start."""
-        wakes = {g.gpu: g.wake_s for g in s.generations if g.wake_s is not None}
-        sleepers = [wakes[r.gpu] for r in s.sleeping() if r.gpu in wakes]
-        return max(sleepers) if sleepers else max(g.cold_start_s for g in gens)
 
     def _sleepers_expired(self, s: PoolSignals) -> list[str]:
         return [r.name for r in s.sleeping() if s.now_s - r.phase_since_s >= self.cfg.sleep_max_s]
