@@ -23,8 +23,10 @@ app = typer.Typer(
 )
 dev_app = typer.Typer(help="The embedded dev stack: Temporal, Postgres, replicas, gateway, worker.", no_args_is_help=True)
 db_app = typer.Typer(help="The Postgres schema.", no_args_is_help=True)
+autoscale_app = typer.Typer(help="Run the fleet autoscaler against a cluster.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
 app.add_typer(db_app, name="db")
+app.add_typer(autoscale_app, name="autoscale")
 
 err = Console(stderr=True)
 
@@ -44,6 +46,7 @@ def dev_up(
     base_port: Annotated[int, typer.Option(help="first port of the stack's port range")] = 18200,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX: the replicas are started and stopped by the autoscaler")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
+    sleep_level: Annotated[int, typer.Option(min=0, max=2, help="with --autoscale: a scale-in victim sleeps (vLLM sleep mode level 1 or 2) and a scale-out wakes it first; 0: it stops")] = 0,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
@@ -54,7 +57,7 @@ def dev_up(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
-                    modules=module or [])
+                    modules=module or [], sleep_level=sleep_level)
     stack.print_status(info)
 
 
@@ -65,6 +68,9 @@ def dev_autoscaler(
     gateway_url: Annotated[str, typer.Option()] = "http://127.0.0.1:18203",
     base_port: Annotated[int, typer.Option()] = 18200,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    sleep_level: Annotated[int, typer.Option(min=0, max=2)] = 0,
+    sleep_max_s: Annotated[float, typer.Option(min=0)] = 600.0,
+    engine: Annotated[str, typer.Option(help="sim or vllm")] = "sim",
 ) -> None:
     """The dev stack's autoscaler process (started by `dev up --autoscale`)."""
     import asyncio
@@ -76,7 +82,58 @@ def dev_autoscaler(
     mn, mx = parse_range(autoscale)
     asyncio.run(dev.run(state_dir.resolve(), gateway_url=gateway_url, base_port=base_port, min_replicas=mn,
                         max_replicas=mx, metrics_port=metrics_port,
-                        database_url=os.environ.get("TASKPLANE_DATABASE_URL")))
+                        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level,
+                        sleep_max_s=sleep_max_s, replica_engine=engine))
+
+
+@autoscale_app.command("kube")
+def autoscale_kube(
+    config: Annotated[Path, typer.Option(help="the gateway's config: the pool's discovery (API server, namespace, "
+                                              "credentials), sleep_level and sleep_max_s")],
+    workload: Annotated[str, typer.Option(help="the vLLM Deployment / StatefulSet / LeaderWorkerSet to scale")],
+    gateway_url: Annotated[str, typer.Option(help="the gateway whose /admin/replicas and /metrics are read")],
+    model: Annotated[str | None, typer.Option(help="the pool (default: the config's only pool)")] = None,
+    kind: Annotated[str, typer.Option(help="Deployment, StatefulSet or LeaderWorkerSet")] = "Deployment",
+    replicas: Annotated[str, typer.Option(help="MIN:MAX")] = "1:8",
+    engine_port: Annotated[int, typer.Option(help="the vLLM server's port in the pod (sleep mode via the pod proxy)")] = 8000,
+    gpu: Annotated[str, typer.Option(help="the workload's GPU generation")] = "h100",
+    cost_per_hour_usd: Annotated[float, typer.Option()] = 2.5,
+    cold_start_s: Annotated[float, typer.Option(help="pod scheduled to serving: image, weights, engine start")] = 90.0,
+    wake_s: Annotated[float, typer.Option(help="a sleeping replica's wake to serving (sleep level 1: seconds)")] = 5.0,
+    capacity_per_s: Annotated[float, typer.Option(help="work units per second one replica serves within the SLO")] = 2000.0,
+    concurrency_per_replica: Annotated[float, typer.Option(help="calls in flight + queued per replica above which capacity is short")] = 24.0,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+    database_url: Annotated[str | None, typer.Option(envvar="TASKPLANE_DATABASE_URL")] = None,
+    admin_token: Annotated[str | None, typer.Option(envvar="TASKPLANE_ADMIN_TOKEN", help="the gateway's admin token, when auth is on")] = None,
+) -> None:
+    """taskplane's planner against a Kubernetes workload: scale subresource, pod-deletion-cost, vLLM sleep mode."""
+    import asyncio
+
+    from taskplane.autoscale.actuators.kube import KubeTarget
+    from taskplane.autoscale.actuators.kube_loop import KubeLoopConfig, serve
+    from taskplane.autoscale.planner import PlannerConfig
+    from taskplane.autoscale.registry import parse_range
+    from taskplane.autoscale.types import Generation
+    from taskplane.config import load_gateway_config
+    from taskplane.engines.discovery import resolve_access
+
+    mn, mx = parse_range(replicas)
+    cfg = load_gateway_config(config)
+    pools = [p for p in cfg.pools if model is None or p.model == model]
+    if len(pools) != 1 or pools[0].discovery is None or pools[0].discovery.source == "file":
+        _fail("name one pool (--model) whose replicas come from Kubernetes discovery (source pods: the drain "
+              "annotation reaches the gateway)")
+    pool = pools[0]
+    assert pool.discovery is not None
+    gen = Generation(gpu, cost_per_hour_usd, cold_start_s=cold_start_s, capacity_per_s=capacity_per_s,
+                     max_replicas=mx, wake_s=wake_s if pool.sleep_level else None)
+    access = resolve_access(pool.discovery)
+    loop_cfg = KubeLoopConfig(gateway_url=gateway_url.rstrip("/"), pool=pool.model, generation=gen, min_replicas=mn,
+                              max_replicas=mx, sleep_level=pool.sleep_level,
+                              planner=PlannerConfig(sleep_max_s=pool.sleep_max_s,
+                                                    concurrency_per_replica=concurrency_per_replica))
+    asyncio.run(serve(loop_cfg, access, KubeTarget(access.namespace, workload, kind=kind, engine_port=engine_port),
+                      metrics_port=metrics_port, database_url=database_url, admin_token=admin_token))
 
 
 @dev_app.command("down")
@@ -198,6 +255,7 @@ def sim_engine(
     cold_start_s: Annotated[float, typer.Option(help="weight load delay when the model is not loaded")] = 0.0,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="batch limit, like vLLM's --max-num-seqs")] = 256,
     kv_replay_port: Annotated[int | None, typer.Option(help="replay socket port (default: KV-events port + 1000)")] = None,
+    enable_sleep_mode: Annotated[bool, typer.Option(help="vLLM's sleep mode: POST /sleep, POST /wake_up, GET /is_sleeping")] = False,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.server import serve
@@ -206,6 +264,7 @@ def sim_engine(
         port=port, gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size,
         kv_events_port=kv_events_port, seed=seed, speed=speed, host=host,
         faults=fault or [], cold_start_s=cold_start_s, max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port,
+        enable_sleep_mode=enable_sleep_mode,
     )
 
 

@@ -135,6 +135,16 @@ class PoolConfig(_Strict):
         description="scale to zero: a call while no replica of this pool is up waits this long for one "
                     "(an autoscaler sees it in taskplane_gateway_queued_calls) instead of a 503; 0: off",
     )
+    sleep_level: int = Field(
+        default=0, ge=0, le=2,
+        description="autoscaler scale-in: put the drained replica to sleep (vLLM sleep mode; 1: weights offloaded "
+                    "to host memory, 2: discarded) instead of removing it, and wake it first on a scale-out (a hot "
+                    "start in seconds); the engine needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1; 0: remove it",
+    )
+    sleep_max_s: float = Field(
+        default=600.0, ge=0,
+        description="a replica asleep this long is removed: asleep it still holds its GPU, paid for like a serving one",
+    )
 
 
 class TenantConfig(_Strict):

@@ -4,6 +4,10 @@ The autoscaler says *what* (start a generation, cordon, drain); this book keeps 
 replica's phase, decides *when* a draining replica may stop (its calls in flight are done,
 or its grace period is over), and records every provisioned interval: the fleet-hours rows
 that make cost per successful task fully loaded (idle GPU-hours included).
+
+With vLLM sleep mode (``sleep_level`` 1 or 2) a drained replica may be put to sleep
+(:meth:`FleetBook.slept`) instead of stopped: its interval stays open, since a sleeping
+replica still holds its GPU, and a wake takes it back through ``starting``.
 """
 
 from __future__ import annotations
@@ -38,14 +42,16 @@ class Actions:
     """What the actuator must do after a plan (names are the book's)."""
 
     start: list[tuple[str, str]] = field(default_factory=list)  # (replica, gpu)
+    wake: list[str] = field(default_factory=list)  # sleeping replicas to wake (now starting)
     stop: list[tuple[str, bool]] = field(default_factory=list)  # (replica, kill calls in flight)
     unplaceable: list[str] = field(default_factory=list)  # drop from placement now
 
 
 class FleetBook:
     def __init__(self, pool: str, generations: list[Generation],
-                 namer: Callable[[str], str] | None = None) -> None:
+                 namer: Callable[[str], str] | None = None, *, sleep_level: int = 0) -> None:
         self.pool = pool
+        self.sleep_level = sleep_level  # a drained replica sleeps at this vLLM level (0: it stops)
         self.namer = namer  # names a new replica of a generation (the simulator: a free slot)
         self.generations = {g.gpu: g for g in generations}
         self.replicas: dict[str, ReplicaState] = {}
@@ -75,7 +81,9 @@ class FleetBook:
         if r is None or r.phase is not Phase.STARTING:
             return
         r.phase, r.ready_s, r.phase_since_s = Phase.READY, now_s, now_s
-        self.intervals[name].ready_s = now_s
+        iv = self.intervals[name]
+        if iv.ready_s is None:  # a woken replica keeps its first ready time
+            iv.ready_s = now_s
 
     # ---------------------------------------------------------------- plans
     def apply(self, plan: Plan, now_s: float) -> Actions:
@@ -86,11 +94,16 @@ class FleetBook:
             self._set(name, Phase.CORDONED, now_s, {Phase.READY})
         for name in plan.uncordon:
             self._set(name, Phase.READY, now_s, {Phase.CORDONED})
+        for name in plan.wake:
+            r = self.replicas.get(name)
+            if r is not None and r.phase is Phase.SLEEPING:
+                r.phase, r.phase_since_s, r.ready_s = Phase.STARTING, now_s, None
+                acts.wake.append(name)
         for name in plan.drain:
             r = self.replicas.get(name)
             if r is None or r.phase is Phase.DRAINING:
                 continue
-            if r.phase is Phase.STARTING:  # nothing to drain: it never served
+            if r.phase in (Phase.STARTING, Phase.SLEEPING):  # nothing to drain: it serves nothing
                 acts.stop.append((name, False))
                 continue
             self._set(name, Phase.DRAINING, now_s, {Phase.READY, Phase.CORDONED})
@@ -115,6 +128,15 @@ class FleetBook:
             elif kill_at is not None and now_s >= kill_at:
                 out.append((name, True))
         return out
+
+    def slept(self, name: str, now_s: float) -> None:
+        """The drained replica is asleep (vLLM sleep mode): no placements, no KV, still paid for."""
+        r = self.replicas.get(name)
+        if r is not None and r.phase is Phase.DRAINING:
+            r.phase, r.phase_since_s = Phase.SLEEPING, now_s
+            r.num_running = r.num_waiting = r.live_sessions = r.live_session_tokens = 0
+            r.kv_usage = 0.0
+            self._kill_at.pop(name, None)
 
     def stopped(self, name: str, now_s: float, *, reason: str, killed_inflight: int = 0) -> FleetInterval | None:
         """The replica is gone: close its interval (its price stops here)."""

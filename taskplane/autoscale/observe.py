@@ -24,6 +24,11 @@ class AutoscaleMetrics:
         self.failed_inflight = Counter("taskplane_autoscaler_failed_inflight_calls",
                                        "calls in flight killed at scale-in", ["pool"], registry=self.registry)
 
+    def acted(self, pool: str, autoscaler: str, action: str, replica: str) -> None:
+        """An action the actuator took on its own after a plan (``sleep``: a drained replica slept)."""
+        self.actions.labels(pool, autoscaler, action).inc()
+        log.info("autoscale_replica", pool=pool, autoscaler=autoscaler, action=action, replica=replica)
+
     def record(self, autoscaler: str, s: PoolSignals, plan: Plan) -> None:
         """Count the plan's actions and log it (a non-empty plan only) with its reasons."""
         self.desired.labels(s.pool).set(plan.desired)
@@ -31,14 +36,14 @@ class AutoscaleMetrics:
         phases: dict[str, int] = {}
         for r in s.replicas:
             phases[r.phase.value] = phases.get(r.phase.value, 0) + 1
-        for phase in ("starting", "ready", "cordoned", "draining"):
+        for phase in ("starting", "ready", "cordoned", "draining", "sleeping"):
             self.replicas.labels(s.pool, phase).set(phases.get(phase, 0))
         if plan.empty:
             return
         for action, names in (("start", plan.start), ("cordon", plan.cordon), ("uncordon", plan.uncordon),
-                              ("drain", plan.drain)):
+                              ("drain", plan.drain), ("wake", plan.wake)):
             if names:
                 self.actions.labels(s.pool, autoscaler, action).inc(len(names))
         log.info("autoscale_plan", pool=s.pool, autoscaler=autoscaler, desired=plan.desired, start=plan.start,
-                 cordon=plan.cordon, uncordon=plan.uncordon, drain=plan.drain, grace_s=plan.grace_s,
+                 cordon=plan.cordon, uncordon=plan.uncordon, drain=plan.drain, wake=plan.wake, grace_s=plan.grace_s,
                  reasons=plan.reasons, replicas=phases, workflows=len(s.workflows), queued=s.queued_requests)

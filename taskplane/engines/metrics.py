@@ -3,7 +3,9 @@
 Only what placement and the reports need. Values are summed over label sets (several
 engines or models behind one endpoint); pass ``model`` to keep one ``model_name``.
 Names follow vLLM V1 (``vllm:kv_cache_usage_perc``, a fraction 0..1 despite its name),
-with V0's ``vllm:gpu_cache_usage_perc`` accepted as a fallback.
+with V0's ``vllm:gpu_cache_usage_perc`` accepted as a fallback. ``sleeping`` comes from
+``vllm:engine_sleep_state{sleep_state="awake"}`` (0 while the engine sleeps: vLLM's
+``/health`` still answers 200 then, so this gauge is how a scrape tells).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class MetricsSnapshot:
     e2e_sum_s: float = 0.0
     e2e_count: float = 0.0
     models: list[str] = field(default_factory=list)  # model_name labels seen
+    sleeping: bool = False  # vLLM sleep mode: an engine reports awake = 0
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -65,7 +68,8 @@ def _int_label(value: str | None) -> int | None:
 
 
 _SUFFIXES = ("_total", "_sum", "_count", "_bucket", "_created")
-_NEEDED_SAMPLES = frozenset([*_SUMS, *_USAGE, "vllm:cache_config_info"])
+_SLEEP = "vllm:engine_sleep_state"
+_NEEDED_SAMPLES = frozenset([*_SUMS, *_USAGE, "vllm:cache_config_info", _SLEEP])
 
 
 def _family(name: str) -> str:
@@ -130,6 +134,9 @@ def parse_metrics(text: str, model: str | None = None) -> MetricsSnapshot:
                 setattr(snap, attr, getattr(snap, attr) + value)
             elif name in usage:
                 usage[name].append(value)
+            elif name == _SLEEP:
+                if labels.get("sleep_state") == "awake" and value == 0:
+                    snap.sleeping = True
             elif name == "vllm:cache_config_info":
                 bs, nb = _int_label(labels.get("block_size")), _int_label(labels.get("num_gpu_blocks"))
                 if bs is not None:

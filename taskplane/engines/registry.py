@@ -11,7 +11,10 @@ CPU. Setting such a field on a ``ReplicaState`` is what marks it stale, so no wr
 
 Health is learned two ways: a periodic probe of ``/metrics`` (which also gives vLLM's
 queue and KV numbers) and passive failures seen while proxying, so a dead replica
-stops receiving calls within one failed attempt rather than one scrape interval.
+stops receiving calls within one failed attempt rather than one scrape interval. A replica
+whose engine sleeps (vLLM sleep mode: the autoscaler's scale-in victim kept for a hot
+start) still answers ``/health``; its ``vllm:engine_sleep_state`` gauge takes it out of
+placement until it is awake again.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class ReplicaState:
     inflight_decode_tokens: int = 0
     last_scrape: float = 0.0
     kv_events_live: bool = False
+    sleeping: bool = False  # the engine reports vLLM sleep mode (healthy is then False)
     served_tokens: int = 0
     errors: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -438,6 +442,13 @@ class ReplicaRegistry:
                     s.signal_down()
                 return
         s.probe_failures = 0
+        if m.sleeping:  # answers /health, but takes no calls until woken: out of placement
+            if not s.sleeping:
+                log.info("replica_sleeping", replica=s.name)
+            s.sleeping, s.healthy = True, False
+            s.kv_usage, s.num_running, s.num_waiting = 0.0, 0, 0
+            return
+        s.sleeping = False
         was = s.healthy
         s.healthy = True
         s.consecutive_failures = 0

@@ -264,6 +264,7 @@ def build_app(
                         "num_waiting": s.num_waiting, "kv_usage": s.kv_usage, "kv_blocks_total": v.kv_blocks_total,
                         "prefix_cache_hits": s.prefix_hits, "prefix_cache_queries": s.prefix_queries,
                         "kv_events_live": s.kv_events_live, "cost_per_hour_usd": s.price_per_hour,
+                        "sleeping": s.sleeping,
                         **_kv_view(state, s.name)})
         return {"replicas": out}
 

@@ -4,7 +4,10 @@
 may ever have is a slot of the cluster; a slot is *provisioned* (paid for) from the moment
 the autoscaler starts it, serves after its generation's cold start, and stops when its
 drain ends (its calls in flight done, or killed when the autoscaler's grace period is over:
-those calls are aborted and retried, and counted as failed in flight). Placement is the
+those calls are aborted and retried, and counted as failed in flight), or, with
+``sleep_level``, sleeps once drained (vLLM sleep mode: its slot stays provisioned and paid
+for, its KV cache is dropped) until a plan wakes it (ready after the generation's
+``wake_s``) or it has slept too long and stops. Placement is the
 same scheduler object for every autoscaler; :class:`FleetPolicy` around it keeps cordoned
 replicas for their own sessions, holds calls while the pool has no ready replica, and
 remembers where each session's KV lives (the pinned working sets).
@@ -12,6 +15,7 @@ remembers where each session's KV lives (the pinned working sets).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +39,7 @@ from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
 from taskplane.sim.gpus import default_cold_start_s, gpu_profile
 from taskplane.sim.requests import Finished
 from taskplane.sim.results import ClusterResult
+from taskplane.sim.sleep import wake_seconds
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome
 
@@ -60,6 +65,8 @@ class FleetStats:
     failed_inflight_calls: int = 0  # calls in flight on a replica killed at scale-in
     reprefill_tokens_after_scale_in: int = 0  # live-session context lost with drained replicas
     cold_starts: int = 0
+    sleeps: int = 0  # drained replicas put to sleep instead of stopped (sleep_level)
+    wakes: int = 0  # scale-outs served by waking a sleeper (a hot start)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # every non-empty plan
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, provisioned, ready, in flight)
     # per-tick sums over ready replicas (a fixed fleet's profile calibrates the baselines'
@@ -148,11 +155,14 @@ class FleetSim(ClusterSim):
 
     def __init__(self, cluster: ClusterSpec, workload: Workload, policy: Any, autoscaler: Autoscaler, *,
                  generations: list[Generation], min_replicas: int, max_replicas: int, initial: int,
-                 horizon_s: float, tick_s: float = 1.0, **kw: Any) -> None:
+                 horizon_s: float, tick_s: float = 1.0, sleep_level: int = 0, **kw: Any) -> None:
         pool = cluster.replicas[0].model
         self._slot_free = {g.gpu: [i for i, r in enumerate(cluster.replicas) if r.gpu == g.gpu] for g in generations}
         self._slot_of: dict[str, int] = {}
-        self.book = FleetBook(pool, generations, namer=self._name_slot)
+        if sleep_level:  # a sleeper's wake is its cold start: the planner's look-ahead while one exists
+            generations = [g if g.wake_s is not None else dataclasses.replace(
+                g, wake_s=wake_seconds(g.gpu, pool, sleep_level)) for g in generations]
+        self.book = FleetBook(pool, generations, namer=self._name_slot, sleep_level=sleep_level)
         self.fleet_policy = FleetPolicy(policy, self.book)
         super().__init__(cluster, workload, self.fleet_policy, **kw)
         self.autoscaler, self.generations = autoscaler, generations
@@ -294,10 +304,17 @@ class FleetSim(ClusterSim):
             self.events.push(t + self.book.generations[gpu].cold_start_s, Event.CONTROL, name)
         for name in acts.unplaceable:
             self._leave(name, t)
+        for name in acts.wake:
+            self.stats.wakes += 1
+            wake_s = self.book.generations[self.book.replicas[name].gpu].wake_s or 0.0
+            self.events.push(t + wake_s, Event.CONTROL, name)
         for name, _kill in acts.stop:
             self._stop(name, t)
-        for name, _kill in self.book.due(t):
-            self._stop(name, t)
+        for name, kill in self.book.due(t):
+            if self.book.sleep_level and not kill:
+                self._sleep(name, t)
+            else:
+                self._stop(name, t)
         rdy = [r for r in self.book.replicas.values() if r.phase is Phase.READY]
         n_ready = len(rdy)
         inflight = sum(r.inflight for r in self.book.replicas.values())
@@ -321,6 +338,18 @@ class FleetSim(ClusterSim):
         self.fleet.healthy[i] = False
         self.fleet.mark(i)
 
+    def _sleep(self, name: str, t: float) -> None:
+        """Drained: the replica sleeps (its slot stays paid for), its KV cache dropped."""
+        i = self._slot_of[name]
+        self.stats.sleeps += 1
+        self.book.slept(name, t)
+        eng = self.fleet.engines[i]
+        eng.reset(t, why="aborted: engine put to sleep")
+        self._engine_events(i, eng.advance(t), t)
+        self._schedule_wake(i)
+        for sid in [s for s, rep in self.fleet_policy.where.items() if rep == name]:
+            del self.fleet_policy.where[sid]
+
     def _stop(self, name: str, t: float) -> None:
         i = self._slot_of.pop(name, None)
         if i is None:
@@ -328,7 +357,9 @@ class FleetSim(ClusterSim):
         eng = self.fleet.engines[i]
         inflight = eng.num_running + eng.num_waiting
         self.stats.failed_inflight_calls += inflight
-        self.book.stopped(name, t, reason="killed" if inflight else "drained", killed_inflight=inflight)
+        r = self.book.replicas.get(name)
+        reason = "killed" if inflight else "asleep too long" if r is not None and r.phase is Phase.SLEEPING else "drained"
+        self.book.stopped(name, t, reason=reason, killed_inflight=inflight)
         self._outage(i, False, t)  # aborts what is left (retried elsewhere), clears its cache
         for sid in [s for s, rep in self.fleet_policy.where.items() if rep == name]:
             del self.fleet_policy.where[sid]
@@ -360,8 +391,8 @@ def fleet_cluster(generations: list[Generation], model: str, kv_blocks: int | No
 
 def simulate_fleet(workload: Workload, policy: Any, autoscaler: Autoscaler, *, generations: list[Generation],
                    min_replicas: int, max_replicas: int, initial: int, horizon_s: float, model: str = "llama-3.1-8b",
-                   seed: int = 0, tick_s: float = 1.0) -> FleetResult:
+                   seed: int = 0, tick_s: float = 1.0, sleep_level: int = 0) -> FleetResult:
     cluster = fleet_cluster(generations, model)
     return FleetSim(cluster, workload, policy, autoscaler, generations=generations, min_replicas=min_replicas,
                     max_replicas=max_replicas, initial=initial, horizon_s=horizon_s, tick_s=tick_s,
-                    seed=seed).run_fleet()
+                    seed=seed, sleep_level=sleep_level).run_fleet()

@@ -224,20 +224,20 @@ class SimEngine:
         self._emit(self._finished(r, now, "aborted"))
         return True
 
-    def reset(self, now: float) -> None:
-        """A restart with an empty cache: every request is aborted, AllBlocksCleared."""
+    def reset(self, now: float, why: str = "aborted: engine restarted") -> None:
+        """A restart (or a sleep) with an empty cache: every request is aborted, AllBlocksCleared."""
         self._run_until(now, strict=True)
         # what the step in progress would have produced after `now` dies with the engine
         later = [e for e in self._out if e.time > now]
         self._out = [e for e in self._out if e.time <= now]
         for e in later:
             if isinstance(e, Finished) and e.error is None:
-                e.time, e.error = now, "aborted: engine restarted"
+                e.time, e.error = now, why
                 self._out.append(e)
         for r in list(self._reqs.values()):
             r.state = ReqState.DONE
             self.stats.aborted += 1
-            self._emit(self._finished(r, now, "aborted: engine restarted"))
+            self._emit(self._finished(r, now, why))
         self._reqs.clear()
         self._waiting.clear()
         self._prefilling.clear()

@@ -2,7 +2,8 @@
 
 Speaks what a vLLM OpenAI server speaks: ``/v1/chat/completions`` and
 ``/v1/completions`` (with SSE streaming), ``/v1/models``, ``/health``, ``/metrics``
-with vLLM's metric names, ``/reset_prefix_cache``, and KV-cache events over ZMQ.
+with vLLM's metric names, ``/reset_prefix_cache``, and KV-cache events over ZMQ; with
+``--enable-sleep-mode``, vLLM's ``/sleep``, ``/wake_up`` and ``/is_sleeping`` (taskplane/sim/sleep.py).
 Plus ``GET/POST /admin/faults`` (fault injection) and ``GET /admin/state``.
 
 Inside, one :class:`~taskplane.sim.engine.SimEngine` runs on a virtual clock:
@@ -45,6 +46,8 @@ from taskplane.sim.openai_api import (
     validate_sampling,
 )
 from taskplane.sim.publisher import KVEventPublisher
+from taskplane.sim.sleep import SleepCollector, SleepState
+from taskplane.sim.sleep import attach_router as attach_sleep_router
 from taskplane.sim.streaming import SimCall, completion_body, stream
 from taskplane.sim.structured import (
     Choice,
@@ -88,6 +91,7 @@ class SimReplica:
         kv_events_port: int | None = None,
         kv_replay_port: int | None = None,
         host: str = "127.0.0.1",
+        enable_sleep_mode: bool = False,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be positive")
@@ -125,6 +129,8 @@ class SimReplica:
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              labels, buckets=E2E_BUCKETS, registry=self.registry).labels(model, "0")
         self.registry.register(EngineCollector(self.engine, model))
+        self.sleep = SleepState() if enable_sleep_mode else None  # vLLM's sleep mode (--enable-sleep-mode)
+        self.registry.register(SleepCollector(self.sleep, model))
 
     # ---------------------------------------------------------------- clock and driver
     def vnow(self) -> float:
@@ -287,6 +293,24 @@ class SimReplica:
             self.engine.abort(call.req_id, self.vnow())
             self.wake()
 
+    async def until_awake(self) -> None:
+        """A call that arrives while the replica sleeps waits here, as vLLM queues it."""
+        if self.sleep is not None:
+            await self.sleep.awake.wait()
+
+    def pause(self, level: int, *, abort: bool) -> None:
+        """Sleep: ``abort`` ends the calls in flight; level >= 1 also drops the whole KV cache
+        (weights offloaded or discarded), which the replica announces as AllBlocksCleared."""
+        now = self.vnow()
+        self._dispatch(self.engine.advance(now))
+        if level >= 1:
+            self.engine.reset(now, why="aborted: engine put to sleep")
+        elif abort:
+            for req_id in list(self.calls):
+                self.engine.abort(req_id, now)
+        self._dispatch(self.engine.advance(now))
+        self.wake()
+
     def restart_empty(self) -> None:
         self._dispatch(self.engine.advance(self.vnow()))
         if self.publisher is not None:
@@ -307,6 +331,9 @@ class SimReplica:
                 "port": self.publisher.port, "replay_port": self.publisher.replay_port,
                 "next_seq": self.publisher.seq, "sent": self.publisher.sent, "dropped": self.publisher.dropped},
             "faults": self.faults.as_dict(),
+            "sleep": None if self.sleep is None else {
+                "is_sleeping": self.sleep.paused, "level": self.sleep.level, "asleep": sorted(self.sleep.asleep),
+                "sleeps": self.sleep.sleeps, "wakes": self.sleep.wakes},
         }
 
 
@@ -346,7 +373,10 @@ def create_app(rep: SimReplica) -> FastAPI:
         check_length(rep.max_model_len, len(prompt), body)
         await _hang_if_needed()
         rep.check_faults_on_request()
+        arrived = time.monotonic()
+        await rep.until_awake()
         call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat)
+        call.arrival_wall = arrived  # a call held while the replica slept counts the wait in its TTFT, as in vLLM
         rep.submit(call, sim)
         if call.stream:
             return call, None
@@ -399,6 +429,7 @@ def create_app(rep: SimReplica) -> FastAPI:
             check_length(rep.max_model_len, len(toks), {})
         await _hang_if_needed()
         rep.check_faults_on_request()
+        await rep.until_awake()
         out = responses.embeddings_body(body, inputs, rep.model, rep.seed)
         waits = []
         for toks in inputs:
@@ -437,6 +468,9 @@ def create_app(rep: SimReplica) -> FastAPI:
         if not ok:
             raise ApiError(500, "Failed to reset prefix cache: blocks are in use.")
         return Response(status_code=200)
+
+    if rep.sleep is not None:
+        attach_sleep_router(app, rep)
 
     @app.get("/admin/faults")
     async def get_faults() -> dict[str, Any]:
@@ -480,6 +514,7 @@ def serve(
     max_model_len: int | None = None,
     kv_replay_port: int | None = None,
     max_num_seqs: int = 256,
+    enable_sleep_mode: bool = False,
 ) -> None:
     """Run one simulated replica until interrupted (``taskplane sim-engine``)."""
     import uvicorn
@@ -490,6 +525,7 @@ def serve(
         faults=faults or [], cold_start_s=cold_start_s,
         max_model_len=max_model_len or (int(env_len) if env_len else DEFAULT_MAX_MODEL_LEN),
         kv_events_port=kv_events_port, kv_replay_port=kv_replay_port, host=host, max_num_seqs=max_num_seqs,
+        enable_sleep_mode=enable_sleep_mode,
     )
     uvicorn.run(create_app(rep), host=host, port=port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=2)

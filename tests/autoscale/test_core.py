@@ -10,6 +10,7 @@ from taskplane.autoscale.types import (
     AgentProfile,
     Generation,
     Phase,
+    Plan,
     PoolSignals,
     ReplicaState,
     WorkflowSignal,
@@ -139,3 +140,55 @@ def test_registry_and_range() -> None:
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+H100_SLEEPS = Generation("h100", 2.5, cold_start_s=18.0, capacity_per_s=1000.0, max_replicas=8, wake_s=1.4)
+
+
+def test_a_sleeping_replica_is_woken_before_any_cold_start_and_paid_for_while_asleep() -> None:
+    book = FleetBook("m", [H100_SLEEPS], sleep_level=1)
+    for _ in range(2):
+        book.provision("h100", 0.0, ready=True)
+    b_name = list(book.replicas)[1]
+    book.apply(plan_of(drain=[b_name]), 10.0)
+    assert book.due(20.0) == [(b_name, False)]
+    book.slept(b_name, 20.0)
+    assert book.replicas[b_name].phase is Phase.SLEEPING and not book.placeable(b_name)
+    assert book.gpu_hours(3600.0) == 2.0  # asleep, it still holds its GPU: provisioned hours
+
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0))
+    s = sig(100.0, list(book.replicas.values()), workflows=25, gens=[H100_SLEEPS])
+    plan = a.plan(s)
+    assert plan.wake == [b_name] and plan.start == ["h100"] and plan.desired == 3
+    acts = book.apply(plan, 100.0)
+    assert acts.wake == [b_name] and book.replicas[b_name].phase is Phase.STARTING
+    book.mark_ready(b_name, 101.4)
+    assert book.placeable(b_name) and book.intervals[b_name].ready_s == 0.0  # its first ready time kept
+
+
+def test_a_replica_left_asleep_too_long_is_deleted() -> None:
+    book = FleetBook("m", [H100_SLEEPS], sleep_level=1)
+    keep = book.provision("h100", 0.0, ready=True)
+    nap = book.provision("h100", 0.0, ready=True)
+    book.apply(plan_of(drain=[nap]), 0.0)
+    book.slept(nap, 5.0)
+    a = TaskplaneAutoscaler(PlannerConfig(sleep_max_s=600.0))
+    wf = {"workflows": 1}
+    assert nap not in a.plan(sig(300.0, list(book.replicas.values()), **wf, gens=[H100_SLEEPS])).drain
+    plan = a.plan(sig(606.0, list(book.replicas.values()), **wf, gens=[H100_SLEEPS]))
+    assert plan.drain == [nap]
+    acts = book.apply(plan, 606.0)
+    assert acts.stop == [(nap, False)] and keep in book.replicas
+
+
+def test_a_held_call_at_zero_ready_wakes_a_sleeper() -> None:
+    book = FleetBook("m", [H100_SLEEPS], sleep_level=2)
+    nap = book.provision("h100", 0.0, ready=True)
+    book.apply(plan_of(drain=[nap]), 0.0)
+    book.slept(nap, 1.0)
+    plan = TaskplaneAutoscaler().plan(sig(200.0, list(book.replicas.values()), held_requests=1, gens=[H100_SLEEPS]))
+    assert plan.wake == [nap] and plan.start == []
+
+
+def plan_of(**kw: list[str]) -> Plan:
+    return Plan(pool="m", desired=0, **kw)  # type: ignore[arg-type]

@@ -120,3 +120,41 @@ def test_a_pool_at_zero_holds_a_call_until_the_replica_it_wakes_is_up(tmp_path: 
     finally:
         down = _cli("dev", "down", "--state-dir", str(state))
     assert down.returncode == 0
+
+
+@pytest.mark.flaky(reruns=1)
+def test_with_sleep_level_the_victim_sleeps_and_the_next_burst_wakes_it(tmp_path: Path) -> None:
+    """`--autoscale 1:2 --sleep-level 1`: the scale-in victim is put to sleep (listed, phase
+    sleeping, its process kept), and the next burst wakes that same replica instead of
+    starting a new one; no call fails."""
+    state = tmp_path / "state"
+    up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:2", "--sleep-level", "1",
+              "--base-port", str(_base_port()))
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
+        first = asyncio.run(_burst(info["gateway_url"], agents=60, steps=4))
+        assert first["failed"] == 0 and first["ok"] == 240
+        deadline = time.monotonic() + 150.0
+        phases: list[str] = []
+        while time.monotonic() < deadline:
+            reps = _replicas(state)
+            phases = sorted(str(r["phase"]) for r in reps)
+            if phases == ["ready", "sleeping"]:
+                break
+            time.sleep(2.0)
+        assert phases == ["ready", "sleeping"], f"the burst did not grow and sleep back: {phases}"
+        names = {str(r["name"]) for r in reps}
+        sleeper = next(r for r in reps if r["phase"] == "sleeping")
+        asleep = httpx.get(f"{sleeper['url']}/is_sleeping", timeout=5).json()
+        assert asleep == {"is_sleeping": True}
+        second = asyncio.run(_burst(info["gateway_url"], agents=60, steps=4))
+        assert second["failed"] == 0 and second["ok"] == 240
+        after = _replicas(state)
+        assert {str(r["name"]) for r in after} == names  # the sleeper woke: no new replica was started
+        metrics = httpx.get(info["parts"][[p["name"] for p in info["parts"]].index("autoscaler")]["address"],
+                            timeout=5).text
+        assert 'action="sleep"' in metrics and 'action="wake"' in metrics
+    finally:
+        down = _cli("dev", "down", "--state-dir", str(state))
+    assert down.returncode == 0

@@ -93,3 +93,40 @@ def test_a_trace_is_bent_onto_the_curve(tmp_path: Path) -> None:
     in_trough = sum(1 for t in times if t < 100.0)
     assert in_peak > 5 * max(in_trough, 1)
     assert all(t.arrival_s == min(c.at_s for c in t.calls) for t in wl.tasks)  # type: ignore[type-var]
+
+
+def _two_days() -> object:
+    """Two diurnal days back to back: the first day's scale-in leaves sleepers, the second's
+    ramp is where a sleeper beats a cold start."""
+    from dataclasses import replace
+
+    from taskplane.sim.workloads.base import Workload
+
+    n = int(0.5 * DAY.mean() * DAY.day_s)
+    one = warp_workload(agent_workload(n, 0.5, 3), DAY)
+    two = warp_workload(agent_workload(n, 0.5, 4), DAY)
+    later = [replace(t, task_id=f"day2-{t.task_id}", session_id=f"day2-{t.session_id or t.task_id}",
+                     arrival_s=t.arrival_s + DAY.day_s) for t in two.tasks]
+    return Workload(name="two-days", tasks=[*one.tasks, *later], block_size=one.block_size)
+
+
+def test_with_sleep_mode_scale_in_sleeps_and_the_next_ramp_wakes_instead_of_cold_starting() -> None:
+    wl = _two_days()
+    out = {}
+    for level in (0, 1):
+        gens = [generation("h100", "llama-3.1-8b", max_replicas=4, capacity_per_s=1400.0)]
+        out[level] = simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False),  # type: ignore[arg-type]
+                                    TaskplaneAutoscaler(PlannerConfig(scale_in_delay_s=30.0)), generations=gens,
+                                    min_replicas=1, max_replicas=4, initial=1, horizon_s=2 * DAY.day_s, seed=1,
+                                    sleep_level=level)
+    off, on = out[0], out[1]
+    assert off.stats.sleeps == off.stats.wakes == 0
+    assert on.stats.sleeps >= 1 and on.stats.wakes >= 1
+    assert on.stats.cold_starts < off.stats.cold_starts  # the second ramp woke sleepers instead
+    for res in (off, on):
+        assert res.stats.failed_inflight_calls == 0
+        assert not [c for c in res.cluster.calls if c.error_type == "replica_error"]
+    # a sleeper is paid for: its interval runs on until it is woken or has slept sleep_max_s
+    closed = [iv.stop_reason for iv in on.intervals if iv.stopped_s is not None]
+    assert closed and set(closed) <= {"asleep too long"}
+    assert on.gpu_hours > off.gpu_hours

@@ -424,3 +424,17 @@ async def test_in_cluster_service_account_over_tls(api: FakeKubeApi, tmp_path: P
         async with httpx.AsyncClient(verify=True) as client:
             with pytest.raises(httpx.ConnectError):
                 await KubernetesDiscovery(p, access=untrusted, client=client).list_replicas()
+
+
+def test_a_pod_annotated_draining_stays_a_replica_marked_draining() -> None:
+    """The Kubernetes autoscaler loop drains (and keeps asleep) a pod by annotating it."""
+    from taskplane.config import DiscoveryConfig
+    from taskplane.engines.discovery import DRAINING_ANNOTATION, replicas_from_pods
+
+    labels = {"app": "vllm"}
+    drained = pod("vllm-a", NS, "10.3.0.1", labels=labels)
+    drained["metadata"]["annotations"] = {DRAINING_ANNOTATION: "true"}
+    serving = pod("vllm-b", NS, "10.3.0.2", labels=labels)
+    cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
+    got = {r.replica_name: r.draining for r in replicas_from_pods([drained, serving], cfg)}
+    assert got == {"vllm-a": True, "vllm-b": False}

