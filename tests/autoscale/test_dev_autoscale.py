@@ -129,7 +129,7 @@ def test_with_sleep_level_the_victim_sleeps_and_the_next_burst_wakes_it(tmp_path
     starting a new one; no call fails."""
     state = tmp_path / "state"
     up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:2", "--sleep-level", "1",
-              "--base-port", str(_base_port()))
+              "--base-port", str(free_base(4)))
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.autoscale.test_dev_autoscale import _base_port, _burst, _cli, _replicas
+from taskplane.dev.ports import free_base
+from tests.autoscale.test_dev_autoscale import _burst, _cli, _replicas
 
 pytestmark = pytest.mark.stack
 
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.stack
 def test_the_dev_autoscaler_scales_real_vllm_replicas(tmp_path: Path) -> None:
     state = tmp_path / "state"
     refused = _cli("dev", "up", "--state-dir", str(state), "--engine", "vllm", "--autoscale", "1:2",
-                   "--sleep-level", "1", "--base-port", str(_base_port()))
+                   "--sleep-level", "1", "--base-port", str(free_base(2)))
     assert refused.returncode != 0 and "not supported on current platform" in refused.stdout + refused.stderr
     up = _cli("dev", "up", "--state-dir", str(state), "--engine", "vllm", "--autoscale", "1:2",
-              "--base-port", str(_base_port()), timeout=900)
+              "--base-port", str(free_base(2)), timeout=900)
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
