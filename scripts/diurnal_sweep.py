@@ -4,7 +4,9 @@
 
 VARIANT: an autoscaler's name (``aibrix-kpa``, ``taskplane``: as the bench builds it, the
 baselines tuned from the fleet profile), a JSON object of PlannerConfig fields
-(``'{"target_load": 2.0}'``), or ``probe:RATE``: the fixed fleet at a constant RATE
+(``'{"target_load": 2.0}'``; the extra key ``freeze_profiles_s`` keeps the agents' learned
+profiles as they stood at that virtual second, an experiment: does the planner's demand
+shrink as queueing lengthens the seconds per step?), or ``probe:RATE``: the fixed fleet at a constant RATE
 (tasks/s, the served-rate probe's measurement) and the clairvoyant fleet's GPU-hours if
 replicas ran at that per-replica rate (where the SLO's slack ends). The served rate and the fleet profile are probed once and
 cached in OUT/profile.json (the same steps as ``taskplane bench --workload diurnal``);
@@ -17,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.autoscale.registry import Autoscaler
+from taskplane.autoscale.types import Plan, PoolSignals
 from taskplane.bench.diurnal import (
     DayCurve,
     autoscaler_metrics,
@@ -37,6 +41,22 @@ from taskplane.sim.cluster import ClusterSpec, simulate
 
 FIELDS = ("gpu_hours", "goodput_per_gpu_hour", "deadline_met_ratio", "failed_inflight_calls",
           "reprefill_tokens_after_scale_in", "cold_starts", "peak_replicas")
+
+
+class FrozenProfiles(TaskplaneAutoscaler):
+    """taskplane's planner reading the agents' profiles as they were at ``freeze_s``."""
+
+    def __init__(self, config: PlannerConfig, freeze_s: float) -> None:
+        super().__init__(config)
+        self.freeze_s = freeze_s
+        self._frozen: PoolSignals | None = None
+
+    def plan(self, s: PoolSignals) -> Plan:
+        if s.now_s <= self.freeze_s or self._frozen is None:
+            self._frozen = s
+        else:
+            s = replace(s, profiles=self._frozen.profiles, default_profile=self._frozen.default_profile)
+        return super().plan(s)
 
 
 def fleet_profile(out: Path, replicas: int, seed: int, factory: Any) -> dict[str, Any]:
@@ -91,7 +111,9 @@ def main() -> None:
             continue
         if variant.startswith("{"):
             cfg: dict[str, Any] = json.loads(variant)
-            scaler: Autoscaler = TaskplaneAutoscaler(PlannerConfig(**cfg))
+            fields = {k: v for k, v in cfg.items() if k != "freeze_profiles_s"}
+            scaler: Autoscaler = (FrozenProfiles(PlannerConfig(**fields), cfg["freeze_profiles_s"])
+                                  if "freeze_profiles_s" in cfg else TaskplaneAutoscaler(PlannerConfig(**fields)))
             name = "taskplane"
         else:
             scaler, name, cfg = tuned.get(variant) or TaskplaneAutoscaler(), variant, {}
