@@ -64,7 +64,7 @@ class DayCurve:
         n = int(self.day_s / step_s)
         return sum(self.rate((i + 0.5) * step_s) for i in range(n)) / n
 
-    def clairvoyant_gpu_hours(self, served_replicas: int, min_replicas: int = 1, step_s: float = 1.0) -> float:
+    def clairvoyant_gpu_hours(self, served_replicas: float, min_replicas: int = 1, step_s: float = 1.0) -> float:
         """GPU-hours of a fleet that knows the curve and starts replicas with no cold start:
         at every instant the fewest whole replicas that carry the load at the per-replica rate
         the fixed fleet of ``served_replicas`` serves within its SLO. An autoscaler that runs
