@@ -31,6 +31,7 @@ from prometheus_client import start_http_server
 
 from taskplane.autoscale.actuators.signals import (
     ShedWindow,
+    attach_live_sessions,
     gateway_demand,
     gateway_replicas,
     history_signals,  # noqa: F401 - re-exported: tests and callers import it from here
@@ -233,14 +234,7 @@ async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas
             profiles: dict[str, AgentProfile] = {}
             if engine is not None:
                 workflows, profiles = await workflows_in_flight(engine)
-            live_tokens: dict[str, int] = {}
-            live_n: dict[str, int] = {}
-            for w in workflows:
-                if w.replica is not None:
-                    live_tokens[w.replica] = live_tokens.get(w.replica, 0) + w.context_tokens
-                    live_n[w.replica] = live_n.get(w.replica, 0) + 1
-            for name, r in book.replicas.items():
-                r.live_session_tokens, r.live_sessions = live_tokens.get(name, 0), live_n.get(name, 0)
+            attach_live_sessions(book, workflows)
             s = PoolSignals(pool=POOL, now_s=now, replicas=list(book.replicas.values()), generations=gens,
                             min_replicas=min_replicas, max_replicas=max_replicas, queued_requests=recent_sheds + held,
                             held_requests=held if not any(r.phase is Phase.READY for r in book.replicas.values()) else 0,

@@ -40,6 +40,7 @@ import structlog
 from taskplane.autoscale.actuators.kube import SLEEP_LEVEL, KubeActuator, KubeError, KubeTarget
 from taskplane.autoscale.actuators.signals import (
     ShedWindow,
+    attach_live_sessions,
     gateway_demand,
     gateway_replicas,
     workflows_in_flight,
@@ -138,15 +139,7 @@ class KubeLoop:
         profiles: dict[str, AgentProfile] = {}
         if self.database is not None:
             workflows, profiles = await workflows_in_flight(self.database)
-        tokens: dict[str, int] = {}
-        sessions: dict[str, int] = {}
-        for w in workflows:
-            if w.replica is not None:
-                tokens[w.replica] = tokens.get(w.replica, 0) + w.context_tokens
-                sessions[w.replica] = sessions.get(w.replica, 0) + 1
-        for name, r in self.book.replicas.items():
-            if r.phase is not Phase.SLEEPING:
-                r.live_session_tokens, r.live_sessions = tokens.get(name, 0), sessions.get(name, 0)
+        attach_live_sessions(self.book, workflows)
         ready = any(r.phase is Phase.READY for r in self.book.replicas.values())
         return PoolSignals(pool=self.cfg.pool, now_s=now, replicas=list(self.book.replicas.values()),
                            generations=[self.cfg.generation], min_replicas=self.cfg.min_replicas,

@@ -13,7 +13,7 @@ import httpx
 import structlog
 
 from taskplane.autoscale.fleet import FleetBook
-from taskplane.autoscale.types import AgentProfile, WorkflowSignal
+from taskplane.autoscale.types import AgentProfile, Phase, WorkflowSignal
 
 log = structlog.get_logger("taskplane.autoscale")
 
@@ -97,6 +97,22 @@ async def workflows_in_flight(engine: Any) -> tuple[list[WorkflowSignal], dict[s
     except Exception as exc:  # Postgres away: plan on live load alone this tick
         log.warning("task_history_failed", error=str(exc))
         return [], {}
+
+
+def attach_live_sessions(book: FleetBook, workflows: list[WorkflowSignal]) -> None:
+    """Give each replica of ``book`` the sessions still alive on it and their context tokens
+    (what a scale-in there would re-prefill). A sleeping replica holds no KV: none count."""
+    tokens: dict[str, int] = {}
+    sessions: dict[str, int] = {}
+    for w in workflows:
+        if w.replica is not None:
+            tokens[w.replica] = tokens.get(w.replica, 0) + w.context_tokens
+            sessions[w.replica] = sessions.get(w.replica, 0) + 1
+    for name, r in book.replicas.items():
+        if r.phase is Phase.SLEEPING:
+            r.live_session_tokens, r.live_sessions = 0, 0
+        else:
+            r.live_session_tokens, r.live_sessions = tokens.get(name, 0), sessions.get(name, 0)
 
 
 async def write_fleet_hours(engine: Any, book: FleetBook, epoch: datetime) -> None:
