@@ -63,6 +63,20 @@ async def _burst(gateway: str, agents: int, steps: int) -> dict[str, int]:
 
 # a live dev stack on 2 cores: a replica started under load can miss its health probes (seen once in CI-like runs)
 @pytest.mark.flaky(reruns=2)
+def _burst_counting_replicas(gateway: str, state: Path, *, agents: int, steps: int) -> tuple[dict[str, int], list[int]]:
+    """A burst of agents (see ``_burst``), and the replicas ``dev status`` listed every 2 s while it ran."""
+    sizes: list[int] = []
+
+    async def burst_and_watch() -> dict[str, int]:
+        task = asyncio.create_task(_burst(gateway, agents=agents, steps=steps))
+        while not task.done():
+            sizes.append(len(await asyncio.to_thread(_replicas, state)))
+            await asyncio.sleep(2.0)
+        return await task
+
+    return asyncio.run(burst_and_watch()), sizes
+
+
 def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     up = _cli("dev", "up", "--state-dir", str(state), "--autoscale", "1:4", "--base-port", str(free_base(4)))
@@ -71,16 +85,7 @@ def test_burst_grows_the_fleet_and_an_idle_minute_shrinks_it(tmp_path: Path) -> 
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
         assert "autoscaler" in {p["name"] for p in info["parts"]}
         assert [r["phase"] for r in info["replicas"]] == ["ready"]
-        sizes: list[int] = []
-
-        async def burst_and_watch() -> dict[str, int]:
-            task = asyncio.create_task(_burst(info["gateway_url"], agents=100, steps=6))
-            while not task.done():
-                sizes.append(len(await asyncio.to_thread(_replicas, state)))
-                await asyncio.sleep(2.0)
-            return await task
-
-        result = asyncio.run(burst_and_watch())
+        result, sizes = _burst_counting_replicas(info["gateway_url"], state, agents=100, steps=6)
         print(f"replicas seen during the burst: {sizes}; calls: {result}")
         assert result["failed"] == 0 and result["ok"] == 600
         assert max(sizes) > 1, sizes

@@ -5,7 +5,6 @@ platform refuses it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taskplane.dev.ports import free_base
-from tests.autoscale.test_dev_autoscale import _burst, _cli, _replicas
+from tests.autoscale.test_dev_autoscale import _burst_counting_replicas, _cli, _replicas
 
 pytestmark = pytest.mark.stack
 
@@ -30,16 +29,7 @@ def test_the_dev_autoscaler_scales_real_vllm_replicas(tmp_path: Path) -> None:
         info = json.loads(_cli("dev", "status", "--json", "--state-dir", str(state)).stdout)
         first = _replicas(state)
         assert [(r["phase"], r["gpu"]) for r in first] == [("ready", "cpu")]
-        sizes: list[int] = []
-
-        async def burst_and_watch() -> dict[str, int]:
-            task = asyncio.create_task(_burst(info["gateway_url"], agents=40, steps=3))
-            while not task.done():
-                sizes.append(len(await asyncio.to_thread(_replicas, state)))
-                await asyncio.sleep(2.0)
-            return await task
-
-        result = asyncio.run(burst_and_watch())
+        result, sizes = _burst_counting_replicas(info["gateway_url"], state, agents=40, steps=3)
         print(f"replicas seen during the burst: {sizes}; calls: {result}")
         assert result["failed"] == 0 and result["ok"] == 120
         assert max(sizes) == 2, sizes
