@@ -51,6 +51,32 @@ def _resolve(target: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _run_tag() -> str:
+    """Marks this run's prompts, so that a second demo on a running stack does real work
+    rather than being answered by the gateway's response cache (temperature-0 calls)."""
+    return datetime.now(UTC).strftime("demo run %H:%M:%S")
+
+
+def _tagged(args: tuple[Any, ...], tag: str) -> tuple[Any, ...]:
+    """The task's first argument (its question, ticket or job) with the run's tag."""
+    return (f"{args[0]} ({tag})", *args[1:]) if args and isinstance(args[0], str) else args
+
+
+def _crashed(state_dir: Path, name: str) -> bool:
+    """Whether the replica the fault was set on really went down (it only crashes once it
+    has had enough inference requests)."""
+    parts = stack.status(state_dir)["parts"]
+    return any(p["name"] == name and not p["alive"] for p in parts)
+
+
+async def _clear_faults(info: dict[str, Any], name: str) -> None:
+    """Take back a crash that never fired, so the replica does not die later."""
+    for replica in info.get("replicas") or []:
+        if replica["name"] == name:
+            async with httpx.AsyncClient(timeout=5) as client:
+                (await client.post(f"{replica['url']}/admin/faults", json={"crash_after": None})).raise_for_status()
+
+
 async def _inject_replica_crash(info: dict[str, Any]) -> str | None:
     """Make the first replica crash on its third inference request from now."""
     replicas = info.get("replicas") or []
@@ -67,6 +93,7 @@ async def _fleet(info: dict[str, Any], n_tasks: int, seed: int = 7) -> tuple[int
     from taskplane.sdk import connect, submit
 
     rng = random.Random(seed)
+    tag = _run_tag()
     client = await connect(info["temporal_address"])
     handles = []
     crashed: str | None = None
@@ -77,7 +104,7 @@ async def _fleet(info: dict[str, Any], n_tasks: int, seed: int = 7) -> tuple[int
         for i in range(n_tasks):
             entry = FLEET[i % len(FLEET)]
             deadline = TIGHT_DEADLINE_S if (i % TIGHT_EVERY) == TIGHT_EVERY - 1 else entry.deadline_s
-            handles.append(await submit(_resolve(entry.target), *entry.args, tenant=entry.tenant, priority=entry.priority,
+            handles.append(await submit(_resolve(entry.target), *_tagged(entry.args, tag), tenant=entry.tenant, priority=entry.priority,
                                         deadline=timedelta(seconds=deadline), client=client))
             if i == n_tasks // 3:
                 crashed = await _inject_replica_crash(info)
@@ -102,9 +129,12 @@ def run_demo(state_dir: Path, *, tasks: int = 24, engine: str = "sim", base_port
     started = datetime.now(UTC) - timedelta(seconds=1)
     console.rule("[bold]running the agent fleet")
     ok, failed, crashed = asyncio.run(_fleet(info, tasks))
-    if crashed:
+    if crashed and _crashed(state_dir, crashed):
         console.print(f"[yellow]injected fault:[/] {crashed} crashed mid-run; its calls were retried on other replicas")
         stack.restart_part(state_dir, crashed)
+    elif crashed:
+        asyncio.run(_clear_faults(info, crashed))
+        console.print(f"[yellow]injected fault:[/] {crashed} was set to crash but got too few calls to do so")
     console.print(f"{ok} tasks succeeded, {failed} failed (tight deadlines fail on purpose)")
     console.rule("[bold]cost report for this run")
     from taskplane.reports.command import run_report

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from taskplane.reports import plots
 from taskplane.reports.compute import Report
 from taskplane.reports.formatting import count, pct, usd, window_text
+from taskplane.store.records import Outcome
 
 _PLOT_LOCK = threading.Lock()
 
@@ -140,7 +141,8 @@ def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
     )
     other = (
         f"{count(report.tasks_succeeded_late)} succeeded late, {count(report.tasks_cancelled)} cancelled, "
-        f"{count(report.tasks_running)} still running; {count(report.calls)} LLM call attempts."
+        f"{count(report.tasks_running)} still running; {count(report.calls)} LLM call attempts"
+        + (f", {count(cached)} of them answered by the response cache." if (cached := report.calls_by_outcome.get(Outcome.CACHED.value, 0)) else ".")
     )
     with _PLOT_LOCK:  # matplotlib's rc settings are process-global
         drawn = (

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from taskplane.reports.compute import GroupRow, Report
 from taskplane.reports.formatting import count, pct, usd, window_text
+from taskplane.store.records import Outcome
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")
 
@@ -112,6 +113,8 @@ def table_renderable(report: Report) -> RenderableType:
     head.add_row("Naive: cost per request", usd(report.cost_per_request_usd))
     head.add_row("Prefix cache-hit ratio", pct(report.cache_hit_ratio))
     head.add_row("LLM call attempts", count(report.calls))
+    if cached := report.calls_by_outcome.get(Outcome.CACHED.value, 0):
+        head.add_row("  answered by the response cache (no GPU)", count(cached))
 
     waste = Table(title="Waste (spend that produced no successful task)", title_justify="left", expand=False)
     waste.add_column("where")
