@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -167,10 +168,11 @@ def _failed_table(report: Report) -> list[RenderableType]:
     if not report.failed_tasks:
         return []
     t = Table(title="Tasks that did not succeed (latest first)", title_justify="left")
-    for col in ("task", "agent", "status", "cost", "error"):
-        t.add_column(col, justify="right" if col == "cost" else "left", overflow="fold")
+    for col in ("task", "agent", "status", "cost"):  # short: kept whole, the error wraps by words
+        t.add_column(col, justify="right" if col == "cost" else "left", no_wrap=True)
+    t.add_column("error", ratio=1, overflow="fold")
     for f in report.failed_tasks[:20]:
-        t.add_row(f.task_id, f.agent, f.status, usd(f.cost_usd), " ".join((f.error or "").split())[:120])
+        t.add_row(f.task_id, f.agent, f.status, usd(f.cost_usd), textwrap.shorten(f.error or "", 240, placeholder=" …"))
     return [t]
 
 
