@@ -27,7 +27,9 @@ from taskplane.ports import free_port
 
 SERVED = "llama-3.1-8b"  # one hung replica and one that answers
 HUNG = "llama-3.2-1b"  # two hung replicas
+EMPTY = "empty-pool"  # no replica: a call waits for one (scale to zero) longer than LIMIT_S
 LIMIT_S = 2.0
+EMPTY_HOLD_S = 8.0  # beyond the picker's message timeout as it was (the limit + 5 s)
 BODY_SERVED = {"model": SERVED, "messages": [{"role": "user", "content": "mode:hang"}]}
 BODY_HUNG = {"model": HUNG, "messages": [{"role": "user", "content": "mode:hang"}]}
 
@@ -58,7 +60,8 @@ def hung_pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         return {"url": f"http://127.0.0.1:{u.port}", "name": name, "gpu": "h100"}
 
     cfg = {"pools": [{"model": SERVED, "replicas": [rep("a-hung", hung), rep("b-good", good)]},
-                     {"model": HUNG, "replicas": [rep("hung-b", b), rep("hung-c", c)]}],
+                     {"model": HUNG, "replicas": [rep("hung-b", b), rep("hung-c", c)]},
+                     {"model": EMPTY, "replicas": [], "hold_when_empty_s": EMPTY_HOLD_S}],
            "auth": False, "limits": {"request_timeout_s": LIMIT_S}, "outbox_dir": str(work / "outbox")}
     (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
     log = work / "gateway.log"
@@ -134,3 +137,15 @@ async def test_a_client_leaving_during_the_retry_leaves_no_try_without_its_row(h
         reps = (await client.get("/admin/replicas")).json()["replicas"]
         assert sum(r["inflight"] for r in reps) == 0
     assert "Traceback" not in p.log.read_text(errors="replace")
+
+
+async def test_a_call_held_longer_than_the_limit_gets_the_pickers_answer(hung_pool: HungPool) -> None:
+    """A call waiting for a replica of an empty pool (``hold_when_empty_s`` beyond the call's
+    limit) is answered by the gateway when the hold ends, in the contract's words; on Envoy
+    no timer of its own cuts in first (its stream timer used to, with a bare 504)."""
+    p = hung_pool
+    async with httpx.AsyncClient(base_url=p.url, timeout=30) as client:
+        r = await client.post("/v1/chat/completions", json={**BODY_HUNG, "model": EMPTY})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["type"] == "no_replica" and "came up within" in err["message"], err
