@@ -173,6 +173,8 @@ class PickedCall:
         for i in missing:
             replica = self._replica_of_try(i, last_replica)
             attempt = await self.begin(i, replica, row_index=self._free_row_index(i))
+            if i > 0:
+                self.metrics.retries.inc()
             if client_left and i == envoy_tries - 1:
                 await self.lc.cancelled(attempt)
             else:

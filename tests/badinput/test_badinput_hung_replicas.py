@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,7 +89,9 @@ async def test_a_hung_replica_is_retried_on_the_fallback(hung_pool: HungPool) ->
             hung0, rows0 = p.hits(p.hung), cost_rows((await client.get("/metrics")).text)
             fresh = uuid.uuid4().hex  # a new session and prompt: no affinity to the replica that answered last
             body = {**BODY_SERVED, "messages": [{"role": "system", "content": fresh}, *BODY_SERVED["messages"]]}
+            t0 = time.monotonic()
             r = await client.post("/v1/chat/completions", json=body, headers={"X-Taskplane-Session-Id": fresh})
+            waited = time.monotonic() - t0
             assert r.status_code == 200, r.text
             assert r.headers["x-taskplane-replica"] == "b-good"
             on_hung = p.hits(p.hung) - hung0
@@ -96,6 +99,8 @@ async def test_a_hung_replica_is_retried_on_the_fallback(hung_pool: HungPool) ->
             rows = await rows_settled(client, rows0) - rows0
             assert rows == on_hung + 1, f"{on_hung} tries on the hung replica and the answer; {p.detail(await client.get('/metrics'))}"
             tried_hung_first += on_hung
+            print(f"[{p.plane}] hung replica tried first: {bool(on_hung)}, served by the fallback after {waited:.2f} s "
+                  f"(limit {LIMIT_S:g} s)")
             if tried_hung_first:
                 break
     assert tried_hung_first, "placement never tried the hung replica first"
@@ -107,7 +112,9 @@ async def test_every_replica_hung_is_the_json_error_after_each_was_tried_once(hu
     async with httpx.AsyncClient(base_url=p.url, timeout=30) as client:
         await healthy_again(client)
         hits0, rows0 = [u.hits.get("hang", 0) for u in p.pair], cost_rows((await client.get("/metrics")).text)
+        t0 = time.monotonic()
         r = await client.post("/v1/chat/completions", json=BODY_HUNG)
+        print(f"[{p.plane}] both replicas hung: {r.status_code} after {time.monotonic() - t0:.2f} s (limit {LIMIT_S:g} s)")
         assert r.status_code in (502, 503), r.text
         assert r.json()["error"]["type"] in ("no_replica", "replica_error")
         assert [u.hits.get("hang", 0) - h for u, h in zip(p.pair, hits0, strict=True)] == [1, 1], \
