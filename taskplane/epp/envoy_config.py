@@ -123,7 +123,8 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
     """Request headers and the buffered body to the picker, response headers back to it;
     the picker asks for a unary response body itself (``mode_override``). A call held by
-    admission waits inside the picker, so the message timeout is the call's own limit.
+    admission (or for an empty pool) waits inside the picker, so the message timeout
+    covers the longest hold (``epp.timers``).
     ``stream_usage="picker"`` sends every response body through the picker instead
     (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative to the Lua scan."""
     hold = call_timers(config).picker_s

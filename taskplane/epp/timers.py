@@ -58,8 +58,3 @@ class CallTimers:
         """Longer than the picker's hold and every try together: the stream timer never
         cuts in while a try or the picker may still answer."""
         return self.picker_s + self.tries_s + STREAM_MARGIN_S
-
-    @property
-    def hung_replica_wait_s(self) -> float:
-        """The longest a client waits when every replica it is tried on hangs (admission aside)."""
-        return self.tries_s
