@@ -90,9 +90,11 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
                 if ns is None:
                     continue
                 md = struct_dict(ns)
-                picked = self.streams.pop(str(md.get("call", "")))
-                if picked is not None:
-                    settling.append(self._settle(picked, md, entry))
+                key = str(md.get("call", ""))
+                picked = self.streams.pop(key)
+                routed = self.streams.recall(key)
+                if picked is not None or routed is not None:
+                    settling.append(self._settle(picked, routed, md, entry))
             if settling:
                 # the entries of one message together: their rows share one outbox commit
                 # (one after the other, each waited for its own fsync); shielded, so a call
@@ -100,8 +102,15 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
                 await asyncio.shield(asyncio.gather(*settling))
         return als.StreamAccessLogsResponse()
 
-    async def _settle(self, picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
+    async def _settle(self, picked: PickedCall | None, routed: PickedCall | None, md: dict[str, Any],
+                      entry: al.HTTPAccessLogEntry) -> None:
+        """Settle a call waiting for its entry, then give every try Envoy counted its row."""
+        call = picked or routed
+        assert call is not None
         try:
-            await settle_from_log(picked, md, entry)
+            if picked is not None:
+                await settle_from_log(picked, md, entry)
+            tries = entry.common_properties.upstream_request_attempt_count
+            await call.reconcile(tries, client_left=client_left(entry))
         except Exception as exc:  # one bad entry must not end the log stream
-            log.error("access_log_settle_failed", call=picked.key, error=type(exc).__name__, detail=str(exc)[:200])
+            log.error("access_log_settle_failed", call=call.key, error=type(exc).__name__, detail=str(exc)[:200])

@@ -11,6 +11,7 @@ whatever arrives twice or never.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +22,7 @@ from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.attempts import Attempt, response_headers
 from taskplane.gateway.intake import Call
-from taskplane.gateway.lifecycle import AttemptLifecycle, Choice
+from taskplane.gateway.lifecycle import MAX_TRIES, AttemptLifecycle, Choice
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.store.records import Outcome
 
@@ -41,26 +42,40 @@ class PickedCall:
         self.first_try = first_try
         self.model = choice.decision.model or call.pool.model
         self.attempts: dict[int, Attempt] = {}
-        self.attempts_tried: set[int] = set()
+        self.attempts_tried: set[int] = set()  # Envoy's tries the picker wrote (or is writing) a row for
+        self.unplaced_at: int | None = None  # the row index the unplaced row took, if written
         self.served: Attempt | None = None
         self.settled = False
+        self.settled_at: float | None = None  # monotonic, once settled
 
     @property
     def key(self) -> str:
         """The call's id in Envoy's dynamic metadata (the access log brings it back)."""
         return f"{self.call.call_id}:{self.call.ctx.attempt}"
 
-    async def begin(self, index: int = 0, replica: ReplicaState | None = None) -> Attempt:
-        """Start try ``index`` (on ``order[index]`` unless named), journalled before Envoy sends it."""
+    async def begin(self, index: int = 0, replica: ReplicaState | None = None, *, row_index: int | None = None) -> Attempt:
+        """Start try ``index`` (on ``order[index]`` unless named), journalled before Envoy sends it;
+        its row's key takes ``row_index`` (default: the try's own index)."""
         replica = replica or self.order[min(index, len(self.order) - 1)]
         decision = self.choice.decision
         if replica is not self.choice.replica:
             decision = dataclasses.replace(decision, replica=replica.name, gpu=replica.config.gpu, cached_blocks=0)
-        attempt = await self.lc.begin(self.call, decision, replica, try_index=self.first_try + index,
+        at = index if row_index is None else row_index
+        attempt = await self.lc.begin(self.call, decision, replica, try_index=self.first_try + at,
                                       queue_ms=self.choice.queue_ms)
         self.attempts[index] = attempt
         self.attempts_tried.add(index)
         return attempt
+
+    def _free_row_index(self, wanted: int) -> int:
+        """``wanted`` unless a row already took it (the unplaced row, written before Envoy's
+        log told of a later try), else the next index no row has: every key stays unique."""
+        taken = {a.try_index - self.first_try for a in self.attempts.values()}
+        if self.unplaced_at is not None:
+            taken.add(self.unplaced_at)
+        if wanted not in taken:
+            return wanted
+        return max(taken) + 1
 
     def _replica_of_try(self, index: int, last: ReplicaState) -> ReplicaState:
         """Envoy walks the list in order; tries past its end went where its fallback policy
@@ -97,9 +112,12 @@ class PickedCall:
 
     async def exhausted(self, last: TaskplaneError) -> TaskplaneError:
         """Every try failed: the row the Python proxy writes when its next choice finds no
-        replica left (the same unplaced row), and the error the client gets."""
+        replica left (the same unplaced row; none after ``MAX_TRIES`` tries, as there), and
+        the error the client gets."""
         err = TaskplaneError(ErrorType.NO_REPLICA, f"all replicas failed: {last.message}", retry_after_s=1)
-        await self.lc.ledger.record_unplaced(self.call, err, Outcome.ERROR, try_index=self.first_try + len(self.attempts_tried))
+        if self.unplaced_at is None and self.first_try + len(self.attempts_tried) < MAX_TRIES:
+            self.unplaced_at = self._free_row_index(len(self.attempts_tried))
+            await self.lc.ledger.record_unplaced(self.call, err, Outcome.ERROR, try_index=self.first_try + self.unplaced_at)
         return err
 
     def headers(self) -> dict[str, str]:
@@ -141,12 +159,38 @@ class PickedCall:
         await self.settle()
         return err
 
+    async def reconcile(self, envoy_tries: int, *, client_left: bool) -> int:
+        """Envoy's access log counts the tries it made (``upstream_request_attempt_count``);
+        a try the answer did not name (the client left while Envoy was on a fallback, or an
+        answer without ``x-envoy-attempt-count``) reached a replica all the same and gets its
+        row now: failed, or cancelled if it was the last and the client left. Its GPU time
+        was charged to the tries the picker knew of (it cannot tell when the unnamed one
+        began). Returns how many rows it added."""
+        missing = [i for i in range(envoy_tries) if i not in self.attempts_tried]
+        last_replica = self.served.replica if self.served is not None else self.order[-1]
+        for i in missing:
+            self.attempts_tried.add(i)  # before any await: a second log entry adds nothing
+        for i in missing:
+            replica = self._replica_of_try(i, last_replica)
+            attempt = await self.begin(i, replica, row_index=self._free_row_index(i))
+            if i > 0:
+                self.metrics.retries.inc()
+            if client_left and i == envoy_tries - 1:
+                await self.lc.cancelled(attempt)
+            else:
+                await self.lc.failed(attempt, failures.unreachable(replica.name, "no answer; Envoy tried the next endpoint",
+                                                                   timeout=False))
+        if missing:
+            log.warning("envoy_tries_unnamed", call=self.key, envoy_tries=envoy_tries, added=len(missing))
+        return len(missing)
+
     async def settle(self) -> None:
         """Close what is still open (the gateway lost track: blame nobody) and give the
         tenant's slot back, once."""
         if self.settled:
             return
         self.settled = True
+        self.settled_at = time.monotonic()
         for attempt in self.attempts.values():
             if not attempt.settled:  # a settled attempt ignores it: build no failure for it
                 await self.lc.failed(attempt, failures.internal(attempt.replica.name, "attempt ended without an answer"))

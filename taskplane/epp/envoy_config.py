@@ -27,6 +27,7 @@ from typing import Any
 from taskplane.config import GatewayConfig
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
 from taskplane.epp.lua import USAGE_LUA
+from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
 from taskplane.gateway.openai_extra import PATHS
 
 #: The inference paths the picker decides (kind per path, as ``gateway.intake`` names them).
@@ -40,6 +41,10 @@ LB_NAMESPACE = "envoy.lb"
 #: The namespace of taskplane's own dynamic metadata (the attempt's id, the Lua usage).
 TP_NAMESPACE = "taskplane"
 _BIG = 1_000_000  # circuit-breaker limits: admission is taskplane's job, not Envoy's
+#: Envoy's retries at most (the picker lists the choice and up to this many fallbacks, and
+#: lowers it per call with ``x-envoy-max-retries`` when it has fewer).
+NUM_RETRIES = 2
+MAX_RETRIES_HEADER = "x-envoy-max-retries"
 
 _T = "type.googleapis.com/"
 
@@ -118,10 +123,11 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
     """Request headers and the buffered body to the picker, response headers back to it;
     the picker asks for a unary response body itself (``mode_override``). A call held by
-    admission waits inside the picker, so the message timeout is the call's own limit.
+    admission (or for an empty pool) waits inside the picker, so the message timeout
+    covers the longest hold (``epp.timers``).
     ``stream_usage="picker"`` sends every response body through the picker instead
     (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative to the Lua scan."""
-    hold = config.limits.request_timeout_s + 5.0
+    hold = call_timers(config).picker_s
     duplex = stream_usage == "picker"
     return {
         "name": "envoy.filters.http.ext_proc",
@@ -133,6 +139,9 @@ def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[st
             "message_timeout": _dur(hold),
             "max_message_timeout": _dur(hold),
             "allow_mode_override": True,
+            # the picker sets x-envoy-max-retries per call (its list's length) and strips the
+            # client's x-envoy-* headers; every other default stays (no routing headers)
+            "mutation_rules": {"allow_envoy": True},
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": "BUFFERED",
@@ -141,7 +150,8 @@ def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[st
                 "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
                 "response_trailer_mode": "SEND" if duplex else "SKIP",
             },
-            "response_attributes": ["upstream.address"],
+            # who answered, and why Envoy answered itself (its per-try timeout: a hung replica)
+            "response_attributes": ["upstream.address", "response.code_details"],
             "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]},
                                  "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE]}},
         },
@@ -176,7 +186,13 @@ _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
 
 
+def call_timers(config: GatewayConfig) -> CallTimers:
+    """The inference routes' timers (``epp.timers``): per try, the picker, the stream."""
+    return CallTimers.of(config, tries=NUM_RETRIES + 1)
+
+
 def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
+    timers = call_timers(config)
     return {
         # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
         "typed_per_filter_config": {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON},
@@ -184,13 +200,16 @@ def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
         "route": {
             "cluster": REPLICA_CLUSTER,
             "timeout": "0s",  # a stream lasts as long as it lasts; idle limits guard hangs
-            "idle_timeout": _dur(config.limits.request_timeout_s),
+            # longer than the picker's hold and every try together: never cuts in on a retry
+            "idle_timeout": _dur(timers.stream_idle_s),
             "retry_policy": {
-                # before anything reached the client: refused, reset, 5xx/429 from the engine
+                # before anything reached the client: refused, reset, 5xx/429 from the engine,
+                # or silent for the call's limit (the per-try timeout answers 504: gateway-error)
                 "retry_on": "connect-failure,refused-stream,reset-before-request,gateway-error,retriable-status-codes",
                 "retriable_status_codes": [429, 500, 503],
-                "num_retries": 2,
-                "per_try_idle_timeout": _dur(config.limits.request_timeout_s),
+                "num_retries": NUM_RETRIES,
+                "per_try_idle_timeout": _dur(timers.per_try_idle_s),
+                "retry_back_off": {"base_interval": _dur(BACKOFF_BASE_S), "max_interval": _dur(BACKOFF_MAX_S)},
             },
         },
     }
@@ -259,7 +278,7 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         "stat_prefix": "taskplane",
         "codec_type": "AUTO",
         "request_headers_timeout": _dur(limits.header_timeout_s),
-        "stream_idle_timeout": _dur(limits.request_timeout_s),
+        "stream_idle_timeout": _dur(limits.request_timeout_s),  # the app's routes; the inference routes set their own
         "max_request_headers_kb": 64,
         # a malformed request gets its 400 (431, 413) answer, as the contract says, not a dropped connection
         "http_protocol_options": {"override_stream_error_on_invalid_http_message": True},

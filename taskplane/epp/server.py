@@ -36,7 +36,14 @@ from taskplane.epp import protocol as P
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.deadlines import BodyClock, Inbox, TimedOut, body_timeout_reply
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import DEST_HEADER, INFERENCE_PATHS, LB_NAMESPACE, TP_NAMESPACE
+from taskplane.epp.envoy_config import (
+    DEST_HEADER,
+    INFERENCE_PATHS,
+    LB_NAMESPACE,
+    MAX_RETRIES_HEADER,
+    NUM_RETRIES,
+    TP_NAMESPACE,
+)
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.intake import Call
@@ -51,10 +58,13 @@ log = structlog.get_logger(__name__)
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-MAX_FALLBACKS = 2  # Envoy's num_retries: the primary and two more
-#: Client headers the replica must not see (the tenant's key, taskplane's own headers).
-_STRIP_PREFIXES = ("x-taskplane-",)
+MAX_FALLBACKS = NUM_RETRIES  # Envoy's num_retries: the primary and two more
+#: Client headers the replica must not see (the tenant's key, taskplane's own headers), nor
+#: Envoy obey (a client's own retry count or per-try timeout).
+_STRIP_PREFIXES = ("x-taskplane-", "x-envoy-")
 _DUPLEX = (pm.ProcessingMode.FULL_DUPLEX_STREAMED, pm.ProcessingMode.STREAMED)
+#: Envoy's response code details when a try's timer gave up on a silent replica.
+ENVOY_TIMEOUTS = frozenset({"upstream_per_try_idle_timeout", "upstream_per_try_timeout", "upstream_response_timeout"})
 
 
 def _attempt_count(headers: dict[str, str]) -> int | None:
@@ -63,15 +73,38 @@ def _attempt_count(headers: dict[str, str]) -> int | None:
     return int(value) if value.isdigit() and int(value) >= 1 else None
 
 
+#: How long a settled call waits for its access-log entry (Envoy's count of tries) before
+#: it is forgotten; an Envoy without taskplane's access log never sends one.
+RECONCILE_GRACE_S = 30.0
+
+
 class StreamBook:
     """Calls whose rows wait for their access-log entry: streams (the Lua filter's usage),
-    and unary answers whose body broke off (the entry's flags say who broke it)."""
+    and unary answers whose body broke off (the entry's flags say who broke it). Every
+    routed call is also kept in ``routed`` until its entry comes (or a grace after it
+    settled), so Envoy's count of tries can add the row of a try no answer named."""
 
     def __init__(self) -> None:
         self.pending: dict[str, PickedCall] = {}
         self.since: dict[str, float] = {}
+        self.routed: dict[str, PickedCall] = {}
         self._empty = asyncio.Event()
         self._empty.set()
+
+    def route(self, picked: PickedCall) -> None:
+        self.routed[picked.key] = picked
+
+    def recall(self, key: str) -> PickedCall | None:
+        """The routed call an access-log entry is about (once)."""
+        return self.routed.pop(key, None)
+
+    def forget_settled(self, grace_s: float = RECONCILE_GRACE_S) -> int:
+        """Drop calls settled more than ``grace_s`` ago whose entry never came."""
+        cutoff = time.monotonic() - grace_s
+        old = [k for k, p in self.routed.items() if p.settled_at is not None and p.settled_at < cutoff]
+        for key in old:
+            del self.routed[key]
+        return len(old)
 
     def put(self, picked: PickedCall) -> None:
         self.pending[picked.key] = picked
@@ -94,6 +127,7 @@ class StreamBook:
     async def expire(self, max_age_s: float) -> int:
         """Settle streams whose log entry never came (lost with an Envoy restart, say), so
         no lease stays open for ever: failed, blaming nobody."""
+        self.forget_settled()
         now = time.monotonic()
         old = [k for k, t in self.since.items() if now - t > max_age_s]
         for key in old:
@@ -133,6 +167,7 @@ class _Exchange:
     stream_done: bool = False
     engine_reported: bool = False  # the engine's own error event came (a duplex stream)
     generated: int = 0  # content events relayed (a duplex stream the client left: its tokens)
+    details: str = ""  # Envoy's response code details (``upstream_per_try_idle_timeout``: the try timed out)
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
@@ -284,6 +319,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         fallbacks = self._fallbacks(model, choice.replica, tries.exclude)
         picked = PickedCall(lc, gw.metrics, call, choice, fallbacks, first_try=tries.index)
         ex.picked = picked
+        self.streams.route(picked)
         await picked.begin(0)
         return self._routed(picked, ex)
 
@@ -294,10 +330,16 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     def _routed(self, picked: PickedCall, ex: _Exchange) -> list[pb.ProcessingResponse]:
         call = picked.call
-        endpoints = ",".join(e for e in (self.book.endpoint(r.name) for r in picked.order) if e)
+        listed = [e for e in (self.book.endpoint(r.name) for r in picked.order) if e]
+        endpoints = ",".join(listed)
         body = json.dumps(upstream_body(call, picked.model), separators=(",", ":")).encode()
         remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k == "authorization"]
         headers = {DEST_HEADER: endpoints, "content-length": str(len(body)), "content-type": "application/json"}
+        if listed:  # Envoy retries the listed replicas only: past the list's end its fallback policy
+            # would pick any replica of any pool, or the hung one again (the Python proxy never
+            # retries a replica that failed the call), and every try there costs a per-try limit
+            headers[MAX_RETRIES_HEADER] = str(len(listed) - 1)
+            remove = [k for k in remove if k != MAX_RETRIES_HEADER]
         metadata = {LB_NAMESPACE: {DEST_HEADER: endpoints},
                     TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
         if ex.request_duplex:
@@ -330,6 +372,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         response = dict(P.header_pairs(req.response_headers))
         status = int(response.get(":status", "0") or 0)
         ex.status = status
+        ex.details = P.attribute(req, "response.code_details") or ""
         if picked is None:
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
         tries = _attempt_count(response)
@@ -376,7 +419,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         raw = bytes(ex.response_body)
         name = picked.served.replica.name
         if ex.status >= 400:
-            failure = failures.from_status(name, ex.status, raw)
+            failure = self._failure(name, ex, raw)
             await picked.failed(failure)
             err = failure.error
             if failure.retry:  # Envoy ran out of retries on failing engines
@@ -395,6 +438,14 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if ex.response_duplex:
             return [P.answer("response_body", headers=headers, streamed=(raw, True))]
         return [P.answer("response_body", headers=headers)]
+
+    def _failure(self, replica: str, ex: _Exchange, body: bytes) -> failures.Failure:
+        """An error answer: Envoy's own when the replica stayed silent past the per-try
+        limit (a timeout, as the Python proxy records it), else the engine's status."""
+        if ex.details in ENVOY_TIMEOUTS:
+            limit = self.gw.config.limits.request_timeout_s
+            return failures.unreachable(replica, f"no answer within {limit:g} s", timeout=True)
+        return failures.from_status(replica, ex.status, body)
 
     def _replace_body(self, ex: _Exchange, err: TaskplaneError) -> pb.ProcessingResponse:
         """The contract's error instead of what the engine sent."""

@@ -38,8 +38,9 @@ MODES = ("garbage", "not-openai", "json-list", "usage-not-object", "usage-bad-co
 class BadUpstream:
     """Serves on 127.0.0.1:<port> in a background thread; ``hits`` counts inference requests."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, fine: bool = False) -> None:
         self.port = port
+        self.fine = fine  # a healthy replica beside the broken ones: answers every call well
         self.hits: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -96,7 +97,12 @@ class BadUpstream:
         """Answer one inference request badly; False closes the connection."""
         mode = str(req["messages"][-1]["content"]).removeprefix("mode:")
         self.hits[mode] = self.hits.get(mode, 0) + 1
-        if mode == "garbage":
+        if self.fine:
+            body = {"id": "x", "object": "chat.completion", "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+            w.write(_response(200, json.dumps(body).encode()))
+        elif mode == "garbage":
             w.write(_response(200, b"this is not json at all"))
         elif mode == "not-openai":
             w.write(_response(200, b'{"hello": "world"}'))

@@ -42,6 +42,12 @@ class RelStack:
         # outgoing connection could take a port while its server is down
         self.cluster = pin_ports(LocalCluster(workdir, replicas=replicas, gpus=["h100", "l40s", "h100"],
                                               database_url=self.database_url, speed=5.0))
+        # TASKPLANE_RELIABILITY_REQUEST_TIMEOUT_S sets the gateway's limits.request_timeout_s: by
+        # default (120 s) the agents' 8 s attempt timeout gives up on a hung replica first; below
+        # it, Envoy gives up on that try itself and retries on the picker's fallback
+        limit = os.environ.get("TASKPLANE_RELIABILITY_REQUEST_TIMEOUT_S")
+        if limit:
+            self.cluster.config_overrides["limits"] = {"request_timeout_s": float(limit)}
         # the gateway's outbox on a small filesystem of its own, so the disk-full fault can
         # fill it (needs mount rights: root in a container; else that fault is skipped)
         self.outbox_fs: Path | None = workdir / "outbox-fs"
