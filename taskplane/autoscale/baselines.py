@@ -36,6 +36,15 @@ def clamp(n: int, s: PoolSignals) -> int:
     return max(s.min_replicas, min(s.max_replicas, n))
 
 
+def free_slots(s: PoolSignals) -> int:
+    """GPUs of the first generation a new replica can take now. Draining, cordoned and
+    sleeping replicas still hold theirs: as a Kubernetes pod scaled up beside terminating
+    ones stays Pending until a GPU frees, the rest of a scale-out waits for a later plan."""
+    gen = s.generations[0]
+    of_gen = sum(1 for r in s.replicas if r.gpu == gen.gpu)
+    return max(0, min(s.max_replicas - len(s.replicas), gen.max_replicas - of_gen))
+
+
 def resize(s: PoolSignals, desired: int, *, grace_s: float | None, reason: str,
            victims: str = "kube") -> Plan:
     """A plan taking the pool from its active replicas to ``desired``: add the first
@@ -43,8 +52,10 @@ def resize(s: PoolSignals, desired: int, *, grace_s: float | None, reason: str,
     active = s.active()
     plan = Plan(pool=s.pool, desired=desired, grace_s=grace_s)
     if desired > len(active):
-        plan.start = [s.generations[0].gpu] * (desired - len(active))
-        plan.reasons.append(f"scale out {len(active)}->{desired}: {reason}")
+        new = min(desired - len(active), free_slots(s))
+        plan.start = [s.generations[0].gpu] * new
+        plan.reasons.append(f"scale out {len(active)}->{desired}: {reason}"
+                            + (f" ({desired - len(active) - new} wait for a GPU)" if new < desired - len(active) else ""))
     elif desired < len(active):
         pick = kube_default if victims == "kube" else fewest_reprefill
         plan.drain = pick(active, len(active) - desired)

@@ -192,3 +192,14 @@ def test_a_held_call_at_zero_ready_wakes_a_sleeper() -> None:
 
 def plan_of(**kw: list[str]) -> Plan:
     return Plan(pool="m", desired=0, **kw)  # type: ignore[arg-type]
+
+
+def test_a_baseline_scale_out_waits_for_gpus_that_draining_replicas_still_hold() -> None:
+    """As a pod scaled up beside terminating ones stays Pending: with 2 GPUs, one replica
+    draining and one serving, a scale-out to 3 starts nothing now and the rest later."""
+    two = Generation("h100", 2.5, cold_start_s=18.0, capacity_per_s=1000.0, max_replicas=2)
+    reps = [ready("a", num_running=50), ReplicaState(name="b", gpu="h100", phase=Phase.DRAINING)]
+    plan = FixedPeak(3).plan(sig(0.0, reps, gens=[two]))
+    assert plan.start == [] and "wait for a GPU" in plan.reasons[0]
+    plan = FixedPeak(3).plan(sig(60.0, [ready("a")], gens=[two]))  # b has stopped: its GPU is free
+    assert plan.start == ["h100"]
