@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import textwrap
+from collections.abc import Callable
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -131,37 +132,35 @@ def table_renderable(report: Report) -> RenderableType:
         waste.add_row(label, usd(value), pct(value / total if total else None))
     waste.add_row(Text("total", style="bold"), usd(report.waste.total_usd), pct(report.waste.share_of_spend))
 
-    groups = Table(title=f"By {report.group_by}", title_justify="left")
-    for col, justify in (
-        (report.group_by, "left"),
-        ("succeeded", "right"),
-        ("failed", "right"),
-        ("cancelled", "right"),
-        ("calls", "right"),
-        ("cost", "right"),
-        ("cost / successful task", "right"),
-        ("cache hit", "right"),
-    ):
-        groups.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for row in report.groups:
-        groups.add_row(
-            row.key,
-            count(row.tasks_succeeded),
-            count(row.tasks_failed),
-            count(row.tasks_cancelled),
-            count(row.calls),
-            usd(row.total_cost_usd),
-            usd(row.cost_per_successful_task_usd),
-            pct(row.cache_hit_ratio),
-        )
-
     parts: list[RenderableType] = [
         Panel(head, title="taskplane cost report", subtitle=window_text(report), expand=False),
     ]
     if report.calls == 0 and report.tasks_total == 0:
         parts.append(Text("No LLM calls or tasks in this window.", style="dim"))
         return Group(*parts)
-    return Group(*parts, waste, groups, *_failed_table(report))
+    return Group(*parts, waste, _groups_table(report), *_failed_table(report))
+
+
+def _groups_table(report: Report) -> Table:
+    """Figures are never cut (a cost shown as ``$0.0008…`` is no figure): their columns do
+    not wrap, headings break at set places and a long key folds, so the eight columns fit an
+    80-column terminal or CI log (rich's width when output is piped)."""
+    groups = Table(title=f"By {report.group_by}", title_justify="left")
+    columns: list[tuple[str, Callable[[GroupRow], str]]] = [
+        ("suc-\nceeded", lambda r: count(r.tasks_succeeded)),
+        ("failed", lambda r: count(r.tasks_failed)),
+        ("can-\ncelled", lambda r: count(r.tasks_cancelled)),
+        ("calls", lambda r: count(r.calls)),
+        ("cost", lambda r: usd(r.total_cost_usd)),
+        ("cost per\nsuccessful\ntask", lambda r: usd(r.cost_per_successful_task_usd)),
+        ("cache\nhit", lambda r: pct(r.cache_hit_ratio)),
+    ]
+    groups.add_column(report.group_by, justify="left", overflow="fold", min_width=8)
+    for heading, _ in columns:
+        groups.add_column(heading, justify="right", no_wrap=True)
+    for row in report.groups:
+        groups.add_row(row.key, *(cell(row) for _, cell in columns))
+    return groups
 
 
 def _failed_table(report: Report) -> list[RenderableType]:

@@ -8,7 +8,7 @@ import pytest
 from _report_scenario import SINCE, T0, UNTIL, fleet, hand_headline
 
 from taskplane.reports.compute import build_report, cache_miss_usd, prefill_fraction
-from taskplane.reports.render import FORMATS, render
+from taskplane.reports.render import FORMATS, render, render_table, usd
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
 
 
@@ -125,3 +125,16 @@ def test_fleet_matches_hand_computation() -> None:
 def test_unknown_group_by() -> None:
     with pytest.raises(ValueError, match="unknown group-by"):
         build_report([], [], group_by="colour")
+
+
+def test_an_80_column_table_cuts_no_figure() -> None:
+    """Piped output (a CI log, ``| less``) is 80 columns wide in rich: every tenant's cost
+    and cost per successful task must still be there whole, not ``$0.0008…``."""
+    attempts, tasks = fleet()
+    report = build_report(attempts, tasks, since=SINCE, until=UNTIL, group_by="tenant")
+    text = render_table(report, width=80)
+    groups = text[text.index("By tenant"):]
+    assert "…" not in groups.split("Tasks that did not succeed")[0]
+    for g in report.groups:
+        assert usd(g.total_cost_usd) in groups and usd(g.cost_per_successful_task_usd) in groups
+    assert max(len(line) for line in text.splitlines()) <= 80
