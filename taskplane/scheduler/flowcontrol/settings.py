@@ -64,9 +64,9 @@ class AdmissionSettings:
     # prefill ms already committed to it, by the scheduler's latency model) exceeds this;
     # while every eligible replica is past it the call waits in the admission queue and goes
     # to the first replica that drains below (flowcontrol/backlog.py). Committing a call
-    # early to a deep queue is what made the Mooncake TTFT p99. 1000 ms keeps the simulator's
-    # fingerprints; lower values measured better on some workloads (docs/benchmarks.md,
-    # fourth pass). None: off (dispatch to any unsaturated replica, as before).
+    # early to a deep queue adds to the TTFT tail. 1000 ms keeps the simulator's fingerprints
+    # (300 ms too) and costs Mooncake least; 300 ms measured better on the agent mix, worse on
+    # Mooncake (docs/benchmarks.md, fourth pass). None: off (any unsaturated replica, as before).
     max_prefill_backlog_ms: float | None = 1000.0
 
     def retry_after(self, wait_s: float) -> float:
