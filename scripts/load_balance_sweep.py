@@ -5,7 +5,8 @@
 
 VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
 of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
-or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
+``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
+at MS, or None: late binding off), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
 4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured).
 """
 
@@ -28,6 +29,7 @@ from taskplane.bench.workloads import (
     mooncake_workload,
     tasks_for,
 )
+from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.policies import PRESETS, build_policy, build_scheduler
 from taskplane.sim.hosttier import TierSpec
 
@@ -37,6 +39,10 @@ AGENTS_CAPACITY = 0.835  # tasks/s of h100:4 (llm-d-scorers at >= 90 % within de
 def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
     if variant in PRESETS:
         return build_policy(variant, seed=seed, tenants=tenants, metrics=False), variant
+    if variant.startswith("backlog="):
+        value = variant.removeprefix("backlog=")
+        settings = AdmissionSettings(max_prefill_backlog_ms=None if value == "off" else float(value))
+        return build_policy("taskplane", seed=seed, tenants=tenants, metrics=False, admission=settings), "taskplane"
     filters: list[Any] = [f for f in PRESETS["taskplane"].filters if f != "load-balance"]
     if variant == "default":
         filters.append("load-balance")

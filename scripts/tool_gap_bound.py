@@ -23,31 +23,24 @@ from typing import Any
 
 import numpy as np
 
+from taskplane.bench.anatomy import idle_prefill_s, step_costs
 from taskplane.bench.command import lifetimes_for
 from taskplane.bench.runner import run_policy
 from taskplane.bench.tiers import TOOL_GAP_S, tier_metrics
 from taskplane.bench.workloads import DEFAULT_WINDOW_S, agent_tenants, agent_workload, tasks_for
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.fleet import ClusterSpec
-from taskplane.sim.gpus import default_kv_blocks, gpu_profile, model_profile
+from taskplane.sim.gpus import default_kv_blocks
 from taskplane.sim.hosttier import TierSpec
 from taskplane.sim.results import Outcome
-from taskplane.sim.roofline import StepCosts
 
 CAPACITY = 0.835  # tasks/s of h100:4 without a host tier (docs/benchmarks.md)
-CHUNK = 8192  # the simulated engine's max_num_batched_tokens
-COSTS = StepCosts.of(gpu_profile("h100"), model_profile("llama-3.1-8b"))
+COSTS = step_costs("h100", "llama-3.1-8b")
 
 
 def prefill_s(new: int, cached: int) -> float:
     """Prefill of ``new`` tokens after ``cached`` ones on an idle H100 (the roofline)."""
-    t = 0.0
-    while new > 0:
-        n = min(new, CHUNK)
-        t += COSTS.step(n, 0, 0, n * (cached + n / 2), 1.0)
-        cached += n
-        new -= n
-    return t
+    return idle_prefill_s(new, cached, COSTS)
 
 
 def p99_ms(xs: list[float]) -> float:

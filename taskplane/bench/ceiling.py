@@ -98,13 +98,39 @@ def ceiling_tokens(workload: Workload) -> tuple[int, int]:
             prompt_tokens += prompt
             seen.update(ids[:n_total])
             ctx += out
-    open_calls.sort(key=lambda x: (x[0], x[1]))
-    for _, _, contents, prompt in open_calls:
-        ids = _chained(contents)
-        hit_tokens += leading_hits(ids, prompt, bs, seen)
+    for _, hit, prompt in _open_hits(open_calls, bs, seen):
+        hit_tokens += hit
         prompt_tokens += prompt
-        seen.update(ids)
     return hit_tokens, prompt_tokens
+
+
+def _open_hits(open_calls: list[tuple[float, int, list[int], int]], bs: int,
+               seen: set[int]) -> Iterable[tuple[int, int, int]]:
+    """(order, hit tokens, prompt tokens) of open-loop calls in arrival order, each adding
+    its blocks to ``seen``."""
+    open_calls.sort(key=lambda x: (x[0], x[1]))
+    for _, order, contents, prompt in open_calls:
+        ids = _chained(contents)
+        yield order, leading_hits(ids, prompt, bs, seen), prompt
+        seen.update(ids)
+
+
+def open_call_hits(workload: Workload) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per open-loop call ``(task_id, call index)``: (hit tokens, prompt tokens) of the
+    infinite cache (the ceiling's accounting, call by call; trace workloads)."""
+    bs = workload.block_size
+    keys: list[tuple[str, int]] = []
+    open_calls: list[tuple[float, int, list[int], int]] = []
+    for spec in sorted(workload.tasks, key=lambda t: t.arrival_s):  # ties as ceiling_tokens breaks them
+        if not spec.open_loop:
+            continue
+        for k, c in enumerate(spec.calls):
+            contents = list(c.contents or [])
+            prompt = c.prompt_tokens or len(contents) * bs
+            open_calls.append((c.at_s if c.at_s is not None else spec.arrival_s, len(keys),
+                               contents[: prompt // bs], prompt))
+            keys.append((spec.task_id, k))
+    return {keys[order]: (hit, prompt) for order, hit, prompt in _open_hits(open_calls, bs, set())}
 
 
 def prompt_hit_ceiling(prompts: Iterable[bytes], block_size: int) -> float:

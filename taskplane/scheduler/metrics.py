@@ -52,6 +52,12 @@ TOOL_HINTS = Counter(
     "calls that named the tool their task ran since the session's previous call (X-Taskplane-Tool)",
     ["policy"],
 )
+BACKLOG_HELD = Counter(
+    "taskplane_scheduler_backlog_held_total",
+    "calls held in flow control because every eligible replica's queued prefill exceeded "
+    "max_prefill_backlog_ms (late binding)",
+    ["policy"],
+)
 MOVED = Counter(
     "taskplane_scheduler_moved_total", "calls moved to a fallback model", ["policy", "model"]
 )

@@ -127,8 +127,9 @@ def call_record(call: SimCall, t: float, *, outcome: Outcome, error: str | None,
     if ev is None:
         cached = completion = 0
         admitted = first_token = None
-        gpu_s = 0.0
+        gpu_s = load_s = 0.0
     else:
+        load_s = ev.tier_load_s
         cached, completion, admitted, first_token, gpu_s = (
             ev.cached_tokens, ev.output_tokens, ev.admitted, ev.first_token, ev.gpu_seconds)
     return CallRecord(
@@ -138,7 +139,7 @@ def call_record(call: SimCall, t: float, *, outcome: Outcome, error: str | None,
         gpu=gpu, prompt_tokens=call.prompt_tokens, cached_tokens=cached, completion_tokens=completion,
         offered_s=call.offered_s, dispatched_s=call.dispatched_s, admitted_s=admitted,
         first_token_s=first_token, finished_s=t, gpu_seconds=gpu_s, cost_usd=cost, outcome=outcome,
-        error_type=error,
+        error_type=error, tier_load_s=load_s,
     )
 
 

@@ -321,7 +321,7 @@ class SimEngine:
             gen = self._dec.generated(r)
         return Finished(req_id=s.req_id, time=t, arrival=r.arrival, admitted=r.admitted, first_token=r.first_token,
                         prompt_tokens=s.prompt_tokens, cached_tokens=r.cached, output_tokens=gen,
-                        gpu_seconds=r.gpu_s, error=error, tag=s.tag)
+                        gpu_seconds=r.gpu_s, error=error, tag=s.tag, tier_load_s=r.tier_load_s)
 
     def _emit(self, ev: EngineEvent) -> None:
         """Append an event keeping ``_out`` in time order (aborts at ``now`` may precede
@@ -531,6 +531,7 @@ class SimEngine:
             return hits
         r.n_stored += self.kv.store(s.block_hashes, hits, hits + n, s.token_ids, r.held)
         self._load_s += secs
+        r.tier_load_s += secs
         return hits + n
 
     def _complete_decoders(self, t: float) -> None:

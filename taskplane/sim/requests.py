@@ -59,6 +59,7 @@ class Finished:
     gpu_seconds: float  # this request's share of the steps it took part in
     error: str | None = None
     tag: Any = None
+    tier_load_s: float = 0.0  # KV it loaded from a host / remote tier, in transfer seconds
 
 
 @dataclass(slots=True)
@@ -100,6 +101,7 @@ class EngineRequest:
     acc0: float = 0.0  # gpu-second accumulator when it started decoding
     gpu_s: float = 0.0
     blocks: int = 0  # blocks of its whole sequence (prompt + output)
+    tier_load_s: float = 0.0  # host / remote -> GPU transfer its admission added to a step
 
 
 @dataclass(slots=True)

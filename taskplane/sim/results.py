@@ -44,6 +44,7 @@ class CallRecord:
     cost_usd: float
     outcome: Outcome
     error_type: str | None = None
+    tier_load_s: float = 0.0  # host / remote -> GPU KV transfer its admission paid (simulated tiers)
 
     @property
     def ttft_s(self) -> float | None:

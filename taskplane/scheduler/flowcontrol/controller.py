@@ -31,6 +31,7 @@ import numpy as np
 
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.assembly import assemble_from_config
+from taskplane.scheduler.flowcontrol.backlog import below_backlog
 from taskplane.scheduler.flowcontrol.queue import AdmissionQueue
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings, band_rank
 from taskplane.scheduler.flowcontrol.workingset import working_set_on
@@ -40,7 +41,14 @@ from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.kv.precise import BatchResult
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
-from taskplane.scheduler.metrics import DECISION_SECONDS, DECISIONS, MOVED, QUEUE_DEPTH, SHED
+from taskplane.scheduler.metrics import (
+    BACKLOG_HELD,
+    DECISION_SECONDS,
+    DECISIONS,
+    MOVED,
+    QUEUE_DEPTH,
+    SHED,
+)
 from taskplane.scheduler.response_cache import ResponseCache
 from taskplane.scheduler.table import ReplicaTable, as_table
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
@@ -258,10 +266,35 @@ class FlowControl:
             # a session in flight already holds its KV room: it never waits behind new tasks
             state.narrow(free, n_free)
             return None
+        free, n_free = self._late_binding(state, free, n_free, narrow=False)
         if n_free and not queue.has_at_or_above(band):
             state.narrow(free, n_free)
             return None
+        if n_free == 0 and self.metrics and any_true(~state.c(state.saturated)):
+            BACKLOG_HELD.labels(self.name).inc()
         return self._enqueue(state, queue, band, now)
+
+    def _late_binding(
+        self, state: CycleState, free: np.ndarray, n_free: int, *, narrow: bool = True
+    ) -> tuple[np.ndarray, int]:
+        """Late binding: ``free`` with no replica left when every one of them is past its
+        prefill backlog (the call is held), unless the call's session has a live pin among
+        the candidates (its context is there). A call released from the queue (``narrow``)
+        goes only to a replica below the backlog; a new call that finds one such replica is
+        placed as before, over every free replica."""
+        if n_free == 0:
+            return free, n_free
+        pinned = state.pinned
+        if pinned >= 0 and state.candidate_position(pinned) >= 0:
+            return free, n_free
+        below = below_backlog(state, self.admission)
+        if below is None:
+            return free, n_free
+        kept = free & below
+        n_kept = int(np.count_nonzero(kept))
+        if n_kept and not narrow:
+            return free, n_free
+        return kept, n_kept
 
     def _enqueue(self, state: CycleState, queue: AdmissionQueue, band: int, now: float) -> Decision:
         settings = self.admission or AdmissionSettings()
@@ -358,7 +391,8 @@ class FlowControl:
                     out.append((req, Decision(Action.NO_REPLICA, reason="every replica was filtered out")))
                     continue
                 free = ~state.c(state.saturated)
-                if not any_true(free):
+                free, n_free = self._late_binding(state, free, int(np.count_nonzero(free)))
+                if not n_free:
                     if self._held_too_long(state, now_s - head.enqueued_s):
                         # a new task still without working-set room after its hold: refuse
                         # it (it has spent nothing) rather than block the line
@@ -368,7 +402,7 @@ class FlowControl:
                                                     "no replica has KV room for a new task")))
                         continue
                     break  # head of line waits for capacity
-                state.narrow(free)
+                state.narrow(free, n_free)
                 decision = pipe.place(state)
                 queue.pop()
                 out.append((req, decision))

@@ -60,6 +60,14 @@ class AdmissionSettings:
     # for a replica's compute; relaxed, TTFT p50 rose 58 -> 98-165 ms and prefix hits fell
     # 92.7 % -> 81-83 % (docs/benchmarks.md). No effect on a replica without a host tier.
     working_set_host_share: float = 0.0
+    # Late binding: a call is not dispatched to a replica whose queued prefill work (the
+    # prefill ms already committed to it, by the scheduler's latency model) exceeds this;
+    # while every eligible replica is past it the call waits in the admission queue and goes
+    # to the first replica that drains below (flowcontrol/backlog.py). Committing a call
+    # early to a deep queue adds to the TTFT tail. 1000 ms keeps the simulator's fingerprints
+    # (300 ms too) and costs Mooncake least; 300 ms measured better on the agent mix, worse on
+    # Mooncake (docs/benchmarks.md, fourth pass). None: off (any unsaturated replica, as before).
+    max_prefill_backlog_ms: float | None = 1000.0
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))

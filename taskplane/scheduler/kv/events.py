@@ -146,6 +146,7 @@ class Stored:
     token_ids: tuple[int, ...] | Sequence[int]
     block_size: int
     indexable: bool = True  # False for LoRA blocks and non-GPU tiers: never matched
+    lower_tier: bool = False  # a base-model block of a host / remote tier (medium not GPU)
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,6 +155,7 @@ class Removed:
 
     block_hashes: tuple[Any, ...]
     indexable: bool = True
+    lower_tier: bool = False  # evicted from a host / remote tier
 
 
 @dataclass(slots=True, frozen=True)
@@ -183,7 +185,9 @@ def normalize_event(ev: Any) -> Event:
     * an already normalised :class:`Stored` / :class:`Removed` / :class:`Cleared`.
 
     Blocks of a LoRA adapter, of a non-GPU tier (``medium`` other than GPU) or of a
-    non-default KV cache group are kept out of the index: base-model prompts never hit them.
+    non-default KV cache group are kept out of the GPU index: base-model prompts never hit
+    them there. A base-model block of a non-GPU tier is marked ``lower_tier``: the index
+    records it in its tier view (what a host hit saves), as it does for the typed events.
     """
     if isinstance(ev, Stored | Removed | Cleared):
         return ev
@@ -201,18 +205,22 @@ def normalize_event(ev: Any) -> Event:
     if kind == "BlockStored":
         lora = get("lora_id") is not None or get("lora_name") is not None
         group = get("group_idx")
-        ok = not lora and gpu_tier(get("medium")) and (group is None or group == 0)
+        gpu = gpu_tier(get("medium"))
+        base = not lora and (group is None or group == 0)
         return Stored(
             block_hashes=tuple(get("block_hashes") or ()),
             parent_block_hash=get("parent_block_hash"),
             token_ids=get("token_ids") or (),
             block_size=int(get("block_size") or 0),
-            indexable=ok,
+            indexable=base and gpu,
+            lower_tier=base and not gpu,
         )
     if kind == "BlockRemoved":
         group = get("group_idx")
-        ok = gpu_tier(get("medium")) and (group is None or group == 0)
-        return Removed(block_hashes=tuple(get("block_hashes") or ()), indexable=ok)
+        gpu = gpu_tier(get("medium"))
+        base = group is None or group == 0
+        return Removed(block_hashes=tuple(get("block_hashes") or ()), indexable=base and gpu,
+                       lower_tier=base and not gpu)
     if kind == "AllBlocksCleared":
         return Cleared()
     raise ValueError(f"unknown KV event type {kind!r}: expected BlockStored, BlockRemoved or AllBlocksCleared")

@@ -268,10 +268,14 @@ class PreciseIndex:
                     n_stored += 1
                     if ev.indexable:
                         self._stored(rep, bit, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size)
+                    elif ev.lower_tier:  # a host-tier block (e.g. a plain dict with medium "CPU")
+                        self.tiers.stored(self.slots.ensure(name), rep.eng2ours, ev.block_hashes)
                 elif isinstance(ev, Removed):
                     n_removed += 1
                     if ev.indexable:
                         self._removed(rep, bit, ev.block_hashes)
+                    elif ev.lower_tier:
+                        self.tiers.removed(self.slots.ensure(name), ev.block_hashes)
                 else:
                     n_cleared += 1
                     self._drop_blocks(name, rep)

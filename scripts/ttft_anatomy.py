@@ -1,0 +1,65 @@
+"""Where the TTFT of a run goes, and the bound of an infinite cache on idle replicas (issue 18).
+
+    python scripts/ttft_anatomy.py mooncake [--trace FILE] [--duration-s S] [--host-kv-gb G] VARIANT...
+    python scripts/ttft_anatomy.py agents --load L [--host-kv-gb G] [--seed N] VARIANT...
+
+VARIANT as in scripts/load_balance_sweep.py (``default``, ``backlog=MS``, ``backlog=off``, a
+preset name, ...). Per variant: TTFT p50 / p99 and the mean of each part (held in flow
+control, engine queue, host/remote -> GPU KV loads, prefill compute) over all calls and
+over the slowest 1 %. For a trace (mooncake), first the bound: every call on an idle H100
+with an infinite prefix cache (taskplane.bench.anatomy).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from load_balance_sweep import AGENTS_CAPACITY, policy
+
+from taskplane.bench.anatomy import PARTS, idle_infinite_cache_ttft_s, summarize
+from taskplane.bench.command import build_cluster, lifetimes_for
+from taskplane.bench.runner import run_policy
+from taskplane.bench.workloads import (
+    DEFAULT_WINDOW_S,
+    agent_tenants,
+    agent_workload,
+    mooncake_workload,
+    tasks_for,
+)
+from taskplane.sim.hosttier import TierSpec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload", choices=("mooncake", "agents"))
+    ap.add_argument("variants", nargs="+")
+    ap.add_argument("--duration-s", type=float, default=None)
+    ap.add_argument("--host-kv-gb", type=float, default=0.0)
+    ap.add_argument("--load", type=float, default=1.3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace", type=Path, default=None)
+    a = ap.parse_args()
+    if a.workload == "mooncake":
+        wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
+        cluster, _ = build_cluster(16, None, TierSpec(host_kv_gb=a.host_kv_gb))
+        bound = idle_infinite_cache_ttft_s(wl)
+        print(f"bound: idle H100, infinite cache ({len(bound)} calls): TTFT p50 "
+              f"{np.percentile(bound, 50) * 1000:.0f} p99 {np.percentile(bound, 99) * 1000:.0f} ms", flush=True)
+    else:
+        rate = a.load * AGENTS_CAPACITY
+        wl, tenants = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed), agent_tenants()
+        cluster, _ = build_cluster(4, None, TierSpec(host_kv_gb=a.host_kv_gb))
+    for v in a.variants:
+        pol, preset = policy(v, a.seed, tenants)
+        run = run_policy(pol, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for(preset))
+        m = summarize(run.result)
+        parts = " + ".join(f"{p} {m[f'{p}_mean_ms']:.0f}" for p in PARTS)
+        tail = " + ".join(f"{p} {m[f'tail_{p}_mean_ms']:.0f}" for p in PARTS)
+        print(f"{v:16s} TTFT p50 {m['ttft_p50_ms']:6.0f} p99 {m['ttft_p99_ms']:6.0f} ms | mean: {parts} | "
+              f"slowest 1 % ({m['tail_calls']:.0f}): {tail} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
