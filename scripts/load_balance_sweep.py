@@ -6,7 +6,8 @@
 VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
 of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
 ``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
-at MS, or None: late binding off), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
+at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,after]`` or ``prefill=off`` (the
+preset with the ``prefill-finish`` filter at ``min_uncached_tokens`` N, or without it), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
 4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured).
 """
 
@@ -43,12 +44,32 @@ def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
         value = variant.removeprefix("backlog=")
         settings = AdmissionSettings(max_prefill_backlog_ms=None if value == "off" else float(value))
         return build_policy("taskplane", seed=seed, tenants=tenants, metrics=False, admission=settings), "taskplane"
+    if variant.startswith("prefill="):
+        return prefill_variant(variant.removeprefix("prefill="), seed, tenants), "taskplane"
     filters: list[Any] = [f for f in PRESETS["taskplane"].filters if f != "load-balance"]
     if variant == "default":
         filters.append("load-balance")
     elif variant != "none":
         filters.append({"type": "load-balance", "params": json.loads(variant)})
     return build_scheduler(policy="taskplane", filters=filters, seed=seed, tenants=tenants, metrics=False), "taskplane"
+
+
+def prefill_variant(spec: str, seed: int, tenants: Any) -> Any:
+    """``prefill=N[,slack=S][,wait=MS][,after]``: the taskplane preset with the ``prefill-finish`` filter
+    at ``min_uncached_tokens`` N (``off``: without it), before the load-balance filter (``after``: behind it)."""
+    head, *opts = spec.split(",")
+    filters: list[Any] = [f for f in PRESETS["taskplane"].filters if f != "prefill-finish"]
+    if head != "off":  # (``wait=off`` below: long prompts only)
+        params: dict[str, Any] = {"min_uncached_tokens": int(head)}
+        for o in opts:
+            if o.startswith("slack="):
+                params["slack"] = float(o.removeprefix("slack="))
+            if o.startswith("wait="):
+                value = o.removeprefix("wait=")
+                params["max_wait_ms"] = None if value == "off" else float(value)
+        at = len(filters) if "after" in opts else filters.index("load-balance")
+        filters.insert(at, {"type": "prefill-finish", "params": params})
+    return build_scheduler(policy="taskplane", filters=filters, seed=seed, tenants=tenants, metrics=False)
 
 
 def main() -> None:

@@ -4,5 +4,7 @@ from taskplane.scheduler.filters.balance import LoadBalanceFilter
 from taskplane.scheduler.filters.basic import HealthyFilter, TenantGpuFilter
 from taskplane.scheduler.filters.budget import LatencyBudgetFilter
 from taskplane.scheduler.filters.memory import MemoryHeadroomFilter
+from taskplane.scheduler.filters.prefill import PrefillFinishFilter
 
-__all__ = ["HealthyFilter", "LatencyBudgetFilter", "LoadBalanceFilter", "MemoryHeadroomFilter", "TenantGpuFilter"]
+__all__ = ["HealthyFilter", "LatencyBudgetFilter", "LoadBalanceFilter", "MemoryHeadroomFilter",
+           "PrefillFinishFilter", "TenantGpuFilter"]

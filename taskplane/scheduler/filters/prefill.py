@@ -1,0 +1,106 @@
+"""Long prefills placed by when they would finish, not by affinity (issue 18, fifth pass).
+
+A prompt with tens of thousands of tokens no replica holds (a long first turn) takes
+several engine steps of prefill wherever it goes, and shares each step's token budget with
+every other prefill on its replica. Affinity cannot save it much (the best match covers a
+small share of it), but landing behind another long prefill can cost it seconds: on the
+Mooncake trace such prompts were most of taskplane's slowest 1 %, while Dynamo's cost,
+which counts each replica's queued prefill, spread them.
+
+So when even the best-matching candidate leaves at least ``min_uncached_tokens`` to
+prefill, this filter keeps only the replicas where the call's prefill is predicted to
+finish first: the prefill already committed there (the latency model's queue time) plus
+the call's own uncached suffix at that replica's calibrated rate, within ``slack`` of the
+earliest. Affinity and the other scorers then choose among those. Shorter calls, and a
+session kept on its pinned replica, are not touched: for them the warm prefix is worth more
+than the queue.
+
+Only replicas that can take the call now count toward the earliest finish (a saturated
+replica would only hold it); when none can, the filter keeps everyone and admission decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from taskplane.scheduler.framework.one import OneCandidate
+from taskplane.scheduler.framework.plugin import Filter, param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
+
+
+@dataclass(slots=True)
+class PrefillFinishParams:
+    min_uncached_tokens: int = param(
+        32768,
+        "engage when the best-matching candidate still leaves this many prompt tokens to prefill "
+        "(the default, four 8,192-token step budgets, is above every prompt of the agent benches)",
+    )
+    slack: float = param(0.05, "keep replicas whose predicted prefill end is within (1 + slack) x the earliest")
+    max_wait_ms: float | None = param(
+        1000.0,
+        "also engage, for a call of any length, when the replica affinity would choose (the session's pin, "
+        "else the deepest prefix match) would end its prefill more than this many ms after the earliest; "
+        "a pinned session leaves its replica for the pool when the prefill queued there exceeds it. "
+        "None: long prompts only (both defaults keep the agent benches' placements unchanged)",
+    )
+
+    def validate(self) -> None:
+        if self.min_uncached_tokens < 1 or self.slack < 0 or (self.max_wait_ms is not None and self.max_wait_ms < 0):
+            raise ValueError("min_uncached_tokens must be >= 1, slack and max_wait_ms >= 0")
+
+
+def prefill_end_ms(state: CycleState) -> np.ndarray:
+    """Per pool replica: when this call's prefill would end there, from now (queued prefill
+    and any cold start, then its own uncached suffix; the scheduler's latency model)."""
+    pred = state.prediction
+    return pred.queue_ms + pred.prefill_ms
+
+
+@register("prefill-finish")
+class PrefillFinishFilter(Filter):
+    """For a long uncached prefill: only the replicas where it would finish first."""
+
+    Params = PrefillFinishParams
+
+    def filter(self, state: CycleState) -> np.ndarray | None:
+        p: PrefillFinishParams = self.params
+        limit = p.max_wait_ms
+        long = state.request.prompt_tokens >= p.min_uncached_tokens
+        if not long and limit is None:
+            return None  # cannot engage: no array work on the common path
+        if long:
+            long = float(state.c(state.uncached_tokens()).min()) >= p.min_uncached_tokens
+        if not long and limit is None:
+            return None  # a replica's match covers enough: affinity decides
+        end = state.c(prefill_end_ms(state))
+        able = ~state.c(state.saturated)
+        if not able.any():
+            return None
+        earliest = float(end[able].min())
+        if not long and limit is not None and float(end[_affinity_choice(state, end)]) - earliest <= limit:
+            return None  # the warm replica costs little wait: affinity decides
+        return able & (end <= earliest * (1.0 + p.slack))
+
+    def keeps(self, one: OneCandidate) -> bool:
+        """A session stays on its pinned replica (its context) unless the prefill queued
+        there exceeds ``max_wait_ms``; then the pool decides, this filter included."""
+        limit = self.params.max_wait_ms
+        if limit is None or (one.inflight_prefill <= 0 and one.waiting <= 0):
+            return True
+        return one.prediction.queue_ms <= limit
+
+
+def _affinity_choice(state: CycleState, end: np.ndarray) -> int:
+    """Candidate position affinity would pick: the session's pin when it is a candidate,
+    else the deepest prefix match (the earliest prefill end among equals)."""
+    pinned = state.pinned
+    if pinned >= 0:
+        pos = state.candidate_position(pinned)
+        if pos >= 0:
+            return pos
+    matched = state.c(state.tier_matched())
+    deepest = matched == matched.max()
+    return int(np.flatnonzero(deepest)[np.argmin(end[deepest])])
