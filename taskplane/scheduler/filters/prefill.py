@@ -11,9 +11,11 @@ So when even the best-matching candidate leaves at least ``min_uncached_tokens``
 prefill, this filter keeps only the replicas where the call's prefill is predicted to
 finish first: the prefill already committed there (the latency model's queue time) plus
 the call's own uncached suffix at that replica's calibrated rate, within ``slack`` of the
-earliest. Affinity and the other scorers then choose among those. Shorter calls, and a
-session kept on its pinned replica, are not touched: for them the warm prefix is worth more
-than the queue.
+earliest. Affinity and the other scorers then choose among those. Shorter calls keep
+today's pipeline (the warm prefix is worth more than the queue) unless the replica affinity
+would choose ends their prefill more than ``max_wait_ms`` after the earliest; a session
+whose pinned replica has more prefill queued than that is decided over the pool
+(``releases_pin``).
 
 Only replicas that can take the call now count toward the earliest finish (a saturated
 replica would only hold it); when none can, the filter keeps everyone and admission decides.
@@ -85,12 +87,15 @@ class PrefillFinishFilter(Filter):
         return able & (end <= earliest * (1.0 + p.slack))
 
     def keeps(self, one: OneCandidate) -> bool:
-        """A session stays on its pinned replica (its context) unless the prefill queued
-        there exceeds ``max_wait_ms``; then the pool decides, this filter included."""
+        return True  # over a pool of one the pinned replica ends first by definition
+
+    def releases_pin(self, one: OneCandidate) -> bool:
+        """A session leaves its pinned replica for the pool (this filter included) when the
+        prefill queued there exceeds ``max_wait_ms``."""
         limit = self.params.max_wait_ms
         if limit is None or (one.inflight_prefill <= 0 and one.waiting <= 0):
-            return True
-        return one.prediction.queue_ms <= limit
+            return False
+        return one.prediction.queue_ms > limit
 
 
 def _affinity_choice(state: CycleState, end: np.ndarray) -> int:

@@ -37,6 +37,7 @@ from taskplane.scheduler.flowcontrol.settings import AdmissionSettings, band_ran
 from taskplane.scheduler.flowcontrol.workingset import working_set_on
 from taskplane.scheduler.framework.handle import SessionsView
 from taskplane.scheduler.framework.normalise import any_true
+from taskplane.scheduler.framework.plugin import Filter
 from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.kv.precise import BatchResult
 from taskplane.scheduler.kvindex import KVIndex
@@ -79,6 +80,8 @@ class FlowControl:
         self._decisions = {a: DECISIONS.labels(self.name, a.value) for a in Action}
         self._depth_gauges: dict[str, dict[str, Any]] = {}
         self._seconds = DECISION_SECONDS.labels(self.name)
+        # filters that may send a pinned session's call to the pool (most pipelines: none)
+        self._pin_releasers = [f for f in pipeline.filters if type(f).releases_pin is not Filter.releases_pin]
 
     @classmethod
     def from_config(
@@ -177,7 +180,7 @@ class FlowControl:
         replica can take it; otherwise (no pin, filtered out, over budget, saturated, queue
         ahead) None sends it through the whole pool."""
         one = self.pipeline.pinned_candidate(req, replicas, now)
-        if one is None:
+        if one is None or (self._pin_releasers and any(f.releases_pin(one) for f in self._pin_releasers)):
             return None
         if self.admission is not None:
             if req.budget_ms is not None and one.prediction.total_ms > req.budget_ms:

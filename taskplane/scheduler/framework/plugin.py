@@ -97,6 +97,12 @@ class Filter(Plugin):
         keep = self.filter(one.cycle_state())
         return keep is None or bool(keep[0])
 
+    def releases_pin(self, one: OneCandidate) -> bool:
+        """Should a pinned session's call be decided over the whole pool although ``keeps``
+        keeps its replica (a judgement against the other replicas, which ``keeps`` cannot
+        make over a pool of one)? Flow control asks only filters that override this."""
+        return False
+
 
 class Scorer(Plugin):
     kind = Kind.SCORER
