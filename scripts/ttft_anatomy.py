@@ -6,7 +6,9 @@
 VARIANT as in scripts/load_balance_sweep.py (``default``, ``backlog=MS``, ``backlog=off``, a
 preset name, ...). Per variant: TTFT p50 / p99 and the mean of each part (held in flow
 control, engine queue, host/remote -> GPU KV loads, prefill compute) over all calls and
-over the slowest 1 %. For a trace (mooncake), first the bound: every call on an idle H100
+over the slowest 1 %; with ``--band LO HI`` (a trace), the calls between those TTFT quantiles
+with prefill split into the bound, a colder prefix and contention (``anatomy.band``). For a
+trace (mooncake), first the bound: every call on an idle H100
 with an infinite prefix cache (taskplane.bench.anatomy).
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from load_balance_sweep import AGENTS_CAPACITY, policy
 
-from taskplane.bench.anatomy import PARTS, idle_infinite_cache_ttft_s, summarize
+from taskplane.bench.anatomy import PARTS, band, idle_infinite_cache_ttft_s, summarize
 from taskplane.bench.command import build_cluster, lifetimes_for
 from taskplane.bench.runner import run_policy
 from taskplane.bench.workloads import (
@@ -40,6 +42,8 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=1.3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trace", type=Path, default=None)
+    ap.add_argument("--band", type=float, nargs=2, action="append", metavar=("LO", "HI"), default=[],
+                    help="also split the calls between these TTFT quantiles (e.g. 0.4 0.6; a trace only)")
     a = ap.parse_args()
     if a.workload == "mooncake":
         wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
@@ -59,6 +63,11 @@ def main() -> None:
         tail = " + ".join(f"{p} {m[f'tail_{p}_mean_ms']:.0f}" for p in PARTS)
         print(f"{v:16s} TTFT p50 {m['ttft_p50_ms']:6.0f} p99 {m['ttft_p99_ms']:6.0f} ms | mean: {parts} | "
               f"slowest 1 % ({m['tail_calls']:.0f}): {tail} ms", flush=True)
+        for lo, hi in a.band if a.workload == "mooncake" else ():
+            b = band(run.result, wl, lo, hi)
+            split = " + ".join(f"{k} {b[f'{k}_mean_ms']:.0f}" for k in (*PARTS[:3], "bound", "colder", "contention"))
+            print(f"{'':16s} band {lo:.2f}-{hi:.2f} ({b['calls']:.0f} calls, {b['first_call_share']:.0%} first calls): "
+                  f"TTFT {b['ttft_mean_ms']:.0f} = {split} ms", flush=True)
 
 
 if __name__ == "__main__":

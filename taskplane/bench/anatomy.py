@@ -87,6 +87,35 @@ def anatomy(parts: list[TtftParts], tail: float = 0.99) -> dict[str, float]:
     return out
 
 
+def band(result: ClusterResult, workload: Workload, lo: float, hi: float,
+         costs: StepCosts | None = None) -> dict[str, float]:
+    """The calls whose TTFT lies between the ``lo`` and ``hi`` quantiles (e.g. 0.4-0.6
+    around the median), mean ms of each part, with prefill compute split three ways: the
+    bound (idle replica, infinite cache), a colder prefix (the idle prefill of the call's
+    own uncached suffix minus the bound's) and contention (its prefill beyond that idle
+    time: the step budget shared with other prefills, a larger batch). Says whether a
+    percentile is lost to waiting, to colder prefixes or to crowded replicas."""
+    costs = costs or step_costs()
+    hits = open_call_hits(workload)
+    rows = []
+    for c in result.calls:
+        if c.outcome is not Outcome.SUCCESS or c.first_token_s is None or (c.task_id, c.step) not in hits:
+            continue
+        (p,) = ttft_parts([c])
+        hit, prompt = hits[(c.task_id, c.step)]
+        bound = idle_prefill_s(prompt - hit, hit, costs)
+        own = idle_prefill_s(c.prompt_tokens - c.cached_tokens, c.cached_tokens, costs)
+        rows.append((p.ttft, p.held, p.engine_queue, p.tier_load, bound, own - bound, p.prefill - own,
+                     float(c.step == 0)))
+    arr = np.array(rows)
+    low, high = np.quantile(arr[:, 0], [lo, hi])
+    sel = arr[(arr[:, 0] >= low) & (arr[:, 0] <= high)]
+    names = ("ttft", "held", "engine_queue", "tier_load", "bound", "colder", "contention")
+    out = {f"{n}_mean_ms": float(sel[:, k].mean()) * 1000 for k, n in enumerate(names)}
+    out.update(calls=float(len(sel)), first_call_share=float(sel[:, 7].mean()))
+    return out
+
+
 def idle_infinite_cache_ttft_s(workload: Workload, costs: StepCosts | None = None) -> np.ndarray:
     """Per open-loop call of a trace: its TTFT on an idle replica with an infinite cache."""
     costs = costs or step_costs()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taskplane.bench.anatomy import anatomy, idle_infinite_cache_ttft_s, ttft_parts
+from taskplane.bench.anatomy import anatomy, band, idle_infinite_cache_ttft_s, ttft_parts
 from taskplane.bench.ceiling import ceiling_tokens, open_call_hits
 from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, round_robin, simulate
 from taskplane.sim.hosttier import TierSpec
@@ -66,3 +66,23 @@ def test_host_tier_loads_are_recorded_per_call(tmp_path: Path) -> None:
     assert sum(c.tier_load_s for c in res.calls) > 0
     for p in parts:
         assert abs(p.held + p.engine_queue + p.tier_load + p.prefill - p.ttft) < 1e-9
+
+
+def test_a_band_splits_prefill_into_bound_colder_and_contention(tmp_path: Path) -> None:
+    """On one replica the two bursts share its step budget (contention); on sixteen idle
+    replicas with room for everything, round robin spreads the bursts (no contention) but
+    loses the shared prefixes (colder). The parts add up to the band's mean TTFT."""
+    wl = load_mooncake(_trace(tmp_path))
+    crowded = simulate(ClusterSpec([ReplicaSpec("r0", kv_blocks=400_000)]), wl, round_robin(), seed=1)
+    spread = simulate(ClusterSpec([ReplicaSpec(f"r{i}", kv_blocks=400_000) for i in range(16)]), wl,
+                      round_robin(), seed=1)
+    parts = ("held", "engine_queue", "tier_load", "bound", "colder", "contention")
+    for run in (crowded, spread):
+        b = band(run, wl, 0.0, 1.0)
+        assert b["calls"] == len(LINES)
+        assert abs(sum(b[f"{k}_mean_ms"] for k in parts) - b["ttft_mean_ms"]) < 1e-6
+        assert b["colder_mean_ms"] >= -1e-6
+        assert band(run, wl, 0.5, 1.0)["calls"] < len(LINES)
+    one, many = band(crowded, wl, 0.0, 1.0), band(spread, wl, 0.0, 1.0)
+    assert one["contention_mean_ms"] + one["engine_queue_mean_ms"] > many["contention_mean_ms"] + many["engine_queue_mean_ms"]
+    assert many["colder_mean_ms"] > one["colder_mean_ms"]
