@@ -6,7 +6,7 @@
 VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
 of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
 ``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
-at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,after]`` or ``prefill=off`` (the
+at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,backlog=MS][,after]`` or ``prefill=off`` (the
 preset with the ``prefill-finish`` filter at ``min_uncached_tokens`` N, or without it), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
 4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured).
 """
@@ -55,7 +55,7 @@ def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
 
 
 def prefill_variant(spec: str, seed: int, tenants: Any) -> Any:
-    """``prefill=N[,slack=S][,wait=MS][,after]``: the taskplane preset with the ``prefill-finish`` filter
+    """``prefill=N[,slack=S][,wait=MS][,backlog=MS][,after]``: the taskplane preset with the ``prefill-finish`` filter
     at ``min_uncached_tokens`` N (``off``: without it), before the load-balance filter (``after``: behind it)."""
     head, *opts = spec.split(",")
     filters: list[Any] = [f for f in PRESETS["taskplane"].filters if f != "prefill-finish"]
@@ -69,7 +69,11 @@ def prefill_variant(spec: str, seed: int, tenants: Any) -> Any:
                 params["max_wait_ms"] = None if value == "off" else float(value)
         at = len(filters) if "after" in opts else filters.index("load-balance")
         filters.insert(at, {"type": "prefill-finish", "params": params})
-    return build_scheduler(policy="taskplane", filters=filters, seed=seed, tenants=tenants, metrics=False)
+    backlog = next((o.removeprefix("backlog=") for o in opts if o.startswith("backlog=")), None)
+    admission = None if backlog is None else AdmissionSettings(
+        max_prefill_backlog_ms=None if backlog == "off" else float(backlog))
+    return build_scheduler(policy="taskplane", filters=filters, seed=seed, tenants=tenants, metrics=False,
+                           admission=admission)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from _sched_util import BS, engine_store_events, replica, request, tokens
+from _sched_util import BS, engine_store_events, removed, replica, request, tokens
 
 from taskplane.scheduler import Action, CallOutcome, build_policy
 from taskplane.scheduler.filters.prefill import prefill_end_ms
@@ -110,3 +110,24 @@ def test_a_saturated_replica_does_not_set_the_earliest_end() -> None:
             node("full", num_waiting=2)]
     d = s.decide(request(prompt, call_id="long"), pool, 0.0)
     assert d.action is Action.PLACE and d.replica == "busy"
+
+
+def test_a_host_tier_prefix_counts_as_loaded_not_recomputed() -> None:
+    """80,000 tokens, 40,000 of them in one replica's host tier (nothing on its GPU) behind
+    ~0.8 s of queued prefill: loading them (~0.13 s at 3.3 us a token) and prefilling the rest
+    ends at ~4.3 s there, against ~6.7 s on the idle replica. Counted as recompute (a
+    GPU-only view) the host replica would end at ~7.5 s."""
+    prompt = tokens(5, 80_000 // BS)
+    pool = [node("host", inflight_prefill_tokens=10_000), node("idle")]
+    s = build_policy("taskplane", metrics=False)
+    # as vLLM offloads: computed on the GPU, written to host memory, evicted from the GPU
+    events, engine_hashes = engine_store_events(prompt[:40_000], salt=hash("host") & 0xFFFF)
+    s.on_kv_events("host", [*events, *({**e, "medium": "CPU"} for e in events), removed(engine_hashes)])
+    table = as_table(pool)
+    state = s.pipeline.state(request(prompt), table, s.pipeline.pool(table, "m", ()), 0.0, "m")
+    assert state.matched()[0] == 0 and state.tier_matched()[0] == 40_000 // BS
+    end = prefill_end_ms(state)
+    assert abs(end[0] - (10_000 / 12 + 40_000 / 12 + 40_000 * 3.3e-3)) < 1.0
+    assert end[0] < end[1] < 10_000 / 12 + 80_000 / 12  # ... and the GPU-only view would reverse it
+    d = s.decide(request(prompt, call_id="long"), pool, 0.0)
+    assert d.action is Action.PLACE and d.replica == "host"

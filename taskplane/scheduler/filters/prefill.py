@@ -40,6 +40,9 @@ class PrefillFinishParams:
         "engage when the best-matching candidate still leaves this many prompt tokens to prefill "
         "(the default, four 8,192-token step budgets, is above every prompt of the agent benches)",
     )
+    load_us_per_token: float = param(
+        3.3, "host -> GPU transfer per token of a host-tier hit (as tiered-prefix's): counted instead of its recompute"
+    )
     slack: float = param(0.05, "keep replicas whose predicted prefill end is within (1 + slack) x the earliest")
     max_wait_ms: float | None = param(
         1000.0,
@@ -54,11 +57,24 @@ class PrefillFinishParams:
             raise ValueError("min_uncached_tokens must be >= 1, slack and max_wait_ms >= 0")
 
 
-def prefill_end_ms(state: CycleState) -> np.ndarray:
-    """Per pool replica: when this call's prefill would end there, from now (queued prefill
-    and any cold start, then its own uncached suffix; the scheduler's latency model)."""
+def uncached_tokens(state: CycleState) -> np.ndarray:
+    """Per pool replica: prompt tokens neither its GPU nor its host tier holds."""
+    req = state.request
+    return np.maximum(req.prompt_tokens - state.tier_matched() * req.block_size, 0.0)
+
+
+def prefill_end_ms(state: CycleState, load_us_per_token: float = 3.3) -> np.ndarray:
+    """Per pool replica: when this call's prefill would end there, from now: the prefill
+    queued ahead and any cold start, then its own suffix past the GPU prefix (the scheduler's
+    latency model), with the host-tier part of it loaded at ``load_us_per_token`` instead of
+    recomputed. Without a host tier: queue + prefill of the uncached suffix, exactly."""
     pred = state.prediction
-    return pred.queue_ms + pred.prefill_ms
+    gpu_uncached = state.uncached_tokens()
+    cold = uncached_tokens(state)
+    if not np.any(cold < gpu_uncached):
+        return pred.queue_ms + pred.prefill_ms
+    per_token_ms = pred.prefill_ms / np.maximum(gpu_uncached, 1.0)
+    return pred.queue_ms + per_token_ms * cold + (gpu_uncached - cold) * load_us_per_token / 1000.0
 
 
 @register("prefill-finish")
@@ -74,10 +90,10 @@ class PrefillFinishFilter(Filter):
         if not long and limit is None:
             return None  # cannot engage: no array work on the common path
         if long:
-            long = float(state.c(state.uncached_tokens()).min()) >= p.min_uncached_tokens
+            long = float(state.c(uncached_tokens(state)).min()) >= p.min_uncached_tokens
         if not long and limit is None:
             return None  # a replica's match covers enough: affinity decides
-        end = state.c(prefill_end_ms(state))
+        end = state.c(prefill_end_ms(state, p.load_us_per_token))
         able = ~state.c(state.saturated)
         if not able.any():
             return None
