@@ -150,3 +150,42 @@ async def test_a_row_waits_for_its_note() -> None:
     await lc.cancelled(attempt)  # no await between begin and the end
     assert [r.outcome for r in sink.rows] == [Outcome.CANCELLED]
     assert not sink.notes, "the note was opened after its row closed it"
+
+
+async def test_rows_from_the_note_are_rows_as_validated(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A row is its note's row copied without validation: every field must be what the
+    model's validation gives (value and type: an int where a float belongs would reach the
+    JSON as 5, not 5.0), and the same as with the journal off (rows built afresh)."""
+    async def ended(journal: bool) -> list[AttemptRecord]:
+        monkeypatch.setenv("TASKPLANE_INFLIGHT_JOURNAL", "1" if journal else "0")
+        sink = MemorySink()
+        lc = _lifecycle(sink)
+
+        async def run() -> None:
+            _c, _t, choice, served = await _begun(lc, "c-ok")
+            served.queue_ms, served.started = 3, served.started.replace(microsecond=0)  # an int: as a caller may
+            lc.first_token(served, 40)  # an int TTFT (the access log's milliseconds)
+            await lc.succeeded(served, {"prompt_tokens": 12.0, "completion_tokens": 7,
+                                        "prompt_tokens_details": {"cached_tokens": 4}})
+            _c, _t, choice, broken = await _begun(lc, "c-broken")
+            await lc.failed(broken, failures.from_status(choice.replica.name, 503, b"busy"))
+            _c, _t, _choice, left = await _begun(lc, "c-left")
+            await lc.cancelled(left, generated_tokens=2)
+        await run()
+        return sink.rows
+
+    with_note, afresh = await ended(True), await ended(False)
+    assert [r.outcome for r in with_note] == [Outcome.SUCCESS, Outcome.ERROR, Outcome.CANCELLED]
+    for rec, other in zip(with_note, afresh, strict=True):
+        validated = AttemptRecord.model_validate(rec.model_dump())
+        fields = rec.model_dump()
+        assert fields == validated.model_dump()
+        assert {k: type(v) for k, v in fields.items()} == {k: type(v) for k, v in validated.model_dump().items()}
+        assert rec.model_dump_json() == validated.model_dump_json()
+        times = {"attempt_key", "started_at", "total_ms", "ttft_ms", "gpu_seconds", "cost_usd", "queue_ms"}
+        assert {k: v for k, v in fields.items() if k not in times} == \
+            {k: v for k, v in other.model_dump().items() if k not in times}
+    ok = with_note[0]
+    assert (ok.prompt_tokens, ok.cached_tokens, ok.completion_tokens, ok.error_type) == (12, 4, 7, None)
+    assert isinstance(ok.queue_ms, float) and ok.ttft_ms == 40.0 and isinstance(ok.ttft_ms, float)
+    assert with_note[1].error_type == "replica_error" and with_note[2].completion_tokens == 2
