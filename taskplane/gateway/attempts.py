@@ -75,7 +75,6 @@ class Attempt:
     t0: float  # stalls.CLOCK time, for its durations
     ttft_ms: float | None = None  # set when the first token came back
     settled: bool = False
-    opened: AttemptRecord | None = None  # the row its in-flight note carries (see ``AttemptLedger.row``)
 
     @property
     def batch_start(self) -> int:
@@ -146,8 +145,8 @@ class AttemptLedger:
         ``TASKPLANE_INFLIGHT_JOURNAL=0`` turns it off."""
         if not self.journal:
             return
-        rec = a.opened = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR,
-                                    model_served=a.model, started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms)
+        rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
+                         started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms)
         note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
                                 price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
         self._notes[rec.attempt_key] = asyncio.ensure_future(self._write_note(rec.attempt_key, note.model_dump_json()))
@@ -187,38 +186,23 @@ class AttemptLedger:
             await asyncio.wait((note,))  # its failure is logged by the note itself; not cancelled with us
         return await self.sink.record_attempt(rec)
 
-    def charge(self, rec: AttemptRecord) -> None:
-        """Count the row's cost against its tenant."""
+    def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
+        """Price the attempt's share of the replica's batch (see ``costing``)."""
+        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
+        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
         self.metrics.child(self.metrics.cost, rec.tenant).inc(rec.cost_usd)
-
-    @staticmethod
-    def row(a: Attempt, outcome: Outcome, error_type: str | None, total_ms: float, ttft_ms: float | None,
-            batch_end: int, **tokens: int) -> AttemptRecord:
-        """The attempt's row once it ended: its note's row (same key, call, replica and start)
-        with the outcome, times, tokens and price, or, without a journal, a new one. The
-        copy is not validated, so every value is given as validation would leave it."""
-        gpu_s = costing.gpu_seconds(total_ms / 1000.0, a.batch_start, batch_end)
-        ended: dict[str, Any] = {
-            "outcome": outcome, "error_type": error_type, "queue_ms": float(a.queue_ms), "total_ms": float(total_ms),
-            "ttft_ms": None if ttft_ms is None else float(ttft_ms), "gpu_seconds": float(gpu_s),
-            "cost_usd": float(costing.cost_usd(gpu_s, a.replica.price_per_hour)), "prompt_tokens": a.call.prompt_tokens,
-            **{k: int(v) for k, v in tokens.items()},
-        }
-        if a.opened is not None:
-            return a.opened.model_copy(update=ended)
-        return new_record(a.call, try_index=a.try_index, replica=a.replica, model_served=a.model, started=a.started,
-                          **ended)
 
     def success(self, a: Attempt, total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any],
                 batch_end: int) -> AttemptRecord:
         """The row of a served attempt, its tokens as the engine reported them."""
         call, replica = a.call, a.replica
         details = usage.get("prompt_tokens_details") or {}
-        rec = self.row(a, Outcome.SUCCESS, None, total_ms, ttft_ms, batch_end,
-                       prompt_tokens=token_count(usage.get("prompt_tokens")) or call.prompt_tokens,
-                       cached_tokens=token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-                       completion_tokens=token_count(usage.get("completion_tokens")))
-        self.charge(rec)
+        rec = new_record(call, try_index=a.try_index, replica=replica, outcome=Outcome.SUCCESS, model_served=a.model,
+                         started=a.started, prompt_tokens=token_count(usage.get("prompt_tokens")) or call.prompt_tokens,
+                         cached_tokens=token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+                         completion_tokens=token_count(usage.get("completion_tokens")),
+                         queue_ms=a.queue_ms, total_ms=total_ms, ttft_ms=ttft_ms)
+        self.charge(rec, replica, total_ms, a.batch_start, batch_end)
         m, model = self.metrics, call.pool.model
         m.child(m.attempts, replica.name, "success").inc()
         m.child(m.requests, model, "success").inc()
@@ -230,8 +214,10 @@ class AttemptLedger:
     def failure(self, a: Attempt, outcome: Outcome, error_type: ErrorType, total_ms: float, batch_end: int,
                 ttft_ms: float | None = None) -> AttemptRecord:
         """The row of an attempt that did not serve the call: the GPU time was spent all the same."""
-        rec = self.row(a, outcome, error_type.value, total_ms, ttft_ms, batch_end)
-        self.charge(rec)
+        rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=outcome, model_served=a.model,
+                         started=a.started, error_type=error_type.value, queue_ms=a.queue_ms, total_ms=total_ms,
+                         ttft_ms=ttft_ms)
+        self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
         self.metrics.child(self.metrics.attempts, a.replica.name, rec.outcome.value).inc()
         return rec
 
