@@ -1,13 +1,15 @@
 """``python -m taskplane.epp.decisions`` made repeatable, for callgrind's instruction counts.
 
 Under valgrind (about 50x slower) session pins and tool-gap TTLs expire at other points
-than at full speed and from one run to the next, so the same code measured 2.49-2.63 M
-instructions per decision in four runs. Here ``time.monotonic`` is a virtual clock that
-advances 10 us per read, and the caller sets ``PYTHONHASHSEED=0``; two runs of the same
-code then agree within 0.4 %. The figure is the difference of a 400- and a 100-call run
-over 300 (start-up cancels):
+than at full speed and from one run to the next (about 1.5 % between runs of the same
+code, docs/benchmarks.md). Here ``time.monotonic`` is a virtual clock that advances 10 us
+per read, and the caller sets ``PYTHONHASHSEED=0``; two runs of the same code then agreed
+within 0.4-1.1 % (call ids stay random). The figure is the difference of a 400- and a
+100-call run over 300 (start-up cancels). Run it with ``PYTHONPATH`` at the tree to
+measure: a script's directory, not the working directory, leads ``sys.path``, so
+without it the venv's editable install decides which tree is imported:
 
-    PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+    PYTHONPATH=. PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         python scripts/decisions_repeatable.py --calls 100   # and --calls 400
 
 ``--gc-off`` and ``--no-metrics`` are what-ifs (what the cyclic GC and the Prometheus
