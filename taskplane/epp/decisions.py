@@ -27,8 +27,9 @@ from google.protobuf import struct_pb2
 
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
+from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.server import Picker, StreamBook
+from taskplane.epp.server import Picker
 from taskplane.gateway.attempts import AttemptSink
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.service import Gateway

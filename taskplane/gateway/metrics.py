@@ -28,6 +28,8 @@ class GatewayMetrics:
         self.cost_rows = Counter("taskplane_gateway_cost_rows_total", "Attempt rows handed to the cost writer, by outcome",
                                  ["outcome"], registry=r)
         self.retries = Counter("taskplane_gateway_retries_total", "Attempts retried on another replica", registry=r)
+        self.epp_messages = Counter("taskplane_epp_messages_total", "ext_proc messages the endpoint picker received, "
+                                    "by phase", ["phase"], registry=r)
         self.cache_hits = Counter("taskplane_gateway_response_cache_hits_total", "Calls served by the exact response cache", registry=r)
         self.latency = Histogram("taskplane_gateway_request_seconds", "End-to-end call latency at the gateway",
                                  ["model"], registry=r,
