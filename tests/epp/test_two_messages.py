@@ -148,6 +148,7 @@ async def test_the_three_message_config_still_works(door2: LocalCluster, pg_url:
                                              headers=tp_headers(task, 0)))
 
             cost = await _cost(client, stream())
+        rows = await rows_eventually(pg_url, task, 1)  # before the stop: a signalled process group loses Envoy's last log
     finally:
         proc.stop_pid(pid)
     r = got[0]
@@ -155,7 +156,6 @@ async def test_the_three_message_config_still_works(door2: LocalCluster, pg_url:
     assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 0}, cost
     assert r.headers["x-taskplane-replica"] in {rep.name for rep in door2.replicas}
     assert r.headers["cache-control"] == "no-cache"
-    rows = await rows_eventually(pg_url, task, 1)
     assert [(x["outcome"], x["completion_tokens"], x["replica"]) for x in rows] == [
         ("success", 12, r.headers["x-taskplane-replica"])]
 
