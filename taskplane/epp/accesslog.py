@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -51,6 +52,14 @@ def client_left(entry: al.HTTPAccessLogEntry) -> bool:
 Resolver = Callable[[PickedCall, str], ReplicaState | None]
 
 
+def try_began(entry: al.HTTPAccessLogEntry) -> datetime | None:
+    """When the answering try began: the request's start plus Envoy's first byte sent upstream."""
+    common = entry.common_properties
+    if not common.HasField("start_time") or not common.HasField("time_to_first_upstream_tx_byte"):
+        return None
+    return common.start_time.ToDatetime(tzinfo=UTC) + common.time_to_first_upstream_tx_byte.ToTimedelta()
+
+
 def upstream_address(entry: al.HTTPAccessLogEntry) -> str:
     """``ip:port`` of the endpoint that answered (of the last try), or "" if none did."""
     sa = entry.common_properties.upstream_remote_address.socket_address
@@ -63,7 +72,7 @@ async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTP
     if served is None:  # no exchange saw the answer: the entry names who served, after how many tries
         address = upstream_address(entry)
         tries = entry.common_properties.upstream_request_attempt_count or None
-        served = await picked.served_by(resolve(picked, address) if address else None, tries)
+        served = await picked.served_by(resolve(picked, address) if address else None, tries, since=try_began(entry))
     if served is None:
         await (picked.cancelled() if client_left(entry) else picked.settle())
         return

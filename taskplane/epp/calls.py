@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -27,6 +28,13 @@ from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
+
+
+def _backdate(attempt: Attempt, since: datetime) -> None:
+    """Date an attempt begun late back to when its try began (never into the future)."""
+    back_s = max(0.0, (datetime.now(UTC) - since).total_seconds())
+    attempt.started = datetime.now(UTC) - timedelta(seconds=back_s)
+    attempt.t0 -= back_s
 
 
 class PickedCall:
@@ -82,9 +90,11 @@ class PickedCall:
         sent them, which the last one (the replica that answered) stands for."""
         return self.order[index] if index < len(self.order) else last
 
-    async def served_by(self, replica: ReplicaState | None, tries: int | None) -> Attempt | None:
+    async def served_by(self, replica: ReplicaState | None, tries: int | None, *, since: datetime | None = None) -> Attempt | None:
         """Envoy says who answered, and (``x-envoy-attempt-count``) after how many tries:
-        the tries before failed (one row each), the last is the answer."""
+        the tries before failed (one row each), the last is the answer. ``since``: when that
+        try began, for an answer learnt only after it ended (the access log's): a try the
+        picker begins now is dated back to it, so its duration and GPU time are the try's."""
         if replica is None:
             return None
         if tries is None:
@@ -95,7 +105,9 @@ class PickedCall:
         if last not in self.attempts or self.attempts[last].replica is not replica:
             if last in self.attempts:  # begun on the list's replica, answered elsewhere
                 await self.lc.failed(self.attempts.pop(last), failures.internal(self.attempts_name(last), "superseded"))
-            await self.begin(last, replica)
+            attempt = await self.begin(last, replica)
+            if since is not None:
+                _backdate(attempt, since)
         self.served = self.attempts[last]
         self.served.replica.saw_progress()
         return self.served

@@ -80,7 +80,7 @@ def _attempt_count(headers: dict[str, str]) -> int | None:
 def _exchange_of(context: Any) -> str | None:
     """Which of taskplane's filters opened this ext_proc stream (``EXCHANGE_HEADER``), or
     None: a GIE-style filter that sends every phase it wants on one stream."""
-    for key, value in context.invocation_metadata() or ():
+    for key, value in (context.invocation_metadata() if context is not None else None) or ():
         if key == EXCHANGE_HEADER:
             return str(value)
     return None
@@ -120,9 +120,11 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
         #: successful stream on taskplane's own Envoy costs two
         self._messages = {phase: gw.metrics.child(gw.metrics.epp_messages, phase) for phase in _PHASES}
+        self._streams = {name: gw.metrics.child(gw.metrics.epp_streams, name) for name in ("route", "answers", "")}
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
         ex = _Exchange(exchange=_exchange_of(context))
+        self._streams[ex.exchange or ""].inc()
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         try:

@@ -30,6 +30,8 @@ class GatewayMetrics:
         self.retries = Counter("taskplane_gateway_retries_total", "Attempts retried on another replica", registry=r)
         self.epp_messages = Counter("taskplane_epp_messages_total", "ext_proc messages the endpoint picker received, "
                                     "by phase", ["phase"], registry=r)
+        self.epp_streams = Counter("taskplane_epp_streams_total", "ext_proc streams Envoy opened to the endpoint picker, "
+                                   "by taskplane filter (route, answers; empty: a GIE-style filter)", ["exchange"], registry=r)
         self.cache_hits = Counter("taskplane_gateway_response_cache_hits_total", "Calls served by the exact response cache", registry=r)
         self.latency = Histogram("taskplane_gateway_request_seconds", "End-to-end call latency at the gateway",
                                  ["model"], registry=r,

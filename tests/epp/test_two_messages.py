@@ -131,6 +131,9 @@ async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalClus
     rows = [x for x in await rows_eventually(pg_url, task, 3) if x["step"] == 1]
     assert sorted((x["replica"], x["outcome"]) for x in rows) == sorted([(pinned.name, "error"), (served, "success")]), \
         [(x["replica"], x["outcome"]) for x in rows]
+    # the fallback's row is begun only from the access log: dated back to its try, it has the try's duration and cost
+    ok = next(x for x in rows if x["outcome"] == "success")
+    assert ok["total_ms"] > 5 and ok["cost_usd"] > 0 and 0 <= ok["ttft_ms"] <= ok["total_ms"], dict(ok)
 
 
 async def test_the_three_message_config_still_works(door2: LocalCluster, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
