@@ -1,15 +1,18 @@
 """Envoy's bootstrap for taskplane's front door, generated from the gateway config.
 
 Envoy carries the bytes; the endpoint picker (``taskplane.epp.server``) decides. The
-inference routes pass through ext_proc (request headers and body to the picker, response
-headers back to it) and reach the replica the picker named through Envoy's
+inference routes pass through ext_proc (request headers and body to the picker; the
+response of anything but a successful stream to it again through a second, matcher-wrapped
+ext_proc filter, ``taskplane.answers``) and reach the replica the picker named through Envoy's
 ``override_host`` load-balancing policy, which reads ``x-gateway-destination-endpoint``
 (or the ``envoy.lb`` metadata, the GIE protocol's two carriers) and walks its comma list
 on retries. The replica set reaches Envoy as EDS from a file the picker rewrites
 atomically (``write_endpoints``), so Envoy follows discovery and scaling without a
 restart. A Lua filter scans streamed responses for the usage event (per-chunk work in
 Envoy's C++/LuaJIT, not Python) and hands the numbers to the picker through dynamic
-metadata in the gRPC access log. Everything else (``/v1/models``, ``/healthz``,
+metadata in the gRPC access log, and adds a successful stream's X-Taskplane-* headers (the
+routing answer left them per endpoint; the route names the endpoint that answered in
+``x-taskplane-upstream``), so a stream costs the picker two messages. Everything else (``/v1/models``, ``/healthz``,
 ``/metrics``, ``/admin/*``, ``/reports``) goes to the Python HTTP app with ext_proc off.
 Envoy's own local replies (no route, upstream gone, body too large) are mapped to the
 contract's JSON error shape.

@@ -8,12 +8,23 @@ tenant limits, the response cache) and the SAME placer (admission may hold the c
 here: Envoy's message timeout is the call's own limit), and answers with the chosen
 endpoint and its fallbacks in ``x-gateway-destination-endpoint`` and the ``envoy.lb``
 metadata, the body the replica should get (``upstream_body``), or an ImmediateResponse
-with the contract's JSON error. On the way back it reads which endpoint served
+with the contract's JSON error.
+
+On taskplane's own Envoy (``envoy_config.bootstrap``) that is all the routing filter's
+stream carries: a successful stream costs the picker two messages. The routing answer
+leaves each listed endpoint's X-Taskplane-* headers in the ``taskplane.endpoints``
+metadata for the Lua filter (``lua``), and the stream's row comes from its access-log
+entry (``accesslog``: who served, after how many tries, the usage). Every other answer
+(unary, an error, Envoy's own reply) reaches the picker on a second stream, from the
+``taskplane.answers`` filter, which finds its call by the key in the ``taskplane``
+metadata. Which filter opened a stream the picker reads from its gRPC metadata
+(``EXCHANGE_HEADER``); a stream without it is a GIE-style Envoy's, which sends the
+response phases on the same stream: the picker reads who served
 (``x-gateway-destination-endpoint-served`` metadata, else Envoy's ``upstream.address``
-attribute), adds the ``X-Taskplane-*`` headers, and settles the attempts: a unary body
-is buffered to it (``mode_override``); a stream's usage comes from the Lua filter via
-the access log (``accesslog``), or, if this Envoy streams the body to the picker (a
-GIE-style full-duplex config), from the chunks themselves.
+attribute), adds the ``X-Taskplane-*`` headers, and settles the attempts from a unary
+body (buffered to it with ``mode_override``), from the access log (a stream, when that
+Envoy runs taskplane's Lua filter), or from the streamed chunks themselves (full duplex).
+Which of these settles a call, whatever order they come in, the book decides (``book``).
 """
 
 from __future__ import annotations
