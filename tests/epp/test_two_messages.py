@@ -36,6 +36,8 @@ async def _messages(client: httpx.AsyncClient) -> dict[str, float]:
     found = {p: 0.0 for p in _PHASES}
     for phase, value in re.findall(r'^taskplane_epp_messages_total\{phase="(\w*)"\} ([0-9.e+]+)$', text, re.M):
         found[phase] = float(value)
+    for name, value in re.findall(r'^taskplane_epp_streams_total\{exchange="(\w*)"\} ([0-9.e+]+)$', text, re.M):
+        found[f"{name or 'gie'}_streams"] = float(value)
     return found
 
 
@@ -44,7 +46,7 @@ async def _cost(client: httpx.AsyncClient, send: object) -> dict[str, int]:
     before = await _messages(client)
     await send  # type: ignore[misc]
     after = await _messages(client)
-    return {p: int(after[p] - before[p]) for p in _PHASES}
+    return {p: int(after.get(p, 0) - before.get(p, 0)) for p in (*_PHASES, "answers_streams")}
 
 
 def _task(prefix: str) -> str:
@@ -63,7 +65,8 @@ async def test_a_stream_costs_two_messages_and_gets_its_headers_and_exact_row(do
         cost = await _cost(client, stream())
     r = got[0]
     assert r.status_code == 200, r.text
-    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0}, cost
+    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0,
+                    "answers_streams": 0}, cost
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["cache-control"] == "no-cache"
     assert r.headers["x-taskplane-model"] == MODEL
@@ -93,7 +96,8 @@ async def test_a_unary_answer_still_goes_through_the_answers_filter(door2: Local
         cost = await _cost(client, unary())
     r = got[0]
     assert r.status_code == 200, r.text
-    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 1}, cost
+    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 1,
+                    "answers_streams": 1}, cost
     assert float(r.headers["x-taskplane-cost-usd"]) > 0  # known only once the body's usage is: the picker's
     assert "x-taskplane-upstream" not in r.headers
     rows = await rows_eventually(pg_url, task, 1)
@@ -124,7 +128,8 @@ async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalClus
             await _faults(client, pinned.url, 0.0)
     r = got[0]
     assert r.status_code == 200 and r.text.rstrip().endswith("[DONE]"), r.text
-    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0}, cost
+    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0,
+                    "answers_streams": 0}, cost
     served = r.headers["x-taskplane-replica"]
     assert served != pinned.name and r.headers["x-envoy-attempt-count"] == "2"
     assert r.headers["x-taskplane-gpu"] == next(rep.gpu for rep in door2.replicas if rep.name == served)
@@ -156,7 +161,8 @@ async def test_the_three_message_config_still_works(door2: LocalCluster, pg_url:
         proc.stop_pid(pid)
     r = got[0]
     assert r.status_code == 200, r.text
-    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 0}, cost
+    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 0,
+                    "answers_streams": 0}, cost
     assert r.headers["x-taskplane-replica"] in {rep.name for rep in door2.replicas}
     assert r.headers["cache-control"] == "no-cache"
     assert [(x["outcome"], x["completion_tokens"], x["replica"]) for x in rows] == [
@@ -182,7 +188,8 @@ async def test_an_error_answer_goes_through_the_answers_filter(door2: LocalClust
     r = got[0]
     assert r.status_code in (502, 503), r.text
     assert r.headers["content-type"] == "application/json" and "error" in r.json()  # the picker's, not the engine's
-    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 1}, cost
+    assert cost == {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 1,
+                    "answers_streams": 1}, cost
     rows = await rows_eventually(pg_url, task, 3)
     assert len(rows) == int(r.headers.get("x-envoy-attempt-count", "3")) and all(x["outcome"] == "error" for x in rows), \
         [(x["replica"], x["outcome"]) for x in rows]
