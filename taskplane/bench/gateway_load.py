@@ -335,8 +335,9 @@ async def _queue_seconds(gateway_url: str) -> tuple[float, float]:
     return queue.sum, queue.count
 
 
-async def count_rows(database_url: str) -> dict[str, int]:
-    """Attempt rows by outcome, and how many call keys have more than one success row."""
+async def count_rows(database_url: str) -> dict[str, Any]:
+    """Attempt rows by outcome, how many call keys have more than one success row, and the
+    other rows by outcome and error type."""
     from sqlalchemy import text
 
     from taskplane.store.db import create_engine
@@ -348,9 +349,11 @@ async def count_rows(database_url: str) -> dict[str, int]:
             doubled = (await conn.execute(text(
                 "SELECT count(*) FROM (SELECT split_part(attempt_key, ':', 1), split_part(attempt_key, ':', 2) "
                 "FROM llm_calls WHERE outcome = 'success' GROUP BY 1, 2 HAVING count(*) > 1) d"))).scalar_one()
+            why = {f"{o}/{e}": int(n) for o, e, n in await conn.execute(text(
+                "SELECT outcome, error_type, count(*) FROM llm_calls WHERE outcome <> 'success' GROUP BY 1, 2"))}
     finally:
         await engine.dispose()
-    return {**rows, "calls_with_two_success_rows": int(doubled)}
+    return {**rows, "calls_with_two_success_rows": int(doubled), **({"not_success": why} if why else {})}
 
 
 @contextlib.contextmanager
