@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,13 +129,15 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         self.streams = streams
         self.decisions = 0
         #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
-        #: successful stream on taskplane's own Envoy costs two
-        self._messages = {phase: gw.metrics.child(gw.metrics.epp_messages, phase) for phase in _PHASES}
-        self._streams = {name: gw.metrics.child(gw.metrics.epp_streams, name) for name in ("route", "answers", "")}
+        #: successful stream on taskplane's own Envoy costs two; and streams, by filter
+        self._messages = gw.metrics.epp_messages
+        self._messages.update(dict.fromkeys(_PHASES, 0))
+        self._streams = gw.metrics.epp_streams
+        self._streams.update(dict.fromkeys(("route", "answers", ""), 0))
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
         ex = _Exchange(exchange=_exchange_of(context))
-        self._streams[ex.exchange or ""].inc()
+        self._streams[ex.exchange or ""] += 1
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         try:
@@ -156,31 +158,36 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                     upload.stop()
         finally:
             inbox.close()
-            if ex.picked is not None:
-                await asyncio.shield(self._let_go(ex, ex.picked))
+            if ex.picked is not None and (work := self._let_go(ex, ex.picked)) is not None:
+                await asyncio.shield(work)
 
-    async def _let_go(self, ex: _Exchange, picked: PickedCall) -> None:
+    def _let_go(self, ex: _Exchange, picked: PickedCall) -> Coroutine[Any, Any, None] | None:
         """The exchange ended: settle its call from the log entry that came meanwhile, or
-        leave it to the entry to come, or (the client or Envoy went away) cancel it."""
+        leave it to the entry to come, or (the client or Envoy went away) cancel it. What is
+        left to await, if anything (usually nothing: no task, no turn of the event loop)."""
         release = self.streams.release(picked)
         if release is None:  # another exchange holds it, or its log entry settled it
-            return
+            return None
         if release.entry is not None:
-            await settle_logged(picked, release.entry, self.replica_at)
-        elif picked.settled:
+            return settle_logged(picked, release.entry, self.replica_at)
+        if picked.settled:
             self.streams.settled(picked)
-        elif ex.exchange == "route" or ex.waits_for_log or (ex.status and not picked.call.stream and picked.served is not None):
+            return None
+        if ex.exchange == "route" or ex.waits_for_log or (ex.status and not picked.call.stream and picked.served is not None):
             # routed only (its answer goes to the answers filter or the access log), a stream
             # the Lua filter scans, or a unary answer whose body never came whole (the client
             # left, or the replica broke it off: Envoy answered 502 itself): the entry says which
             self.streams.wait(picked)
-        else:  # the client (or Envoy) went away before the answer settled
-            await picked.cancelled(ex.generated)
-            self.streams.settled(picked)
+            return None
+        return self._cancel(ex, picked)  # the client (or Envoy) went away before the answer settled
+
+    async def _cancel(self, ex: _Exchange, picked: PickedCall) -> None:
+        await picked.cancelled(ex.generated)
+        self.streams.settled(picked)
 
     async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         which = req.WhichOneof("request")
-        self._messages[which or ""].inc()
+        self._messages[which or ""] += 1
         if which == "request_headers":
             return self._request_headers(req, ex)
         if which == "request_body":
