@@ -3,6 +3,7 @@ simulated replicas on loopback, against the same calls sent straight to the repl
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
     python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
+    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-3msg,envoy --rounds 4
     python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --rounds 5   # median of 5 alternating pairs
 
 With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
@@ -289,8 +290,9 @@ def median_ratios(rounds: list[dict[str, Any]]) -> dict[str, dict[str, dict[str,
 
 async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: float,
                 gateways: dict[str, tuple[str, int]], rounds: int = 1) -> dict[str, Any]:
-    """``rounds`` times: the direct phase, then each data plane's; the first round's figures
-    in full, every round's ratios, and their medians."""
+    """``rounds`` times: the direct phase, then each data plane's (in reverse order every
+    other round, so no plane always runs right after direct); the first round's figures in
+    full, every round's ratios, and their medians."""
     headers = {"X-Taskplane-Tenant": "load"}
     direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
     # warm the direct path (connections, first-call imports), then measure
@@ -298,8 +300,10 @@ async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: f
     per_round: list[dict[str, Any]] = []
     for i in range(rounds):
         round_direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
-        round_planes = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, round_direct)
-                        for name, (url, pid) in gateways.items()}
+        order = list(gateways.items())[::-1 if i % 2 else 1]
+        ran = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, round_direct)
+               for name, (url, pid) in order}
+        round_planes = {name: ran[name] for name in gateways}
         if i == 0:
             direct, planes = round_direct, round_planes
         per_round.append({
@@ -331,8 +335,9 @@ async def _queue_seconds(gateway_url: str) -> tuple[float, float]:
     return queue.sum, queue.count
 
 
-async def count_rows(database_url: str) -> dict[str, int]:
-    """Attempt rows by outcome, and how many call keys have more than one success row."""
+async def count_rows(database_url: str) -> dict[str, Any]:
+    """Attempt rows by outcome, how many call keys have more than one success row, and the
+    other rows by outcome and error type."""
     from sqlalchemy import text
 
     from taskplane.store.db import create_engine
@@ -344,9 +349,11 @@ async def count_rows(database_url: str) -> dict[str, int]:
             doubled = (await conn.execute(text(
                 "SELECT count(*) FROM (SELECT split_part(attempt_key, ':', 1), split_part(attempt_key, ':', 2) "
                 "FROM llm_calls WHERE outcome = 'success' GROUP BY 1, 2 HAVING count(*) > 1) d"))).scalar_one()
+            why = {f"{o}/{e}": int(n) for o, e, n in await conn.execute(text(
+                "SELECT outcome, error_type, count(*) FROM llm_calls WHERE outcome <> 'success' GROUP BY 1, 2"))}
     finally:
         await engine.dispose()
-    return {**rows, "calls_with_two_success_rows": int(doubled)}
+    return {**rows, "calls_with_two_success_rows": int(doubled), **({"not_success": why} if why else {})}
 
 
 @contextlib.contextmanager
@@ -365,11 +372,28 @@ def embedded_postgres(workdir: Path) -> Any:
         embedded.destroy(data)
 
 
+#: Each data plane the bench can run: (``TASKPLANE_DATA_PLANE``, ``TASKPLANE_EPP_STREAM_USAGE``).
+PLANES: dict[str, tuple[str, str]] = {
+    "envoy": ("envoy", "lua"),  # Envoy + the picker: two picker messages per successful stream
+    "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
+    "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
+    "python": ("python", "lua"),  # the thin Python proxy
+}
+
+
+def _use_plane(plane: str) -> None:
+    os.environ["TASKPLANE_DATA_PLANE"], os.environ["TASKPLANE_EPP_STREAM_USAGE"] = PLANES[plane]
+
+
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
         workdir: Path | None = None, admission: bool = True, data_planes: tuple[str, ...] = ("envoy",),
         postgres: bool = False, rounds: int = 1) -> dict[str, Any]:
     """Start replicas + one gateway per data plane, run the phases, stop everything; return the figures."""
     _raise_fd_limit(4 * calls + 1024)  # inherited by the gateway and replicas started below
+    data_planes = tuple(p for p in data_planes if p != "direct") or ("envoy",)  # the direct phase always runs
+    unknown = [p for p in data_planes if p not in PLANES]
+    if unknown:
+        raise ValueError(f"unknown data plane(s) {unknown}: choose from direct, {', '.join(PLANES)}")
     saved = os.environ.get("TASKPLANE_DATA_PLANE")
     with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp, contextlib.ExitStack() as stack:
         wd = workdir or Path(tmp)
@@ -377,14 +401,12 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
         cluster = pin_ports(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=8192, database_url=database_url,
                                          config_overrides=load_config(calls, admission)))
         try:
-            os.environ["TASKPLANE_DATA_PLANE"] = data_planes[0]
+            _use_plane(data_planes[0])
             with cluster:
                 assert cluster.gateway_pid is not None
                 gateways = {data_planes[0]: (cluster.gateway_url, cluster.gateway_pid)}
                 for plane in data_planes[1:]:
-                    # "envoy-duplex": Envoy with every streamed body through the picker (no Lua scan)
-                    os.environ["TASKPLANE_DATA_PLANE"] = "envoy" if plane == "envoy-duplex" else plane
-                    os.environ["TASKPLANE_EPP_STREAM_USAGE"] = "picker" if plane == "envoy-duplex" else "lua"
+                    _use_plane(plane)
                     gateways[plane] = cluster.add_gateway()
                 res = asyncio.run(bench(cluster, calls, max_tokens, timeout_s, gateways, rounds))
                 res["admission"] = admission
@@ -441,8 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
-                   help="comma-separated: envoy (Envoy + picker, Lua usage scan), envoy-duplex (streamed bodies through "
-                        "the picker), python (the thin proxy); the first cannot be envoy-duplex")
+                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, 2 picker messages per stream), "
+                        "envoy-3msg (the same with response headers through the picker), envoy-duplex (streamed bodies "
+                        "through the picker), python (the thin proxy); direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")
     p.add_argument("--rounds", type=int, default=1,

@@ -5,13 +5,16 @@ what it found into the ``taskplane`` dynamic-metadata namespace; at the end of t
 Envoy logs the request, metadata included, over gRPC. The entry finds its call by the
 key the picker set when routing, and settles the served attempt: succeeded with the
 engine's exact usage, failed (the stream broke off), or cancelled (the client left).
-No Python runs per chunk.
+No Python runs per chunk. On taskplane's own Envoy a successful stream's answer never
+reaches the picker (two messages per stream: the request's headers and body), so the
+entry also says who served it (the upstream address) and after how many tries.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -19,6 +22,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
 
+from taskplane.engines.registry import ReplicaState
+from taskplane.epp.book import LogEntry, StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.envoy_config import TP_NAMESPACE
 from taskplane.epp.protocol import struct_dict
@@ -43,11 +48,33 @@ def client_left(entry: al.HTTPAccessLogEntry) -> bool:
     return bool(flags.downstream_connection_termination or flags.downstream_remote_reset)
 
 
-async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry) -> None:
+#: Which replica of a call answered from its upstream address (``Picker.replica_at``).
+Resolver = Callable[[PickedCall, str], ReplicaState | None]
+
+
+def try_began(entry: al.HTTPAccessLogEntry) -> datetime | None:
+    """When the answering try began: the request's start plus Envoy's first byte sent upstream."""
+    common = entry.common_properties
+    if not common.HasField("start_time") or not common.HasField("time_to_first_upstream_tx_byte"):
+        return None
+    return common.start_time.ToDatetime(tzinfo=UTC) + common.time_to_first_upstream_tx_byte.ToTimedelta()
+
+
+def upstream_address(entry: al.HTTPAccessLogEntry) -> str:
+    """``ip:port`` of the endpoint that answered (of the last try), or "" if none did."""
+    sa = entry.common_properties.upstream_remote_address.socket_address
+    return f"{sa.address}:{sa.port_value}" if sa.address else ""
+
+
+async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTPAccessLogEntry, resolve: Resolver) -> None:
     """Settle a call from its access-log entry: a stream, or a unary answer cut off."""
     served = picked.served
+    if served is None:  # no exchange saw the answer: the entry names who served, after how many tries
+        address = upstream_address(entry)
+        tries = entry.common_properties.upstream_request_attempt_count or None
+        served = await picked.served_by(resolve(picked, address) if address else None, tries, since=try_began(entry))
     if served is None:
-        await picked.settle()
+        await (picked.cancelled() if client_left(entry) else picked.settle())
         return
     if not picked.call.stream:  # a unary body that never came whole (Envoy answered 502)
         if client_left(entry):
@@ -74,11 +101,24 @@ async def settle_from_log(picked: PickedCall, md: dict[str, Any], entry: al.HTTP
         await picked.failed(failures.broken_stream(served.replica.name, "broke off the stream", transport=True))
 
 
-class AccessLogs(als_grpc.AccessLogServiceServicer):
-    """The access-log service; ``settle`` finds the call an entry is about."""
+async def settle_logged(picked: PickedCall, logged: LogEntry, resolve: Resolver) -> None:
+    """Settle a call from its entry unless an exchange did, then give every try Envoy
+    counted its row."""
+    md, entry = logged
+    try:
+        if not picked.settled:
+            await settle_from_log(picked, md, entry, resolve)
+        await picked.reconcile(entry.common_properties.upstream_request_attempt_count, client_left=client_left(entry))
+    except Exception as exc:  # one bad entry must not end the log stream
+        log.error("access_log_settle_failed", call=picked.key, error=type(exc).__name__, detail=str(exc)[:200])
 
-    def __init__(self, streams: Any) -> None:
+
+class AccessLogs(als_grpc.AccessLogServiceServicer):
+    """The access-log service; the book says which call an entry settles (``StreamBook.arrive``)."""
+
+    def __init__(self, streams: StreamBook, resolve: Resolver) -> None:
         self.streams = streams
+        self.resolve = resolve
         self.entries = 0
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als.StreamAccessLogsMessage], context: Any) -> als.StreamAccessLogsResponse:
@@ -90,27 +130,13 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
                 if ns is None:
                     continue
                 md = struct_dict(ns)
-                key = str(md.get("call", ""))
-                picked = self.streams.pop(key)
-                routed = self.streams.recall(key)
-                if picked is not None or routed is not None:
-                    settling.append(self._settle(picked, routed, md, entry))
+                logged = (md, entry)
+                picked = self.streams.arrive(str(md.get("call", "")), logged)
+                if picked is not None:
+                    settling.append(settle_logged(picked, logged, self.resolve))
             if settling:
                 # the entries of one message together: their rows share one outbox commit
                 # (one after the other, each waited for its own fsync); shielded, so a call
                 # taken from the book is settled even if the log stream ends meanwhile
                 await asyncio.shield(asyncio.gather(*settling))
         return als.StreamAccessLogsResponse()
-
-    async def _settle(self, picked: PickedCall | None, routed: PickedCall | None, md: dict[str, Any],
-                      entry: al.HTTPAccessLogEntry) -> None:
-        """Settle a call waiting for its entry, then give every try Envoy counted its row."""
-        call = picked or routed
-        assert call is not None
-        try:
-            if picked is not None:
-                await settle_from_log(picked, md, entry)
-            tries = entry.common_properties.upstream_request_attempt_count
-            await call.reconcile(tries, client_left=client_left(entry))
-        except Exception as exc:  # one bad entry must not end the log stream
-            log.error("access_log_settle_failed", call=call.key, error=type(exc).__name__, detail=str(exc)[:200])

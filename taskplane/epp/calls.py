@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -27,6 +28,13 @@ from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
+
+
+def _backdate(attempt: Attempt, since: datetime) -> None:
+    """Date an attempt begun late back to when its try began (never into the future)."""
+    back_s = max(0.0, (datetime.now(UTC) - since).total_seconds())
+    attempt.started = datetime.now(UTC) - timedelta(seconds=back_s)
+    attempt.t0 -= back_s
 
 
 class PickedCall:
@@ -82,23 +90,24 @@ class PickedCall:
         sent them, which the last one (the replica that answered) stands for."""
         return self.order[index] if index < len(self.order) else last
 
-    async def served_by(self, replica: ReplicaState | None, tries: int | None) -> Attempt | None:
+    async def served_by(self, replica: ReplicaState | None, tries: int | None, *, since: datetime | None = None) -> Attempt | None:
         """Envoy says who answered, and (``x-envoy-attempt-count``) after how many tries:
-        the tries before failed (one row each), the last is the answer."""
+        the tries before failed (one row each), the last is the answer. ``since``: when that
+        try began, for an answer learnt only after it ended (the access log's): a try the
+        picker begins now is dated back to it, so its duration and GPU time are the try's."""
         if replica is None:
             return None
         if tries is None:
             tries = next((i for i, r in enumerate(self.order) if r is replica), 0) + 1
         for i in range(tries - 1):
-            failed_on = self._replica_of_try(i, replica)
-            await self._fail(i, failures.unreachable(failed_on.name, "no answer; Envoy tried the next endpoint", timeout=False),
-                             failed_on)
-            self.metrics.retries.inc()
+            await self._fail(i, self._replica_of_try(i, replica), retry=True)
         last = tries - 1
         if last not in self.attempts or self.attempts[last].replica is not replica:
             if last in self.attempts:  # begun on the list's replica, answered elsewhere
                 await self.lc.failed(self.attempts.pop(last), failures.internal(self.attempts_name(last), "superseded"))
-            await self.begin(last, replica)
+            attempt = await self.begin(last, replica)
+            if since is not None:
+                _backdate(attempt, since)
         self.served = self.attempts[last]
         self.served.replica.saw_progress()
         return self.served
@@ -106,9 +115,19 @@ class PickedCall:
     def attempts_name(self, index: int) -> str:
         return self.attempts[index].replica.name if index in self.attempts else "?"
 
-    async def _fail(self, index: int, failure: failures.Failure, replica: ReplicaState | None = None) -> None:
-        attempt = self.attempts.get(index) or await self.begin(index, replica)
-        await self.lc.failed(attempt, failure)
+    async def _fail(self, index: int, replica: ReplicaState, failure: failures.Failure | None = None, *,
+                    row_index: int | None = None, retry: bool = False, cancel: bool = False) -> None:
+        """Try ``index`` on ``replica`` ended without the answer (by default: no answer,
+        Envoy tried the next endpoint): its row, begun now if the picker had none, counted
+        as a retry if it led to one; ``cancel``: the client left during it."""
+        attempt = self.attempts.get(index) or await self.begin(index, replica, row_index=row_index)
+        if retry:
+            self.metrics.retries.inc()
+        if cancel:
+            await self.lc.cancelled(attempt)
+            return
+        await self.lc.failed(attempt, failure or failures.unreachable(replica.name, "no answer; Envoy tried the next endpoint",
+                                                                      timeout=False))
 
     async def exhausted(self, last: TaskplaneError) -> TaskplaneError:
         """Every try failed: the row the Python proxy writes when its next choice finds no
@@ -123,8 +142,12 @@ class PickedCall:
     def headers(self) -> dict[str, str]:
         """The X-Taskplane-* headers known when the response starts (no cost or tokens yet)."""
         assert self.served is not None
-        a = self.served
-        return {"x-taskplane-replica": a.replica.name, "x-taskplane-gpu": a.replica.config.gpu,
+        return self.headers_of(self.served.replica)
+
+    def headers_of(self, replica: ReplicaState) -> dict[str, str]:
+        """The X-Taskplane-* headers of an answer from ``replica`` (any endpoint listed: the
+        routing answer hands them to the Lua filter before anyone knows who will answer)."""
+        return {"x-taskplane-replica": replica.name, "x-taskplane-gpu": replica.config.gpu,
                 "x-taskplane-queue-ms": f"{self.choice.queue_ms:.1f}", "x-taskplane-model": self.model}
 
     async def succeeded(self, usage: Mapping[str, Any], ttft_ms: float | None = None) -> dict[str, str]:
@@ -154,7 +177,7 @@ class PickedCall:
     async def all_failed(self, failure: failures.Failure, tried: int) -> TaskplaneError:
         """Envoy answered the client itself: every try it made failed."""
         for i in range(tried):
-            await self._fail(i, failure, self._replica_of_try(i, self.order[-1]))
+            await self._fail(i, self._replica_of_try(i, self.order[-1]), failure)
         err = await self.exhausted(failure.error)
         await self.settle()
         return err
@@ -171,15 +194,8 @@ class PickedCall:
         for i in missing:
             self.attempts_tried.add(i)  # before any await: a second log entry adds nothing
         for i in missing:
-            replica = self._replica_of_try(i, last_replica)
-            attempt = await self.begin(i, replica, row_index=self._free_row_index(i))
-            if i > 0:
-                self.metrics.retries.inc()
-            if client_left and i == envoy_tries - 1:
-                await self.lc.cancelled(attempt)
-            else:
-                await self.lc.failed(attempt, failures.unreachable(replica.name, "no answer; Envoy tried the next endpoint",
-                                                                   timeout=False))
+            await self._fail(i, self._replica_of_try(i, last_replica), row_index=self._free_row_index(i), retry=i > 0,
+                             cancel=client_left and i == envoy_tries - 1)
         if missing:
             log.warning("envoy_tries_unnamed", call=self.key, envoy_tries=envoy_tries, added=len(missing))
         return len(missing)

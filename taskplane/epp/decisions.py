@@ -22,13 +22,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
+from taskplane.epp.accesslog import AccessLogs
+from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.server import Picker, StreamBook
+from taskplane.epp.envoy_config import EXCHANGE_HEADER, TP_NAMESPACE
+from taskplane.epp.protocol import fill_struct
+from taskplane.epp.server import Picker
 from taskplane.gateway.attempts import AttemptSink
 from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.gateway.service import Gateway
@@ -54,10 +60,10 @@ def _headers(pairs: dict[str, str], eos: bool = False) -> pb.HttpHeaders:
                                                               for k, v in pairs.items()]), end_of_stream=eos)
 
 
-def exchange(i: int) -> tuple[list[pb.ProcessingRequest], Any]:
-    """The messages Envoy sends for one unary chat call: the request's, and a function of
-    the chosen endpoint for the response's."""
-    body = {"model": MODEL, "max_tokens": 16, "messages": [
+def exchange(i: int, stream: bool = False) -> tuple[list[pb.ProcessingRequest], Any]:
+    """The messages Envoy sends for one chat call (unary, or ``stream``): the request's, and
+    a function of the chosen endpoint for the response's."""
+    body = {"model": MODEL, "max_tokens": 16, "stream": stream, "messages": [
         {"role": "system", "content": "You are a careful agent working on ticket triage. " * 8},
         {"role": "user", "content": f"step {i % 7} of task {i // 7}: tool output " + "x " * 40}]}
     session = f"task-{i // 7}"
@@ -75,6 +81,9 @@ def exchange(i: int) -> tuple[list[pb.ProcessingRequest], Any]:
     def response(served: str) -> list[pb.ProcessingRequest]:
         attrs = struct_pb2.Struct()
         attrs.update({"upstream.address": served})
+        if stream:  # the Lua filter and the access log have the body
+            return [pb.ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "text/event-stream"}),
+                                         attributes={"envoy.filters.http.ext_proc": attrs})]
         return [pb.ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "application/json"}),
                                      attributes={"envoy.filters.http.ext_proc": attrs}),
                 pb.ProcessingRequest(response_body=pb.HttpBody(body=answer_bytes, end_of_stream=True))]
@@ -96,7 +105,43 @@ async def _stream(queue: asyncio.Queue[pb.ProcessingRequest | None]) -> AsyncIte
         yield m
 
 
-async def measure(replicas: int, calls: int) -> dict[str, Any]:
+class _Context:
+    """The gRPC context's one part the picker reads: which taskplane filter opened the stream."""
+
+    def __init__(self, exchange: str | None) -> None:
+        self._metadata = ((EXCHANGE_HEADER, exchange),) if exchange else ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def log_message(key: str, served: str) -> als.StreamAccessLogsMessage:
+    """Envoy's access-log message for one stream served whole by ``served`` (``ip:port``),
+    with the Lua filter's findings, as the picker's access-log service receives it."""
+    entry = al.HTTPAccessLogEntry()
+    common = entry.common_properties
+    fill_struct(common.metadata.filter_metadata[TP_NAMESPACE], {
+        "call": key, "stream": True, "hide_usage": True, "first_token_ms": time.time() * 1000.0, "events": 16,
+        "prompt_tokens": 200, "completion_tokens": 16, "cached_tokens": 128, "done": True, "ended": True})
+    host, _, port = served.rpartition(":")
+    common.upstream_remote_address.socket_address.address = host
+    common.upstream_remote_address.socket_address.port_value = int(port)
+    common.upstream_request_attempt_count = 1
+    common.start_time.GetCurrentTime()
+    common.time_to_first_upstream_tx_byte.FromMilliseconds(1)
+    msg = als.StreamAccessLogsMessage()
+    msg.http_logs.log_entry.append(entry)
+    return msg
+
+
+async def _one(message: als.StreamAccessLogsMessage) -> AsyncIterator[als.StreamAccessLogsMessage]:
+    yield message
+
+
+async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any]:
+    """``messages``: 0, unary calls (the GIE-style stream: four messages); 3 or 2, streamed
+    calls as taskplane's Envoy sends them with the ``lua-3msg`` or the default bootstrap
+    (the response headers to the picker, or not), each settled from its access-log entry."""
     config = fleet_config(replicas)
     registry = ReplicaRegistry(config)
     for s in registry.replicas.values():
@@ -105,12 +150,16 @@ async def measure(replicas: int, calls: int) -> dict[str, Any]:
     gw = Gateway(config, registry, placer, AttemptSink(), GatewayMetrics())
     book = EndpointBook(registry)
     book.refresh()
-    picker = Picker(gw, book, StreamBook())
+    streams = StreamBook()
+    picker = Picker(gw, book, streams)
+    logs = AccessLogs(streams, picker.replica_at)
+    stream = messages in (2, 3)
+    context = _Context("route" if messages == 2 else None)
     placed: dict[str, int] = {}
     per_call: list[float] = []
-    requests = [_wire(exchange(i)[0]) for i in range(calls)]
-    respond = exchange(0)[1]
-    responses = {ep: _wire(respond(ep)) for ep in book.by_endpoint}
+    requests = [_wire(exchange(i, stream)[0]) for i in range(calls)]
+    respond = exchange(0, stream)[1]
+    responses = {ep: _wire(respond(ep) if messages != 2 else []) for ep in book.by_endpoint}
     t0 = time.process_time()
     wall0 = time.perf_counter()
     for i in range(calls):
@@ -118,17 +167,22 @@ async def measure(replicas: int, calls: int) -> dict[str, Any]:
         queue: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
         for m in _parsed(requests[i]):
             queue.put_nowait(m)
-        async for resp in picker.Process(_stream(queue), None):
+        first = key = ""
+        async for resp in picker.Process(_stream(queue), context):
             _wire_out(resp)
             if resp.HasField("request_body"):
                 first = next(h.header.raw_value.decode().split(",")[0] for h in resp.request_body.response.header_mutation.set_headers
                              if h.header.key == "x-gateway-destination-endpoint")
+                key = resp.dynamic_metadata.fields[TP_NAMESPACE].struct_value.fields["call"].string_value
                 placed[first] = placed.get(first, 0) + 1
                 for m in _parsed(responses[first]):
                     queue.put_nowait(m)
                 queue.put_nowait(None)
             elif resp.HasField("immediate_response"):
                 queue.put_nowait(None)
+        if stream and key:  # the stream's access-log entry, parsed from its bytes as gRPC would
+            wire = log_message(key, first).SerializeToString()
+            await logs.StreamAccessLogs(_one(als.StreamAccessLogsMessage.FromString(wire)), None)
         per_call.append(time.perf_counter() - c0)
     cpu = time.process_time() - t0
     wall = time.perf_counter() - wall0
@@ -137,7 +191,8 @@ async def measure(replicas: int, calls: int) -> dict[str, Any]:
     return {"replicas": replicas, "calls": calls, "decisions_per_cpu_s": round(calls / cpu, 1),
             "decisions_per_s": round(calls / wall, 1), "cpu_us_per_call": round(cpu * 1e6 / calls, 1),
             "call_us_p50": round(xs[len(xs) // 2] * 1e6, 1), "call_us_p99": round(xs[int(len(xs) * 0.99)] * 1e6, 1),
-            "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed),
+            "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed), "messages": messages or 4,
+            "settled_from_log": logs.entries, "left_in_book": streams.waiting,
             "rows": {o: int(gw.metrics.cost_rows.labels(outcome=o)._value.get()) for o in ("success", "error", "shed")}}
 
 
@@ -149,9 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m taskplane.epp.decisions", description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=256)
     p.add_argument("--calls", type=int, default=5000)
+    p.add_argument("--stream-messages", type=int, choices=(2, 3), default=None,
+                   help="streamed calls instead of unary ones, as taskplane's Envoy sends them: 3 (lua-3msg: the "
+                        "response headers to the picker too) or 2 (the default bootstrap); each settled from its "
+                        "access-log entry")
     args = p.parse_args(argv)
     configure_logging("warning")
-    print(json.dumps(asyncio.run(measure(args.replicas, args.calls)), indent=2))
+    print(json.dumps(asyncio.run(measure(args.replicas, args.calls, args.stream_messages or 0)), indent=2))
     return 0
 
 

@@ -1,15 +1,18 @@
 """Envoy's bootstrap for taskplane's front door, generated from the gateway config.
 
 Envoy carries the bytes; the endpoint picker (``taskplane.epp.server``) decides. The
-inference routes pass through ext_proc (request headers and body to the picker, response
-headers back to it) and reach the replica the picker named through Envoy's
+inference routes pass through ext_proc (request headers and body to the picker; the
+response of anything but a successful stream to it again through a second, matcher-wrapped
+ext_proc filter, ``taskplane.answers``) and reach the replica the picker named through Envoy's
 ``override_host`` load-balancing policy, which reads ``x-gateway-destination-endpoint``
 (or the ``envoy.lb`` metadata, the GIE protocol's two carriers) and walks its comma list
 on retries. The replica set reaches Envoy as EDS from a file the picker rewrites
 atomically (``write_endpoints``), so Envoy follows discovery and scaling without a
 restart. A Lua filter scans streamed responses for the usage event (per-chunk work in
 Envoy's C++/LuaJIT, not Python) and hands the numbers to the picker through dynamic
-metadata in the gRPC access log. Everything else (``/v1/models``, ``/healthz``,
+metadata in the gRPC access log, and adds a successful stream's X-Taskplane-* headers (the
+routing answer left them per endpoint; the route names the endpoint that answered in
+``x-taskplane-upstream``), so a stream costs the picker two messages. Everything else (``/v1/models``, ``/healthz``,
 ``/metrics``, ``/admin/*``, ``/reports``) goes to the Python HTTP app with ext_proc off.
 Envoy's own local replies (no route, upstream gone, body too large) are mapped to the
 contract's JSON error shape.
@@ -120,42 +123,101 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
     }
 
 
-def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
-    """Request headers and the buffered body to the picker, response headers back to it;
-    the picker asks for a unary response body itself (``mode_override``). A call held by
-    admission (or for an empty pool) waits inside the picker, so the message timeout
-    covers the longest hold (``epp.timers``).
-    ``stream_usage="picker"`` sends every response body through the picker instead
-    (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative to the Lua scan."""
+#: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
+STREAM_USAGE_MODES = ("lua", "lua-3msg", "picker")
+#: The gRPC header (ext_proc ``initial_metadata``) by which taskplane's own Envoy tells the
+#: picker which of its two filters an ext_proc stream comes from: ``route`` (the request
+#: phases only: the answer needs no message of its own) or ``answers`` (the response phases
+#: of an answer that is not a successful stream). A stream without it is a GIE-style filter.
+EXCHANGE_HEADER = "x-taskplane-exchange"
+ANSWERS_FILTER = "taskplane.answers"
+#: The route's response header naming the endpoint that answered (``%UPSTREAM_REMOTE_ADDRESS%``);
+#: the Lua filter reads and removes it (``epp.lua``).
+UPSTREAM_HEADER = "x-taskplane-upstream"
+#: The dynamic-metadata namespace holding, per listed endpoint (``ip:port``), the headers
+#: its answer carries (read by the Lua filter; a namespace of its own, so neither the access
+#: log's reader nor the answers filter's messages carry it into Python).
+ENDPOINTS_NAMESPACE = "taskplane.endpoints"
+
+
+def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None) -> dict[str, Any]:
     hold = call_timers(config).picker_s
-    duplex = stream_usage == "picker"
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "timeout": _dur(hold)}
+    if exchange is not None:
+        grpc_service["initial_metadata"] = [{"key": EXCHANGE_HEADER, "value": exchange}]
     return {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "timeout": _dur(hold)},
-            "failure_mode_allow": False,
-            "status_on_error": {"code": 503},
-            "message_timeout": _dur(hold),
-            "max_message_timeout": _dur(hold),
-            "allow_mode_override": True,
-            # the picker sets x-envoy-max-retries per call (its list's length) and strips the
-            # client's x-envoy-* headers; every other default stays (no routing headers)
-            "mutation_rules": {"allow_envoy": True},
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "request_body_mode": "BUFFERED",
-                "request_trailer_mode": "SKIP",
-                "response_header_mode": "SEND",
-                "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
-                "response_trailer_mode": "SEND" if duplex else "SKIP",
-            },
-            # who answered, and why Envoy answered itself (its per-try timeout: a hung replica)
-            "response_attributes": ["upstream.address", "response.code_details"],
-            "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]},
-                                 "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE]}},
-        },
+        "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": grpc_service,
+        "failure_mode_allow": False,
+        "status_on_error": {"code": 503},
+        "message_timeout": _dur(hold),
+        "max_message_timeout": _dur(hold),
+        "allow_mode_override": True,
+        # the picker sets x-envoy-max-retries per call (its list's length) and strips the
+        # client's x-envoy-* headers; every other default stays (no routing headers)
+        "mutation_rules": {"allow_envoy": True},
+        "processing_mode": mode,
+        # who answered, and why Envoy answered itself (its per-try timeout: a hung replica)
+        "response_attributes": ["upstream.address", "response.code_details"],
+        # the answers filter finds its call by the key the routing answer put in ``taskplane``
+        "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE] if exchange == "answers"
+                                                       else [LB_NAMESPACE]},
+                             "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE, ENDPOINTS_NAMESPACE]}},
     }
+
+
+def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
+    """Request headers and the buffered body to the picker. A call held by admission (or
+    for an empty pool) waits inside the picker, so the message timeout covers the longest
+    hold (``epp.timers``). ``lua`` (the default): nothing more; the answer goes to the
+    answers filter (``answers_filter``), or, a successful stream, to no filter at all.
+    ``lua-3msg``: response headers back to this filter too (the picker adds the
+    X-Taskplane-* headers and asks for a unary body itself with ``mode_override``): three
+    messages per stream, as before issue 19. ``picker``: every response body through the
+    picker too (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative
+    to the Lua scan."""
+    duplex = stream_usage == "picker"
+    mode = {
+        "request_header_mode": "SEND",
+        "request_body_mode": "BUFFERED",
+        "request_trailer_mode": "SKIP",
+        "response_header_mode": "SKIP" if stream_usage == "lua" else "SEND",
+        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
+        "response_trailer_mode": "SEND" if duplex else "SKIP",
+    }
+    return {"name": "envoy.filters.http.ext_proc",
+            "typed_config": _ext_proc(config, mode, "route" if stream_usage == "lua" else None)}
+
+
+def _response_input(header: str) -> dict[str, Any]:
+    return {"name": header, "typed_config": {"@type": _T + "envoy.type.matcher.v3.HttpResponseHeaderMatchInput",
+                                             "header_name": header}}
+
+
+_SKIP_STREAMS = {"matcher_list": {"matchers": [{
+    "predicate": {"and_matcher": {"predicate": [
+        {"single_predicate": {"input": _response_input(":status"), "value_match": {"exact": "200"}}},
+        {"single_predicate": {"input": _response_input("content-type"), "value_match": {"prefix": "text/event-stream"}}},
+    ]}},
+    "on_match": {"action": {"name": "skip", "typed_config": {
+        "@type": _T + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"}}},
+}]}}
+
+
+def answers_filter(config: GatewayConfig) -> dict[str, Any]:
+    """The picker's second ext_proc filter: response headers (and the body, as the picker
+    asks with ``mode_override``) of every answer but a successful stream, which the
+    matcher skips (status 200, ``text/event-stream``): that one's headers come from the
+    Lua filter and its row from the access log. Unary answers (usage from the body, the
+    response cache) and error answers (the contract's JSON error, retries exhausted)
+    still reach the picker here, on an ext_proc stream of their own."""
+    mode = {"request_header_mode": "SKIP", "request_body_mode": "NONE", "request_trailer_mode": "SKIP",
+            "response_header_mode": "SEND", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
+    return {"name": ANSWERS_FILTER, "typed_config": {
+        "@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+        "extension_config": {"name": ANSWERS_FILTER, "typed_config": _ext_proc(config, mode, "answers")},
+        "xds_matcher": _SKIP_STREAMS,
+    }}
 
 
 def lua_filter() -> dict[str, Any]:
@@ -184,6 +246,8 @@ def _enabled(config: dict[str, Any]) -> dict[str, Any]:
 
 _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+_ANSWERS_ON = _enabled({"@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcherPerRoute",
+                        "xds_matcher": _SKIP_STREAMS})
 
 
 def call_timers(config: GatewayConfig) -> CallTimers:
@@ -191,11 +255,19 @@ def call_timers(config: GatewayConfig) -> CallTimers:
     return CallTimers.of(config, tries=NUM_RETRIES + 1)
 
 
-def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
+def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dict[str, Any]:
     timers = call_timers(config)
+    # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
+    filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON}
+    extra: dict[str, Any] = {}
+    if stream_usage == "lua":
+        filters[ANSWERS_FILTER] = _ANSWERS_ON
+        # who answered, for the Lua filter to add that endpoint's headers (it removes this one)
+        extra["response_headers_to_add"] = [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+                                             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
     return {
-        # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
-        "typed_per_filter_config": {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON},
+        "typed_per_filter_config": filters,
+        **extra,
         "match": {"path": path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
         "route": {
             "cluster": REPLICA_CLUSTER,
@@ -267,12 +339,14 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
 
 def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lua") -> dict[str, Any]:
     """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua`` (the Lua
-    scan + access log, the default) or ``picker`` (bodies through the picker; see
-    ``ext_proc_filter``)."""
-    if stream_usage not in ("lua", "picker"):
-        raise ValueError(f"stream_usage must be lua or picker, not {stream_usage!r}")
+    scan + access log, two picker messages per successful stream, the default),
+    ``lua-3msg`` (the same with the response headers through the picker too) or
+    ``picker`` (bodies through the picker); see ``ext_proc_filter``."""
+    if stream_usage not in STREAM_USAGE_MODES:
+        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
     limits = config.limits
-    routes = [_inference_route(p, config) for p in INFERENCE_PATHS] + [_app_route("/")]
+    routes = [_inference_route(p, config, stream_usage) for p in INFERENCE_PATHS] + [_app_route("/")]
+    answers = [{**answers_filter(config), "disabled": True}] if stream_usage == "lua" else []
     hcm = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "taskplane",
@@ -290,7 +364,9 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
+        # The answers filter (``lua`` only) after the picker's: on the way back it runs first.
         "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
+                         *answers,
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

@@ -11,8 +11,17 @@ response started cannot be answered so: Envoy's filter manager resets the client
 stream too, and no Lua code runs after it.) The findings go into the ``taskplane`` dynamic-metadata namespace,
 which the gRPC access log carries to the picker, which writes the attempt's row.
 The picker marks a call as streamed (``stream``) and says whether to hide usage
-(``hide_usage``) in the same namespace when it routes the call, and names the replica that
-answered (``replica``) when the response starts.
+(``hide_usage``) in the same namespace when it routes the call.
+
+On taskplane's own Envoy no picker message sees a successful stream's response headers
+(issue 19: two messages per stream), so this filter adds them: the route names the
+endpoint that answered in ``x-taskplane-upstream`` (``%UPSTREAM_REMOTE_ADDRESS%``), which
+it removes, and the routing answer left, per listed endpoint, that endpoint's
+``X-Taskplane-*`` headers in the ``taskplane.endpoints`` namespace. It adds them, with
+``cache-control: no-cache``, to a 200 ``text/event-stream`` answer only, the answers
+the answers filter skips; any other answer gets its headers from the picker. (A
+GIE-style Envoy with response headers through the picker names the replica in
+``replica`` instead.)
 """
 
 from __future__ import annotations
@@ -49,13 +58,31 @@ end
 function envoy_on_request(h)
 end
 
+local function add_endpoint_headers(h, headers, upstream)
+  -- a successful stream's X-Taskplane-* headers, as the routing answer left them for
+  -- the endpoint that answered; the replica's name, or nil
+  if upstream == nil or headers:get(":status") ~= "200" then return nil end
+  local ct = headers:get("content-type") or ""
+  if string.sub(ct, 1, 17) ~= "text/event-stream" then return nil end
+  local eps = h:streamInfo():dynamicMetadata():get("taskplane.endpoints")
+  local ep = eps and eps[upstream]
+  if ep == nil then return nil end
+  for k, v in pairs(ep) do headers:replace(k, v) end
+  headers:replace("cache-control", "no-cache")
+  return ep["x-taskplane-replica"]
+end
+
 function envoy_on_response(h)
+  local headers = h:headers()
+  local upstream = headers:get("x-taskplane-upstream")
+  if upstream ~= nil then headers:remove("x-taskplane-upstream") end
   local md = h:streamInfo():dynamicMetadata():get("taskplane")
   if md == nil or not md["stream"] then
     return
   end
+  local named = add_endpoint_headers(h, headers, upstream)
   local hide = md["hide_usage"] and true or false
-  local sse = h:headers():get(":status") == "200"
+  local sse = headers:get(":status") == "200"
   local first = nil
   local carry = ""
   local events = 0
@@ -104,7 +131,7 @@ function envoy_on_response(h)
   -- in the last chunk, which is still this filter's to change until the loop returns.
   put(h, "ended", true)
   if sse and not done and not reported and last ~= nil then
-    local replica = md["replica"] or "?"
+    local replica = named or md["replica"] or "?"
     local event = 'data: {"error": {"type": "replica_error", "message": "replica ' .. replica ..
       ' ended the stream before it finished"}}\n\n'
     local n = last:length()

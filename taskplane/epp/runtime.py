@@ -29,10 +29,11 @@ from grpc_health.v1 import health_pb2_grpc
 from taskplane.config import GatewayConfig, load_gateway_config, state_dir
 from taskplane.epp import health
 from taskplane.epp.accesslog import AccessLogs
+from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
-from taskplane.epp.server import Picker, StreamBook
+from taskplane.epp.server import Picker
 from taskplane.gateway.app import build_app
 from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
 from taskplane.gateway.service import Gateway
@@ -80,7 +81,7 @@ async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | No
     book.refresh()
     streams = StreamBook()
     picker = Picker(gw, book, streams)
-    logs = AccessLogs(streams)
+    logs = AccessLogs(streams, picker.replica_at)
     hs = health.new_health()
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000), ("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
@@ -167,7 +168,8 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
-    # TASKPLANE_EPP_STREAM_USAGE=picker: streamed bodies through the picker (the benchmark's alternative)
+    # TASKPLANE_EPP_STREAM_USAGE: lua (the default), lua-3msg (response headers through the
+    # picker too) or picker (streamed bodies through the picker): the benchmark's alternatives
     usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", "lua")
     envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)
     envoy_alive = False

@@ -8,21 +8,30 @@ tenant limits, the response cache) and the SAME placer (admission may hold the c
 here: Envoy's message timeout is the call's own limit), and answers with the chosen
 endpoint and its fallbacks in ``x-gateway-destination-endpoint`` and the ``envoy.lb``
 metadata, the body the replica should get (``upstream_body``), or an ImmediateResponse
-with the contract's JSON error. On the way back it reads which endpoint served
+with the contract's JSON error.
+
+On taskplane's own Envoy (``envoy_config.bootstrap``) that is all the routing filter's
+stream carries: a successful stream costs the picker two messages. The routing answer
+leaves each listed endpoint's X-Taskplane-* headers in the ``taskplane.endpoints``
+metadata for the Lua filter (``lua``), and the stream's row comes from its access-log
+entry (``accesslog``: who served, after how many tries, the usage). Every other answer
+(unary, an error, Envoy's own reply) reaches the picker on a second stream, from the
+``taskplane.answers`` filter, which finds its call by the key in the ``taskplane``
+metadata. Which filter opened a stream the picker reads from its gRPC metadata
+(``EXCHANGE_HEADER``); a stream without it is a GIE-style Envoy's, which sends the
+response phases on the same stream: the picker reads who served
 (``x-gateway-destination-endpoint-served`` metadata, else Envoy's ``upstream.address``
-attribute), adds the ``X-Taskplane-*`` headers, and settles the attempts: a unary body
-is buffered to it (``mode_override``); a stream's usage comes from the Lua filter via
-the access log (``accesslog``), or, if this Envoy streams the body to the picker (a
-GIE-style full-duplex config), from the chunks themselves.
+attribute), adds the ``X-Taskplane-*`` headers, and settles the attempts from a unary
+body (buffered to it with ``mode_override``), from the access log (a stream, when that
+Envoy runs taskplane's Lua filter), or from the streamed chunks themselves (full duplex).
+Which of these settles a call, whatever order they come in, the book decides (``book``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +42,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from taskplane.engines.registry import ReplicaState
 from taskplane.epp import protocol as P
+from taskplane.epp.accesslog import settle_logged
+from taskplane.epp.book import StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.deadlines import BodyClock, Inbox, TimedOut, body_timeout_reply
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import (
     DEST_HEADER,
+    ENDPOINTS_NAMESPACE,
+    EXCHANGE_HEADER,
     INFERENCE_PATHS,
     LB_NAMESPACE,
     MAX_RETRIES_HEADER,
@@ -63,6 +76,8 @@ MAX_FALLBACKS = NUM_RETRIES  # Envoy's num_retries: the primary and two more
 #: Envoy obey (a client's own retry count or per-try timeout).
 _STRIP_PREFIXES = ("x-taskplane-", "x-envoy-")
 _DUPLEX = (pm.ProcessingMode.FULL_DUPLEX_STREAMED, pm.ProcessingMode.STREAMED)
+_PHASES = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
+           "response_trailers", "")
 #: Envoy's response code details when a try's timer gave up on a silent replica.
 ENVOY_TIMEOUTS = frozenset({"upstream_per_try_idle_timeout", "upstream_per_try_timeout", "upstream_response_timeout"})
 
@@ -73,80 +88,13 @@ def _attempt_count(headers: dict[str, str]) -> int | None:
     return int(value) if value.isdigit() and int(value) >= 1 else None
 
 
-#: How long a settled call waits for its access-log entry (Envoy's count of tries) before
-#: it is forgotten; an Envoy without taskplane's access log never sends one.
-RECONCILE_GRACE_S = 30.0
-
-
-class StreamBook:
-    """Calls whose rows wait for their access-log entry: streams (the Lua filter's usage),
-    and unary answers whose body broke off (the entry's flags say who broke it). Every
-    routed call is also kept in ``routed`` until its entry comes (or a grace after it
-    settled), so Envoy's count of tries can add the row of a try no answer named."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, PickedCall] = {}
-        self.since: dict[str, float] = {}
-        self.routed: dict[str, PickedCall] = {}
-        self._empty = asyncio.Event()
-        self._empty.set()
-
-    def route(self, picked: PickedCall) -> None:
-        self.routed[picked.key] = picked
-
-    def recall(self, key: str) -> PickedCall | None:
-        """The routed call an access-log entry is about (once)."""
-        return self.routed.pop(key, None)
-
-    def forget_settled(self, grace_s: float = RECONCILE_GRACE_S) -> int:
-        """Drop calls settled more than ``grace_s`` ago whose entry never came."""
-        cutoff = time.monotonic() - grace_s
-        old = [k for k, p in self.routed.items() if p.settled_at is not None and p.settled_at < cutoff]
-        for key in old:
-            del self.routed[key]
-        return len(old)
-
-    def put(self, picked: PickedCall) -> None:
-        self.pending[picked.key] = picked
-        self.since[picked.key] = time.monotonic()
-        self._empty.clear()
-
-    def pop(self, key: str) -> PickedCall | None:
-        self.since.pop(key, None)
-        picked = self.pending.pop(key, None)
-        if not self.pending:
-            self._empty.set()
-        return picked
-
-    async def drained(self, timeout_s: float) -> bool:
-        """Wait until no stream waits for its log entry, at most ``timeout_s``; whether none does."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._empty.wait(), timeout=timeout_s)
-        return not self.pending
-
-    async def expire(self, max_age_s: float) -> int:
-        """Settle streams whose log entry never came (lost with an Envoy restart, say), so
-        no lease stays open for ever: failed, blaming nobody."""
-        self.forget_settled()
-        now = time.monotonic()
-        old = [k for k, t in self.since.items() if now - t > max_age_s]
-        for key in old:
-            picked = self.pop(key)
-            if picked is not None:
-                await picked.settle()
-        return len(old)
-
-    async def abandon(self) -> int:
-        """Settle every stream still waiting for its log entry as cancelled (Envoy went away,
-        or the picker is stopping): its row is written now rather than lost."""
-        n = 0
-        while self.pending:
-            key, picked = self.pending.popitem()
-            self.since.pop(key, None)
-            await picked.cancelled()
-            n += 1
-        self._empty.set()
-        return n
+def _exchange_of(context: Any) -> str | None:
+    """Which of taskplane's filters opened this ext_proc stream (``EXCHANGE_HEADER``), or
+    None: a GIE-style filter that sends every phase it wants on one stream."""
+    for key, value in (context.invocation_metadata() if context is not None else None) or ():
+        if key == EXCHANGE_HEADER:
+            return str(value)
+    return None
 
 
 @dataclass
@@ -168,6 +116,8 @@ class _Exchange:
     engine_reported: bool = False  # the engine's own error event came (a duplex stream)
     generated: int = 0  # content events relayed (a duplex stream the client left: its tokens)
     details: str = ""  # Envoy's response code details (``upstream_per_try_idle_timeout``: the try timed out)
+    exchange: str | None = None  # taskplane's filter that opened the stream (``EXCHANGE_HEADER``), or None
+    waits_for_log: bool = False  # a stream whose row the access log settles (the Lua filter's usage)
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
@@ -178,9 +128,16 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         self.book = book
         self.streams = streams
         self.decisions = 0
+        #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
+        #: successful stream on taskplane's own Envoy costs two; and streams, by filter
+        self._messages = gw.metrics.epp_messages
+        self._messages.update(dict.fromkeys(_PHASES, 0))
+        self._streams = gw.metrics.epp_streams
+        self._streams.update(dict.fromkeys(("route", "answers", ""), 0))
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
-        ex = _Exchange()
+        ex = _Exchange(exchange=_exchange_of(context))
+        self._streams[ex.exchange or ""] += 1
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         try:
@@ -201,17 +158,36 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                     upload.stop()
         finally:
             inbox.close()
-            picked = ex.picked
-            if picked is not None and not picked.settled and picked.key not in self.streams.pending:
-                if ex.status and not picked.call.stream and picked.served is not None:
-                    # a unary answer started but its body never came whole: the client left, or the
-                    # replica broke it off (Envoy answered 502 itself); the access log says which
-                    self.streams.put(picked)
-                else:  # the client (or Envoy) went away before the answer settled
-                    await asyncio.shield(picked.cancelled(ex.generated))
+            if ex.picked is not None and (work := self._let_go(ex, ex.picked)) is not None:
+                await asyncio.shield(work)
+
+    def _let_go(self, ex: _Exchange, picked: PickedCall) -> Coroutine[Any, Any, None] | None:
+        """The exchange ended: settle its call from the log entry that came meanwhile, or
+        leave it to the entry to come, or (the client or Envoy went away) cancel it. What is
+        left to await, if anything (usually nothing: no task, no turn of the event loop)."""
+        release = self.streams.release(picked)
+        if release is None:  # another exchange holds it, or its log entry settled it
+            return None
+        if release.entry is not None:
+            return settle_logged(picked, release.entry, self.replica_at)
+        if picked.settled:
+            self.streams.settled(picked)
+            return None
+        if ex.exchange == "route" or ex.waits_for_log or (ex.status and not picked.call.stream and picked.served is not None):
+            # routed only (its answer goes to the answers filter or the access log), a stream
+            # the Lua filter scans, or a unary answer whose body never came whole (the client
+            # left, or the replica broke it off: Envoy answered 502 itself): the entry says which
+            self.streams.wait(picked)
+            return None
+        return self._cancel(ex, picked)  # the client (or Envoy) went away before the answer settled
+
+    async def _cancel(self, ex: _Exchange, picked: PickedCall) -> None:
+        await picked.cancelled(ex.generated)
+        self.streams.settled(picked)
 
     async def _on(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         which = req.WhichOneof("request")
+        self._messages[which or ""] += 1
         if which == "request_headers":
             return self._request_headers(req, ex)
         if which == "request_body":
@@ -320,6 +296,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         picked = PickedCall(lc, gw.metrics, call, choice, fallbacks, first_try=tries.index)
         ex.picked = picked
         self.streams.route(picked)
+        if ex.exchange == "route":  # its answer goes to the answers filter or, a stream, to the access log
+            self.streams.wait(picked)
         await picked.begin(0)
         return self._routed(picked, ex)
 
@@ -340,34 +318,45 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             # retries a replica that failed the call), and every try there costs a per-try limit
             headers[MAX_RETRIES_HEADER] = str(len(listed) - 1)
             remove = [k for k in remove if k != MAX_RETRIES_HEADER]
-        metadata = {LB_NAMESPACE: {DEST_HEADER: endpoints},
-                    TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
+        metadata: dict[str, Any] = {LB_NAMESPACE: {DEST_HEADER: endpoints},
+                                    TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
+        if ex.exchange == "route" and call.stream:  # the Lua filter adds the answering endpoint's headers
+            metadata[ENDPOINTS_NAMESPACE] = {ep: picked.headers_of(r) for r in picked.order if (ep := self.book.endpoint(r.name))}
         if ex.request_duplex:
             return [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
                     P.answer("request_body", streamed=(body, True))]
         return [P.answer("request_body", headers=headers, remove=sorted(set(remove)), body=body, metadata=metadata)]
 
     # ---- response ---------------------------------------------------------------
+    def replica_at(self, picked: PickedCall, address: str) -> ReplicaState | None:
+        """The replica at endpoint ``address`` (``ip:port``) that answered ``picked``."""
+        name = self.book.replica(address)
+        if name in self.gw.registry.replicas:
+            return self.gw.registry.replicas[name]
+        # an endpoint the book does not know (its name did not resolve when the replica
+        # joined): one of the picker's own choices answered, known by address
+        for choice in picked.order:
+            if choice.config.url.split("://", 1)[-1].rstrip("/") == address.strip():
+                return choice
+        return None
+
     def _served_replica(self, req: pb.ProcessingRequest, picked: PickedCall, headers: dict[str, str]) -> ReplicaState | None:
         """Who answered: the protocol's ``x-gateway-destination-endpoint-served`` metadata,
         else Envoy's ``upstream.address`` attribute; an Envoy that sends neither is taken
         at its attempt count, else the first choice. None: Envoy answered itself."""
         served = P.metadata_value(req, LB_NAMESPACE, SERVED_KEY) or P.attribute(req, "upstream.address")
         if served:
-            name = self.book.replica(str(served))
-            if name in self.gw.registry.replicas:
-                return self.gw.registry.replicas[name]
-            # an endpoint the book does not know (its name did not resolve when the replica
-            # joined): one of the picker's own choices answered, known by address
-            for choice in picked.order:
-                if choice.config.url.split("://", 1)[-1].rstrip("/") == str(served).strip():
-                    return choice
+            replica = self.replica_at(picked, str(served))
+            if replica is not None:
+                return replica
         if headers.get(":status", "").startswith("5") and "x-envoy-upstream-service-time" not in headers:
             return None
         tries = _attempt_count(headers) or 1
         return picked.order[min(tries - 1, len(picked.order) - 1)]
 
     async def _response_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        if ex.exchange == "answers" and ex.picked is None:  # the answers filter: the routing answer's call
+            ex.picked = self.streams.take(str(P.metadata_value(req, TP_NAMESPACE, "call") or ""))
         picked = ex.picked
         response = dict(P.header_pairs(req.response_headers))
         status = int(response.get(":status", "0") or 0)
@@ -390,7 +379,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             headers["cache-control"] = "no-cache"
             if ex.response_duplex:
                 return [P.answer("response_headers", headers=headers)]
-            self.streams.put(picked)  # its row waits for the access log (the Lua filter's usage)
+            ex.waits_for_log = True  # its row waits for the access log (the Lua filter's usage)
+            self.streams.wait(picked)
             # the Lua filter names the replica in the closing error event of a stream it ended early
             return [P.answer("response_headers", headers=headers, metadata={TP_NAMESPACE: {"replica": served.replica.name}})]
         return [self._buffer_response(ex, headers)]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
@@ -28,6 +28,14 @@ class GatewayMetrics:
         self.cost_rows = Counter("taskplane_gateway_cost_rows_total", "Attempt rows handed to the cost writer, by outcome",
                                  ["outcome"], registry=r)
         self.retries = Counter("taskplane_gateway_retries_total", "Attempts retried on another replica", registry=r)
+        #: ext_proc messages and streams the endpoint picker received (plain counts it bumps per
+        #: message, exported at scrape time: a Prometheus counter's ``inc`` cost more)
+        self.epp_messages: dict[str, int] = {}
+        self.epp_streams: dict[str, int] = {}
+        r.register(_Counts("taskplane_epp_messages", "ext_proc messages the endpoint picker received, by phase",
+                           "phase", self.epp_messages))
+        r.register(_Counts("taskplane_epp_streams", "ext_proc streams Envoy opened to the endpoint picker, by taskplane "
+                           "filter (route, answers; empty: a GIE-style filter)", "exchange", self.epp_streams))
         self.cache_hits = Counter("taskplane_gateway_response_cache_hits_total", "Calls served by the exact response cache", registry=r)
         self.latency = Histogram("taskplane_gateway_request_seconds", "End-to-end call latency at the gateway",
                                  ["model"], registry=r,
@@ -60,6 +68,19 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*values)
         return found
+
+
+class _Counts(Collector):
+    """A counter family read at scrape time from a dict its owner bumps (label value -> count)."""
+
+    def __init__(self, name: str, documentation: str, label: str, counts: dict[str, int]) -> None:
+        self.name, self.documentation, self.label, self.counts = name, documentation, label, counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, n in sorted(self.counts.items()):
+            family.add_metric([value], n)
+        yield family
 
 
 class _WithoutTenants(Collector):
