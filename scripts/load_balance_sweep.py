@@ -76,7 +76,8 @@ def prefill_variant(spec: str, seed: int, tenants: Any) -> Any:
                            admission=admission)
 
 
-def main() -> None:
+def sweep_parser() -> argparse.ArgumentParser:
+    """The workload, its options and the variants (shared with scripts/ttft_anatomy.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=("mooncake", "agents"))
     ap.add_argument("variants", nargs="+")
@@ -85,7 +86,11 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=1.3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trace", type=Path, default=None, help="a trace in the Mooncake format (default: ../shared/traces/mooncake_conversation_trace.jsonl)")
-    a = ap.parse_args()
+    return ap
+
+
+def sweep_setup(a: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(workload, tenants, cluster): a trace on 16 x H100, or the agent mix at ``--load`` on 4."""
     if a.workload == "mooncake":
         wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
         cluster, _ = build_cluster(16, None, TierSpec(host_kv_gb=a.host_kv_gb))
@@ -93,6 +98,12 @@ def main() -> None:
         rate = a.load * AGENTS_CAPACITY
         wl, tenants = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed), agent_tenants()
         cluster, _ = build_cluster(4, None, TierSpec(host_kv_gb=a.host_kv_gb))
+    return wl, tenants, cluster
+
+
+def main() -> None:
+    a = sweep_parser().parse_args()
+    wl, tenants, cluster = sweep_setup(a)
     ceiling = hit_ceiling(wl)
     for v in a.variants:
         pol, preset = policy(v, a.seed, tenants)

@@ -14,47 +14,24 @@ with an infinite prefix cache (taskplane.bench.anatomy).
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import numpy as np
-from load_balance_sweep import AGENTS_CAPACITY, policy
+from load_balance_sweep import policy, sweep_parser, sweep_setup
 
 from taskplane.bench.anatomy import PARTS, band, idle_infinite_cache_ttft_s, summarize
-from taskplane.bench.command import build_cluster, lifetimes_for
+from taskplane.bench.command import lifetimes_for
 from taskplane.bench.runner import run_policy
-from taskplane.bench.workloads import (
-    DEFAULT_WINDOW_S,
-    agent_tenants,
-    agent_workload,
-    mooncake_workload,
-    tasks_for,
-)
-from taskplane.sim.hosttier import TierSpec
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workload", choices=("mooncake", "agents"))
-    ap.add_argument("variants", nargs="+")
-    ap.add_argument("--duration-s", type=float, default=None)
-    ap.add_argument("--host-kv-gb", type=float, default=0.0)
-    ap.add_argument("--load", type=float, default=1.3)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--trace", type=Path, default=None)
+    ap = sweep_parser()
     ap.add_argument("--band", type=float, nargs=2, action="append", metavar=("LO", "HI"), default=[],
                     help="also split the calls between these TTFT quantiles (e.g. 0.4 0.6; a trace only)")
     a = ap.parse_args()
+    wl, tenants, cluster = sweep_setup(a)
     if a.workload == "mooncake":
-        wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
-        cluster, _ = build_cluster(16, None, TierSpec(host_kv_gb=a.host_kv_gb))
         bound = idle_infinite_cache_ttft_s(wl)
         print(f"bound: idle H100, infinite cache ({len(bound)} calls): TTFT p50 "
               f"{np.percentile(bound, 50) * 1000:.0f} p99 {np.percentile(bound, 99) * 1000:.0f} ms", flush=True)
-    else:
-        rate = a.load * AGENTS_CAPACITY
-        wl, tenants = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed), agent_tenants()
-        cluster, _ = build_cluster(4, None, TierSpec(host_kv_gb=a.host_kv_gb))
     for v in a.variants:
         pol, preset = policy(v, a.seed, tenants)
         run = run_policy(pol, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for(preset))
