@@ -37,17 +37,23 @@ def warm(s: FlowControl, name: str, toks: list[int]) -> None:
     s.on_kv_events(name, engine_store_events(toks, salt=hash(name) & 0xFFFF)[0])
 
 
+def placed_by(variants: dict[str, FlowControl], prompt: list[int], warm_tokens: int, pool: list[ReplicaView], call_id: str) -> dict[str, str]:
+    """Where each variant places ``prompt`` with its first ``warm_tokens`` cached on "warm"."""
+    decided = {}
+    for label, s in variants.items():
+        warm(s, "warm", prompt[:warm_tokens])
+        d = s.decide(request(prompt, call_id=call_id), pool, 0.0)
+        assert d.action is Action.PLACE
+        decided[label] = d.replica
+    return decided
+
+
 def test_a_long_cold_prompt_goes_where_its_prefill_ends_first_against_a_warm_prefix() -> None:
     prompt = tokens(1, 60_000 // BS)  # 60,000 tokens: ~5 s of prefill on an idle H100 (prior)
     # "warm" holds 24,000 of them but has 36,000 tokens (~3 s) of prefill queued: ends at ~6 s;
     # "idle" holds nothing and has nothing queued: ends at ~5 s
     pool = [node("warm", inflight_prefill_tokens=36_000), node("idle")]
-    decided = {}
-    for label, s in (("on", build_policy("taskplane", metrics=False)), ("off", variant(off=True))):
-        warm(s, "warm", prompt[:24_000])
-        d = s.decide(request(prompt, call_id="long"), pool, 0.0)
-        assert d.action is Action.PLACE
-        decided[label] = d.replica
+    decided = placed_by({"on": build_policy("taskplane", metrics=False), "off": variant(off=True)}, prompt, 24_000, pool, "long")
     assert decided == {"on": "idle", "off": "warm"}  # without the rule affinity wins
 
 
@@ -74,12 +80,8 @@ def test_a_short_call_keeps_affinity_when_the_wait_there_is_short() -> None:
 def test_a_short_call_leaves_a_warm_replica_behind_a_long_prefill() -> None:
     prompt = tokens(2, 4_000 // BS)
     pool = [node("warm", inflight_prefill_tokens=36_000), node("idle")]  # ~3 s queued on the warm one
-    decided = {}
-    for label, s in (("on", build_policy("taskplane", metrics=False)), ("long only", variant(max_wait_ms=None))):
-        warm(s, "warm", prompt[:3_200])
-        d = s.decide(request(prompt, call_id="short"), pool, 0.0)
-        assert d.action is Action.PLACE
-        decided[label] = d.replica
+    decided = placed_by({"on": build_policy("taskplane", metrics=False), "long only": variant(max_wait_ms=None)},
+                        prompt, 3_200, pool, "short")
     assert decided == {"on": "idle", "long only": "warm"}
 
 
