@@ -86,14 +86,18 @@ def _queued(loads: list[int]) -> list[ReplicaView]:
 def test_load_balance_filter_trips_on_a_pile_up_not_on_chance_spread() -> None:
     new_task = request(task_id="t", session_id="t", step=0)
     # 16 replicas running 6-14 calls each: what random placement of ~10 a replica leaves
-    # (mean 10, chance bound 10 + 1.5 * sqrt(2 ln 16 * 10) = 21): everyone stays
+    # (mean 10, chance bound 10 + 1.0 * sqrt(2 ln 16 * 10) = 17.4): everyone stays
     spread = [6, 14, 9, 11, 10, 8, 12, 10, 9, 11, 13, 7, 10, 10, 9, 11]
     assert len(kept("load-balance", _queued(spread), new_task)) == 16
     # SGLang's two thresholds alone keep only the replicas within 2 of the least loaded
     assert kept("load-balance", _queued(spread), new_task, {"chance_k": 0}) == ["r0", "r5", "r11"]
-    # one replica far above its share: new work goes to the least loaded
+    # one replica far above its share (bound 12.1 + 8.2 = 20.3): only it leaves affinity's choice
     piled = [40, *spread[1:]]
-    assert kept("load-balance", _queued(piled), new_task) == ["r2", "r5", "r8", "r11", "r14"]
+    assert kept("load-balance", _queued(piled), new_task) == [f"r{i}" for i in range(1, 16)]
+    # ... or, with keep near-least, new work goes to the least loaded alone
+    assert kept("load-balance", _queued(piled), new_task, {"keep": "near-least"}) == ["r2", "r5", "r8", "r11", "r14"]
+    # a replica above chance's bound but below the pile-up leaves too
+    assert kept("load-balance", _queued([40, 21, *spread[2:]]), new_task) == [f"r{i}" for i in range(2, 16)]
     # a small fleet balances by the two thresholds alone, as before
     assert kept("load-balance", _queued([6, 14, 9, 11]), new_task) == ["r0"]
     # a later step of a session is never balanced

@@ -22,7 +22,12 @@ them, away from the session's prefix and from the replicas the latency scorer wo
 least ``chance_min_replicas`` the filter also asks that the most loaded replica be above what
 random placement of the same load would leave there: the expected maximum of n Poisson
 counts, mean + sqrt(2 ln n * mean), times ``chance_k``. A pile-up (affinity pulling new work
-onto one replica) is far above it; chance spread is not. Smaller fleets keep the two
+onto one replica) is far above it; chance spread is not. When it trips, only the replicas
+above that bound leave the choice (``keep: below-chance``): keeping just those near the
+least loaded, as a small fleet does, sent new sessions to a handful of replicas by request
+count while their prefill queues differed by seconds (Mooncake, 16 x H100, host 256 GB:
+TTFT p50 151 -> 122 ms, p99 5,074 -> 4,779 ms, with ``chance_k`` 1.0 instead of 1.5; issue
+18, sixth pass). Smaller fleets keep the two
 thresholds alone: on 4 replicas the chance rule cost the agents bench 1-2 points of tasks
 within deadline (docs/benchmarks.md, issue 18 third pass). Only new work is balanced (a call
 that opens a task, or a plain call): a later step of a session stays with its context,
@@ -49,16 +54,24 @@ class LoadBalanceParams:
     )
     rel_threshold: float = param(1.5, "... and is at least this multiple of it (SGLang's balance_rel_threshold)")
     chance_k: float = param(
-        1.5, "in a fleet of at least chance_min_replicas: ... and exceeds the fleet's mean load by more than this "
+        1.0, "in a fleet of at least chance_min_replicas: ... and exceeds the fleet's mean load by more than this "
         "many times the spread chance alone gives n replicas (sqrt(2 ln n x mean)); 0: no such condition"
     )
     chance_min_replicas: int = param(
         8, "fleets (replicas able to take the call) smaller than this balance by the two thresholds alone"
     )
+    keep: str = param(
+        "below-chance",
+        "in a fleet balanced by chance: which replicas a pile-up leaves to affinity: 'below-chance' (every "
+        "replica at or below chance's maximum: only the piled-up ones are taken out) or 'near-least' "
+        "(within abs_threshold of the least loaded, as smaller fleets)",
+    )
 
     def validate(self) -> None:
         if self.abs_threshold < 0 or self.rel_threshold < 1 or self.chance_k < 0 or self.chance_min_replicas < 2:
             raise ValueError("abs_threshold and chance_k must be >= 0, rel_threshold >= 1, chance_min_replicas >= 2")
+        if self.keep not in ("below-chance", "near-least"):
+            raise ValueError("keep must be 'below-chance' or 'near-least'")
 
 
 def replica_load(state: CycleState) -> np.ndarray:
@@ -100,8 +113,12 @@ class LoadBalanceFilter(Filter):
         low, high = float(loads.min()), float(loads.max())
         if high - low <= p.abs_threshold or high < p.rel_threshold * low:
             return None  # balanced enough: affinity decides
-        if p.chance_k and len(loads) >= p.chance_min_replicas and high <= chance_high(loads, p.chance_k):
-            return None  # no more spread than random placement would give: nothing piles up
+        if p.chance_k and len(loads) >= p.chance_min_replicas:
+            ceiling = chance_high(loads, p.chance_k)
+            if high <= ceiling:
+                return None  # no more spread than random placement would give: nothing piles up
+            if p.keep == "below-chance":
+                return able & (load <= ceiling)  # only the piled-up replicas leave affinity's choice
         return able & (load <= low + p.abs_threshold)
 
     def keeps(self, one: OneCandidate) -> bool:
