@@ -40,11 +40,17 @@ from typing import Any
 import httpx
 import psutil
 
+from taskplane.bench import envoy_stats, picker_timing
 from taskplane.bench.real_metrics import histograms
 from taskplane.dev.local import LocalCluster
+from taskplane.epp.timing import PROBE_ENV
 
 MODEL = "llama-3.1-8b"
 QUEUE = "taskplane_gateway_queue_seconds"
+#: Waited after a phase before reading the picker's metrics: Envoy flushes its access log every 50 ms.
+LOG_FLUSH_S = 0.3
+#: The picker's loop probe period for the bench's gateways (``taskplane.epp.timing``).
+LOOP_PROBE_S = "0.005"
 
 
 @dataclass
@@ -250,12 +256,16 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     sampler = RssSampler(pid)
     cpu0 = cpu_by_process(sampler.proc)
     queue0 = await _queue_seconds(url)
+    admin = envoy_stats.admin_port(pid)
+    timing0, upstream0 = await picker_timing.read(url), await envoy_stats.replica_counters(admin)
     with sampler:
         gateway, results = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
     cpu1 = cpu_by_process(sampler.proc)
     split = {k: round((v - cpu0.get(k, 0.0)) * 1000.0 / calls, 3) for k, v in cpu1.items()}
     cpu_s = sum(cpu1.values()) - sum(cpu0.values())
+    await asyncio.sleep(LOG_FLUSH_S)  # the last streams' access-log entries (Envoy flushes every 50 ms)
     queue1 = await _queue_seconds(url)
+    timing1, upstream1 = await picker_timing.read(url), await envoy_stats.replica_counters(admin)
     added = {
         kind: {p: round(getattr(gateway, kind)[p] - getattr(direct, kind)[p], 1) for p in ("p50", "p90", "p99")
                if p in getattr(gateway, kind) and p in getattr(direct, kind)}
@@ -272,6 +282,10 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
         "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
         "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
         "added_ms": added, "ratio_to_direct": ratio,
+        # where the first token waited (issue 19): the picker's decision, Envoy's clock per call, the loop's lag
+        "picker_ms": picker_timing.phase_figures(timing0, timing1),
+        # why tries failed: Envoy's replica-cluster counters that moved during the phase
+        "envoy_upstream": envoy_stats.moved(upstream0, upstream1),
     }
 
 
@@ -312,6 +326,8 @@ async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: f
             "direct_ttft_ms": {q: round(round_direct.ttft_ms.get(q, float("nan")), 1) for q in ("p50", "p99")},
             "cpu_ms_per_call": {k: p["cpu_ms_per_call"] for k, p in round_planes.items()},
             "ratio_to_direct": {k: p["ratio_to_direct"] for k, p in round_planes.items()},
+            "picker_ms": {k: p["picker_ms"] for k, p in round_planes.items()},
+            "envoy_upstream": {k: p["envoy_upstream"] for k, p in round_planes.items()},
         })
     first = next(iter(planes.values()))
     return {
@@ -395,6 +411,7 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
     if unknown:
         raise ValueError(f"unknown data plane(s) {unknown}: choose from direct, {', '.join(PLANES)}")
     saved = os.environ.get("TASKPLANE_DATA_PLANE")
+    os.environ.setdefault(PROBE_ENV, LOOP_PROBE_S)  # inherited by the gateways started below
     with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp, contextlib.ExitStack() as stack:
         wd = workdir or Path(tmp)
         database_url = stack.enter_context(embedded_postgres(wd)) if postgres else None
@@ -433,6 +450,12 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"{name}: RSS {p['rss_mb']['before']} MB before, peak {p['rss_mb']['peak']} MB; "
                      f"CPU {p['cpu_ms_per_call']} ms per call {p['cpu_ms_per_call_by_process']}; "
                      f"mean admission wait {p['admission_wait_ms_mean']} ms; TTFT ratio to direct {p['ratio_to_direct']['ttft_ms']}")
+    for name, p in res["data_planes"].items():
+        if p.get("picker_ms"):
+            lines.append(f"{name} first-token path (p50 / p99 ms): " + "; ".join(
+                f"{k} {v.get('p50', float('nan')):.1f} / {v.get('p99', float('nan')):.1f}" for k, v in p["picker_ms"].items()))
+        if p.get("envoy_upstream"):
+            lines.append(f"{name} Envoy replica-cluster counters moved: {p['envoy_upstream']}")
     lines.append(f"{'':16}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
     rows = [("TTFT direct", d, "ttft_ms"), ("total direct", d, "total_ms")]
     for name, p in res["data_planes"].items():
@@ -444,6 +467,10 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"round {i} (load {r['load_average_1m']}): direct TTFT {r['direct_ttft_ms']} ms; "
                          + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}, CPU {r['cpu_ms_per_call'][k]} ms/call"
                                      for k, v in r["ratio_to_direct"].items()))
+            for k, figs in r.get("picker_ms", {}).items():
+                lines.append(f"  {k}: " + "; ".join(f"{n} p50 {v.get('p50', float('nan')):.1f} p99 {v.get('p99', float('nan')):.1f}"
+                                                    for n, v in figs.items())
+                             + (f"; Envoy {r['envoy_upstream'][k]}" if r.get("envoy_upstream", {}).get(k) else ""))
         lines.append("median over rounds: " + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}"
                                                          for k, v in res["ratio_to_direct_median"].items()))
     if "rows" in res:

@@ -34,6 +34,7 @@ from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
 from taskplane.epp.server import Picker
+from taskplane.epp.timing import BurstTiming, loop_probe, probe_period
 from taskplane.gateway.app import build_app
 from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
 from taskplane.gateway.service import Gateway
@@ -80,8 +81,9 @@ async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | No
     book = EndpointBook(gw.registry, eds_file)
     book.refresh()
     streams = StreamBook()
-    picker = Picker(gw, book, streams)
-    logs = AccessLogs(streams, picker.replica_at)
+    timing = BurstTiming(gw.metrics.registry)
+    picker = Picker(gw, book, streams, timing)
+    logs = AccessLogs(streams, picker.replica_at, timing)
     hs = health.new_health()
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000), ("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
@@ -112,8 +114,12 @@ async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
 
 def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -> asyncio.Future[Any]:
     """The picker's background work: Envoy's endpoints follow the registry; streams whose
-    access-log entry never came are settled."""
-    return asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+    access-log entry never came are settled; the event loop's lag is sampled (if asked)."""
+    work = [book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s)]
+    period = probe_period()
+    if period is not None and ps.picker.timing is not None:
+        work.append(loop_probe(ps.picker.timing.loop_lag, period))
+    return asyncio.gather(*work)
 
 
 async def _cancel(work: asyncio.Future[Any]) -> None:

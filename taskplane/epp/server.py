@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ from taskplane.epp.envoy_config import (
     NUM_RETRIES,
     TP_NAMESPACE,
 )
+from taskplane.epp.timing import BurstTiming
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.intake import Call
@@ -123,10 +125,11 @@ class _Exchange:
 class Picker(pb_grpc.ExternalProcessorServicer):
     """The ext_proc service over one ``Gateway`` (its registry, placer, ledger, cache)."""
 
-    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook) -> None:
+    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook, timing: BurstTiming | None = None) -> None:
         self.gw = gw
         self.book = book
         self.streams = streams
+        self.timing = timing  # the decision's latency (``taskplane.epp.timing``), when the picker's runtime keeps it
         self.decisions = 0
         #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
         #: successful stream on taskplane's own Envoy costs two; and streams, by filter
@@ -140,8 +143,11 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         self._streams[ex.exchange or ""] += 1
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
+        first = 0.0  # when the stream's first message reached this code (the decision's clock)
+        timed = self.timing is None
         try:
             while (req := await inbox.next(upload.deadline)) is not None:
+                first = first or time.perf_counter()
                 if isinstance(req, TimedOut):
                     yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
                     break
@@ -152,6 +158,9 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                     if resp.HasField("immediate_response"):
                         upload.stop()  # answered: the exchange is over
                     yield resp
+                if not timed and ex.picked is not None and self.timing is not None:  # the routing answer left
+                    self.timing.decision.observe(time.perf_counter() - first)
+                    timed = True
                 if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
                     upload.start()
                 elif req.HasField("request_body") and req.request_body.end_of_stream:
