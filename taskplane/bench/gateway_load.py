@@ -43,7 +43,7 @@ import psutil
 from taskplane.bench import envoy_stats, picker_timing
 from taskplane.bench.real_metrics import histograms
 from taskplane.dev.local import LocalCluster
-from taskplane.epp.timing import PROBE_ENV, SETTLE_ENV
+from taskplane.epp.timing import PROBE_ENV
 
 MODEL = "llama-3.1-8b"
 QUEUE = "taskplane_gateway_queue_seconds"
@@ -393,16 +393,12 @@ PLANES: dict[str, tuple[str, str]] = {
     "envoy": ("envoy", "lua"),  # Envoy + the picker: two picker messages per successful stream
     "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
     "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
-    "envoy-settle-now": ("envoy", "lua"),  # the same, the rows written as each log message comes (before issue 19)
     "python": ("python", "lua"),  # the thin Python proxy
 }
-#: How the picker writes the rows of logged streams, per data plane (``taskplane.epp.timing``).
-SETTLE: dict[str, str] = {"envoy-settle-now": "now"}
 
 
 def _use_plane(plane: str) -> None:
     os.environ["TASKPLANE_DATA_PLANE"], os.environ["TASKPLANE_EPP_STREAM_USAGE"] = PLANES[plane]
-    os.environ[SETTLE_ENV] = SETTLE.get(plane, "deferred")
 
 
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
@@ -437,7 +433,6 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
             return res
         finally:
             os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
-            os.environ.pop(SETTLE_ENV, None)
             if saved is None:
                 os.environ.pop("TASKPLANE_DATA_PLANE", None)
             else:
@@ -496,8 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
                    help="comma-separated: envoy (Envoy + picker, Lua usage scan, 2 picker messages per stream), "
-                        "envoy-3msg (the same with response headers through the picker), envoy-settle-now (the same, rows "
-                        "written as each access-log message comes, not after the decisions under way), envoy-duplex (streamed bodies "
+                        "envoy-3msg (the same with response headers through the picker), envoy-duplex (streamed bodies "
                         "through the picker), python (the thin proxy); direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")

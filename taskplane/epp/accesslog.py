@@ -137,10 +137,7 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
                 logged = (md, entry)
                 picked = self.streams.arrive(str(md.get("call", "")), logged)
                 if picked is not None:
-                    picked.ended()  # its leases and tenant slot back now, whenever its rows come
                     settling.append(settle_logged(picked, logged, self.resolve))
-            if settling and self.timing is not None and self.timing.first is not None:
-                await self.timing.first.idle()  # decisions first: the rows once none is under way
             if settling:
                 # the entries of one message together: their rows share one outbox commit
                 # (one after the other, each waited for its own fsync); shielded, so a call

@@ -25,7 +25,6 @@ from taskplane.gateway.attempts import Attempt, response_headers
 from taskplane.gateway.intake import Call
 from taskplane.gateway.lifecycle import MAX_TRIES, AttemptLifecycle, Choice
 from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.stalls import CLOCK
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
@@ -56,8 +55,6 @@ class PickedCall:
         self.served: Attempt | None = None
         self.settled = False
         self.settled_at: float | None = None  # monotonic, once settled
-        self.ended_at: float | None = None  # stalls.CLOCK, once Envoy logged the call (``ended``)
-        self._left = False  # the tenant's slot was given back
 
     @property
     def key(self) -> str:
@@ -74,8 +71,6 @@ class PickedCall:
         at = index if row_index is None else row_index
         attempt = await self.lc.begin(self.call, decision, replica, try_index=self.first_try + at,
                                       queue_ms=self.choice.queue_ms)
-        if self.ended_at is not None:  # a try first named by the log entry of a call already over
-            self.lc.release(attempt, self.ended_at)
         self.attempts[index] = attempt
         self.attempts_tried.add(index)
         return attempt
@@ -205,20 +200,6 @@ class PickedCall:
             log.warning("envoy_tries_unnamed", call=self.key, envoy_tries=envoy_tries, added=len(missing))
         return len(missing)
 
-    def ended(self) -> None:
-        """Envoy logged the call, so its stream is over, though its rows may be written a
-        little later (``taskplane.epp.timing.DecisionsFirst``): give back at once what
-        placement and admission count, every open attempt's lease and the tenant's slot."""
-        self.ended_at = CLOCK.now()
-        for attempt in self.attempts.values():
-            self.lc.release(attempt, self.ended_at)
-        self._leave()
-
-    def _leave(self) -> None:
-        if not self._left:
-            self._left = True
-            self.lc.leave(self.call)
-
     async def settle(self) -> None:
         """Close what is still open (the gateway lost track: blame nobody) and give the
         tenant's slot back, once."""
@@ -229,4 +210,4 @@ class PickedCall:
         for attempt in self.attempts.values():
             if not attempt.settled:  # a settled attempt ignores it: build no failure for it
                 await self.lc.failed(attempt, failures.internal(attempt.replica.name, "attempt ended without an answer"))
-        self._leave()
+        self.lc.leave(self.call)

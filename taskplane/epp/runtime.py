@@ -34,13 +34,7 @@ from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
 from taskplane.epp.server import Picker
-from taskplane.epp.timing import (
-    BurstTiming,
-    DecisionsFirst,
-    loop_probe,
-    probe_period,
-    settle_deferred,
-)
+from taskplane.epp.timing import BurstTiming, loop_probe, probe_period
 from taskplane.gateway.app import build_app
 from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
 from taskplane.gateway.service import Gateway
@@ -87,7 +81,7 @@ async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | No
     book = EndpointBook(gw.registry, eds_file)
     book.refresh()
     streams = StreamBook()
-    timing = BurstTiming(gw.metrics.registry, DecisionsFirst() if settle_deferred() else None)
+    timing = BurstTiming(gw.metrics.registry)
     picker = Picker(gw, book, streams, timing)
     logs = AccessLogs(streams, picker.replica_at, timing)
     hs = health.new_health()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,11 +144,10 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         first = 0.0  # when the stream's first message reached this code (the decision's clock)
-        deciding = False  # between the first message and the routing answer (``taskplane.epp.timing``)
+        timed = self.timing is None
         try:
             while (req := await inbox.next(upload.deadline)) is not None:
-                if not first and self.timing is not None and ex.exchange != "answers":
-                    first, deciding = self.timing.started(), True
+                first = first or time.perf_counter()
                 if isinstance(req, TimedOut):
                     yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
                     break
@@ -158,16 +158,14 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                     if resp.HasField("immediate_response"):
                         upload.stop()  # answered: the exchange is over
                     yield resp
-                if deciding and self.timing is not None and (ex.picked is not None or ex.kind is None):
-                    self.timing.decided(first, answered=ex.picked is not None)  # the routing answer left (or none is due)
-                    deciding = False
+                if not timed and ex.picked is not None and self.timing is not None:  # the routing answer left
+                    self.timing.decision.observe(time.perf_counter() - first)
+                    timed = True
                 if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
                     upload.start()
                 elif req.HasField("request_body") and req.request_body.end_of_stream:
                     upload.stop()
         finally:
-            if deciding and self.timing is not None:
-                self.timing.decided(first, answered=False)
             inbox.close()
             if ex.picked is not None and (work := self._let_go(ex, ex.picked)) is not None:
                 await asyncio.shield(work)

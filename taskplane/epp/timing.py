@@ -16,20 +16,11 @@ Three views, each cheap enough to stay on:
 - ``taskplane_epp_loop_lag_seconds``: how late a short sleep of the picker's event loop
   wakes (``loop_probe``, off unless ``TASKPLANE_EPP_LOOP_PROBE_S`` sets its period): what
   any message arriving then waits before its coroutine runs.
-
-And one priority: decisions first (``DecisionsFirst``). The picker is one event loop; in a
-burst the calls that finished early have their access-log entries settled (rows built,
-committed to the outbox) while later calls still wait for their routing answer. While any
-decision is under way the access log frees what placement counts at once (the attempts'
-leases, the tenant's slot: ``PickedCall.ended``) and writes the rows when no decision is
-left, or after ``MAX_DEFER_S``. The log stream still reads its next message only once the
-rows of this one are in the outbox, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from typing import Any
@@ -42,48 +33,12 @@ BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.004, 0.006, 0.01, 
 PHASES = ("received", "routed", "replica", "first_token")
 #: The environment variable that turns the loop probe on (its period in seconds).
 PROBE_ENV = "TASKPLANE_EPP_LOOP_PROBE_S"
-#: ``deferred`` (the default: rows wait for the decisions under way) or ``now`` (rows as
-#: each log message comes: the bench's comparison).
-SETTLE_ENV = "TASKPLANE_EPP_SETTLE"
-#: The longest an access-log message's rows wait for decisions: a steady load always has
-#: one under way, and its rows, its tenant's slots, must still be written.
-MAX_DEFER_S = 0.25
-
-
-class DecisionsFirst:
-    """Counts the routing decisions under way; ``idle`` waits until there is none."""
-
-    def __init__(self, max_defer_s: float = MAX_DEFER_S) -> None:
-        self.max_defer_s = max_defer_s
-        self.pending = 0
-        self.deferred = 0  # access-log messages whose rows waited (``idle`` had to wait)
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def begin(self) -> None:
-        self.pending += 1
-        self._idle.clear()
-
-    def end(self) -> None:
-        self.pending -= 1
-        if self.pending <= 0:
-            self.pending = 0
-            self._idle.set()
-
-    async def idle(self) -> None:
-        """Return once no decision is under way, or after ``max_defer_s``."""
-        if self.pending == 0:
-            return
-        self.deferred += 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self.max_defer_s)
 
 
 class BurstTiming:
     """The picker's timing histograms, on the gateway's registry."""
 
-    def __init__(self, registry: CollectorRegistry, first: DecisionsFirst | None = None) -> None:
-        self.first = first  # the decisions' priority over the rows (None: rows as they come)
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.decision = Histogram("taskplane_epp_decision_seconds", "From an ext_proc stream's first message reaching the "
                                   "picker's code to its routing answer handed to gRPC", registry=registry, buckets=BUCKETS)
         phases = Histogram("taskplane_epp_call_phase_seconds", "Envoy's clock per logged call: received (the request's "
@@ -92,19 +47,6 @@ class BurstTiming:
         self._phase = {p: phases.labels(p) for p in PHASES}
         self.loop_lag = Histogram("taskplane_epp_loop_lag_seconds", "How late the picker's event loop woke from a short "
                                   "sleep (TASKPLANE_EPP_LOOP_PROBE_S)", registry=registry, buckets=BUCKETS)
-
-    def started(self) -> float:
-        """An ext_proc stream's first message reached the picker's code: its clock."""
-        if self.first is not None:
-            self.first.begin()
-        return time.perf_counter()
-
-    def decided(self, t0: float, *, answered: bool) -> None:
-        """The stream's decision is over (``answered``: its routing answer left, timed)."""
-        if answered:
-            self.decision.observe(time.perf_counter() - t0)
-        if self.first is not None:
-            self.first.end()
 
     def logged(self, entry: Any, first_token_ms: float | None) -> None:
         """Observe one access-log entry's phases (those Envoy filled in)."""
@@ -128,11 +70,6 @@ async def loop_probe(lag: Histogram, period_s: float) -> None:
         t0 = time.perf_counter()
         await asyncio.sleep(period_s)
         lag.observe(max(0.0, time.perf_counter() - t0 - period_s))
-
-
-def settle_deferred() -> bool:
-    """Whether rows wait for the decisions under way (``TASKPLANE_EPP_SETTLE``, not ``now``)."""
-    return os.environ.get(SETTLE_ENV, "deferred") != "now"
 
 
 def probe_period() -> float | None:

@@ -75,7 +75,6 @@ class Attempt:
     t0: float  # stalls.CLOCK time, for its durations
     ttft_ms: float | None = None  # set when the first token came back
     settled: bool = False
-    ended: float | None = None  # stalls.CLOCK time its stream ended, when its row is written later (``release``)
 
     @property
     def batch_start(self) -> int:
@@ -84,7 +83,7 @@ class Attempt:
 
     def elapsed_ms(self) -> float:
         """Milliseconds since the attempt began, less any stall of the gateway's own (``stalls``)."""
-        return ((CLOCK.now() if self.ended is None else self.ended) - self.t0) * 1000.0
+        return (CLOCK.now() - self.t0) * 1000.0
 
 
 def attempt_key(tenant: str, call_id: str, attempt: int, try_index: int) -> str:

@@ -238,17 +238,6 @@ class AttemptLifecycle:
         self._gauge(attempt.replica)
         return batch_end
 
-    def release(self, attempt: Attempt, at: float) -> None:
-        """The attempt's stream ended at ``at`` (``stalls.CLOCK``) but its row is written
-        later: give its place in the replica's counts back now, so placement sees the true
-        load meanwhile, and end its duration there. Its ``succeeded`` / ``failed`` /
-        ``cancelled`` then writes the row as usual (the lease's batch is the one it left)."""
-        if attempt.settled or attempt.lease.released:
-            return
-        attempt.ended = at
-        attempt.lease.release()
-        self._gauge(attempt.replica)
-
     def _gauge(self, replica: ReplicaState) -> None:
         self.metrics.child(self.metrics.inflight, replica.name).set(replica.inflight)
 
