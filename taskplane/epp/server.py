@@ -154,13 +154,17 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 if req.HasField("protocol_config"):
                     ex.request_duplex = req.protocol_config.request_body_mode in _DUPLEX
                     ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
-                for resp in await self._on(req, ex):
+                replies = await self._on(req, ex)
+                if not timed and ex.picked is not None and self.timing is not None:  # the routing answer is built
+                    self.timing.decision.observe(time.perf_counter() - first)
+                for resp in replies:
                     if resp.HasField("immediate_response"):
                         upload.stop()  # answered: the exchange is over
+                    sent = time.perf_counter()
                     yield resp
-                if not timed and ex.picked is not None and self.timing is not None:  # the routing answer left
-                    self.timing.decision.observe(time.perf_counter() - first)
-                    timed = True
+                    if not timed and self.timing is not None:  # until the routing answer: gRPC's write, the loop's turn back
+                        self.timing.reply_wait.observe(time.perf_counter() - sent)
+                timed = timed or ex.picked is not None
                 if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
                     upload.start()
                 elif req.HasField("request_body") and req.request_body.end_of_stream:

@@ -3,9 +3,12 @@
 Three views, each cheap enough to stay on:
 
 - ``taskplane_epp_decision_seconds``: from the moment the picker's coroutine got an
-  ext_proc stream's first message to the moment it handed over the routing answer (two
+  ext_proc stream's first message to the moment its routing answer was built (two
   messages apart on taskplane's Envoy: the request headers' reply and the body's wait,
   admission, the placement and the answer's encoding are inside);
+- ``taskplane_epp_reply_wait_seconds``: how long each reply up to the routing answer held
+  its stream's coroutine in ``yield`` (gRPC's write, then the loop's turn back to it): the
+  coroutine reads the body's message only after the headers' reply came back this way;
 - ``taskplane_epp_call_phase_seconds{phase}``: Envoy's own clock for each logged call, read
   from its access-log entry: ``received`` (the request's last byte from the client),
   ``routed`` (from there to the first byte sent to the replica: every ext_proc round trip,
@@ -45,6 +48,9 @@ class BurstTiming:
                            "last byte), routed (to the first byte sent upstream), replica (to the first byte back), "
                            "first_token (from the request's start)", ["phase"], registry=registry, buckets=BUCKETS)
         self._phase = {p: phases.labels(p) for p in PHASES}
+        self.reply_wait = Histogram("taskplane_epp_reply_wait_seconds", "How long handing a reply to gRPC held an "
+                                    "ext_proc stream's coroutine (its write, then the event loop's turn back), up to "
+                                    "the routing answer", registry=registry, buckets=BUCKETS)
         self.loop_lag = Histogram("taskplane_epp_loop_lag_seconds", "How late the picker's event loop woke from a short "
                                   "sleep (TASKPLANE_EPP_LOOP_PROBE_S)", registry=registry, buckets=BUCKETS)
 
