@@ -18,6 +18,7 @@ DECISION = "taskplane_epp_decision_seconds"
 PHASE = "taskplane_epp_call_phase_seconds"
 LOOP_LAG = "taskplane_epp_loop_lag_seconds"
 REPLY_WAIT = "taskplane_epp_reply_wait_seconds"
+ROUTE = "taskplane_epp_route_seconds"
 
 
 @dataclass
@@ -48,10 +49,10 @@ class Reading:
 
 
 def parse(text: str) -> dict[str, Reading]:
-    """The timing histograms of a ``/metrics`` page: ``decision``, ``reply_wait``,
+    """The timing histograms of a ``/metrics`` page: ``decision``, ``route``, ``reply_wait``,
     ``loop_lag`` and each call phase by its name (absent ones are left out)."""
     out: dict[str, Reading] = {}
-    names = {DECISION: "decision", REPLY_WAIT: "reply_wait", LOOP_LAG: "loop_lag"}
+    names = {DECISION: "decision", ROUTE: "route", REPLY_WAIT: "reply_wait", LOOP_LAG: "loop_lag"}
     for fam in text_string_to_metric_families(text):
         if fam.name not in names and fam.name != PHASE:
             continue

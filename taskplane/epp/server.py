@@ -147,7 +147,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         timed = self.timing is None
         try:
             while (req := await inbox.next(upload.deadline)) is not None:
-                first = first or time.perf_counter()
+                got = time.perf_counter()
+                first = first or got
                 if isinstance(req, TimedOut):
                     yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
                     break
@@ -156,7 +157,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                     ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
                 replies = await self._on(req, ex)
                 if not timed and ex.picked is not None and self.timing is not None:  # the routing answer is built
-                    self.timing.decision.observe(time.perf_counter() - first)
+                    self.timing.decided(first, got)
                 for resp in replies:
                     if resp.HasField("immediate_response"):
                         upload.stop()  # answered: the exchange is over

@@ -6,6 +6,9 @@ Three views, each cheap enough to stay on:
   ext_proc stream's first message to the moment its routing answer was built (two
   messages apart on taskplane's Envoy: the request headers' reply and the body's wait,
   admission, the placement and the answer's encoding are inside);
+- ``taskplane_epp_route_seconds``: from the message that completed the request (the body's
+  last) reaching the picker's code to the routing answer built: the picker's own work and
+  admission's hold, without the client's upload;
 - ``taskplane_epp_reply_wait_seconds``: how long each reply up to the routing answer held
   its stream's coroutine in ``yield`` (gRPC's write, then the loop's turn back to it): the
   coroutine reads the body's message only after the headers' reply came back this way;
@@ -48,11 +51,20 @@ class BurstTiming:
                            "last byte), routed (to the first byte sent upstream), replica (to the first byte back), "
                            "first_token (from the request's start)", ["phase"], registry=registry, buckets=BUCKETS)
         self._phase = {p: phases.labels(p) for p in PHASES}
+        self.route = Histogram("taskplane_epp_route_seconds", "From the ext_proc message that completed the request "
+                               "reaching the picker's code to its routing answer built", registry=registry, buckets=BUCKETS)
         self.reply_wait = Histogram("taskplane_epp_reply_wait_seconds", "How long handing a reply to gRPC held an "
                                     "ext_proc stream's coroutine (its write, then the event loop's turn back), up to "
                                     "the routing answer", registry=registry, buckets=BUCKETS)
         self.loop_lag = Histogram("taskplane_epp_loop_lag_seconds", "How late the picker's event loop woke from a short "
                                   "sleep (TASKPLANE_EPP_LOOP_PROBE_S)", registry=registry, buckets=BUCKETS)
+
+    def decided(self, first: float, last: float) -> None:
+        """The routing answer is built: ``first`` and ``last`` (``perf_counter``) are when the
+        stream's first message and the one that completed the request reached the picker."""
+        now = time.perf_counter()
+        self.decision.observe(now - first)
+        self.route.observe(now - last)
 
     def logged(self, entry: Any, first_token_ms: float | None) -> None:
         """Observe one access-log entry's phases (those Envoy filled in)."""
