@@ -19,6 +19,7 @@ PHASE = "taskplane_epp_call_phase_seconds"
 LOOP_LAG = "taskplane_epp_loop_lag_seconds"
 REPLY_WAIT = "taskplane_epp_reply_wait_seconds"
 ROUTE = "taskplane_epp_route_seconds"
+GC = "taskplane_epp_gc_seconds"
 
 
 @dataclass
@@ -50,16 +51,20 @@ class Reading:
 
 def parse(text: str) -> dict[str, Reading]:
     """The timing histograms of a ``/metrics`` page: ``decision``, ``route``, ``reply_wait``,
-    ``loop_lag`` and each call phase by its name (absent ones are left out)."""
+    ``loop_lag``, each call phase by its name, and ``gc0``..``gc2`` (Python's collections
+    by generation; absent ones are left out)."""
     out: dict[str, Reading] = {}
     names = {DECISION: "decision", ROUTE: "route", REPLY_WAIT: "reply_wait", LOOP_LAG: "loop_lag"}
     for fam in text_string_to_metric_families(text):
-        if fam.name not in names and fam.name != PHASE:
+        if fam.name not in names and fam.name not in (PHASE, GC):
             continue
         for s in fam.samples:
-            key = s.labels.get("phase", "") if fam.name == PHASE else names[fam.name]
-            if key not in PHASES and key not in names.values():
-                continue
+            if fam.name == GC:
+                key = f"gc{s.labels.get('generation', '')}"
+            else:
+                key = s.labels.get("phase", "") if fam.name == PHASE else names[fam.name]
+                if key not in PHASES and key not in names.values():
+                    continue
             r = out.setdefault(key, Reading())
             if s.name.endswith("_count"):
                 r.count = s.value

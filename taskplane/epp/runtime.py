@@ -33,6 +33,7 @@ from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
+from taskplane.epp.gcfreeze import freeze_startup_objects
 from taskplane.epp.server import Picker
 from taskplane.epp.timing import BurstTiming, loop_probe, probe_period
 from taskplane.gateway.app import build_app
@@ -118,6 +119,7 @@ def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -
     work = [book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s)]
     period = probe_period()
     if period is not None and ps.picker.timing is not None:
+        ps.picker.timing.watch_gc()
         work.append(loop_probe(ps.picker.timing.loop_lag, period))
     return asyncio.gather(*work)
 
@@ -182,6 +184,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     try:
         await envoy.start()
         envoy_alive = True
+        log.info("gc_frozen", objects=freeze_startup_objects())  # start-up is over (see taskplane.epp.gcfreeze)
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
         stop = asyncio.create_task(server.stopping.wait(), name="signal")
         done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)

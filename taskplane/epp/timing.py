@@ -27,6 +27,7 @@ Three views, each cheap enough to stay on:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -56,6 +57,11 @@ class BurstTiming:
         self.reply_wait = Histogram("taskplane_epp_reply_wait_seconds", "How long handing a reply to gRPC held an "
                                     "ext_proc stream's coroutine (its write, then the event loop's turn back), up to "
                                     "the routing answer", registry=registry, buckets=BUCKETS)
+        gc_pause = Histogram("taskplane_epp_gc_seconds", "Python's garbage collections in the picker's process, by "
+                             "generation (TASKPLANE_EPP_LOOP_PROBE_S): the loop stands still meanwhile", ["generation"],
+                             registry=registry, buckets=BUCKETS)
+        self._gc = {g: gc_pause.labels(str(g)) for g in (0, 1, 2)}
+        self._gc_started = 0.0
         self.loop_lag = Histogram("taskplane_epp_loop_lag_seconds", "How late the picker's event loop woke from a short "
                                   "sleep (TASKPLANE_EPP_LOOP_PROBE_S)", registry=registry, buckets=BUCKETS)
 
@@ -80,6 +86,22 @@ class BurstTiming:
         if first_token_ms and c.HasField("start_time"):
             start_ms = c.start_time.seconds * 1000.0 + c.start_time.nanos / 1e6
             self._phase["first_token"].observe(max(0.0, (float(first_token_ms) - start_ms) / 1000.0))
+
+
+    def watch_gc(self) -> None:
+        """Time every garbage collection of this process from now on (``gc.callbacks``)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            self._gc[info.get("generation", 2)].observe(time.perf_counter() - self._gc_started)
 
 
 async def loop_probe(lag: Histogram, period_s: float) -> None:
