@@ -184,7 +184,9 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     try:
         await envoy.start()
         envoy_alive = True
-        log.info("gc_frozen", objects=freeze_startup_objects())  # start-up is over (see taskplane.epp.gcfreeze)
+        frozen = freeze_startup_objects()  # start-up is over (see taskplane.epp.gcfreeze)
+        if ps.picker.timing is not None:
+            ps.picker.timing.gc_frozen.set(frozen)
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
         stop = asyncio.create_task(server.stopping.wait(), name="signal")
         done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)

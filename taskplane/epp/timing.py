@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 #: Sub-millisecond to seconds, about x1.6 apart: a burst's waits sit between 0.5 and 500 ms.
 BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.004, 0.006, 0.01, 0.015, 0.025, 0.04, 0.06,
@@ -61,6 +61,8 @@ class BurstTiming:
                              "generation (TASKPLANE_EPP_LOOP_PROBE_S): the loop stands still meanwhile", ["generation"],
                              registry=registry, buckets=BUCKETS)
         self._gc = {g: gc_pause.labels(str(g)) for g in (0, 1, 2)}
+        self.gc_frozen = Gauge("taskplane_epp_gc_frozen_objects", "Objects start-up built that Python's collector no "
+                               "longer walks (gc.freeze, taskplane.epp.gcfreeze)", registry=registry)
         self._gc_started = 0.0
         self.loop_lag = Histogram("taskplane_epp_loop_lag_seconds", "How late the picker's event loop woke from a short "
                                   "sleep (TASKPLANE_EPP_LOOP_PROBE_S)", registry=registry, buckets=BUCKETS)

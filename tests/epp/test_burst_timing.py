@@ -7,6 +7,7 @@ as ``gateway_load`` reads them (``taskplane.bench.picker_timing``)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import httpx
@@ -43,3 +44,13 @@ async def test_each_stream_is_timed_from_its_first_message_to_its_first_token(do
         assert figures[phase]["n"] == 6, (phase, figures)
     # Envoy's first token comes after its request was routed
     assert figures["first_token"]["mean"] >= figures["routed"]["mean"]
+
+
+async def test_the_front_door_freezes_what_start_up_built(door: LocalCluster) -> None:
+    """A full collection walked start-up's objects and stopped the loop 80-250 ms in a
+    burst; once Envoy is up the front door freezes them (``taskplane.epp.gcfreeze``)."""
+    async with httpx.AsyncClient(base_url=door.gateway_url, timeout=30) as client:
+        text = (await client.get("/metrics")).text
+    found = re.search(r"^taskplane_epp_gc_frozen_objects ([0-9.e+]+)$", text, re.M)
+    assert found is not None
+    assert float(found.group(1)) > 10_000
