@@ -124,6 +124,13 @@ def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -
     return asyncio.gather(*work)
 
 
+def _freeze(ps: PickerServer) -> None:
+    """Start-up is over: its objects out of the full collections' walk (``taskplane.epp.gcfreeze``)."""
+    frozen = freeze_startup_objects()
+    if ps.picker.timing is not None:
+        ps.picker.timing.gc_frozen.set(frozen)
+
+
 async def _cancel(work: asyncio.Future[Any]) -> None:
     work.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -142,6 +149,7 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     async with gateway_of(app) as gw:
         ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
         follow = _keep_in_step(book, ps, config)
+        _freeze(ps)
         stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
@@ -184,9 +192,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     try:
         await envoy.start()
         envoy_alive = True
-        frozen = freeze_startup_objects()  # start-up is over (see taskplane.epp.gcfreeze)
-        if ps.picker.timing is not None:
-            ps.picker.timing.gc_frozen.set(frozen)
+        _freeze(ps)
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
         stop = asyncio.create_task(server.stopping.wait(), name="signal")
         done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
