@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -40,11 +41,18 @@ from typing import Any
 import httpx
 import psutil
 
+from taskplane.bench import envoy_stats, picker_timing
 from taskplane.bench.real_metrics import histograms
 from taskplane.dev.local import LocalCluster
+from taskplane.epp.gcfreeze import FREEZE_ENV
+from taskplane.epp.timing import PROBE_ENV
 
 MODEL = "llama-3.1-8b"
 QUEUE = "taskplane_gateway_queue_seconds"
+#: Waited after a phase before reading the picker's metrics: Envoy flushes its access log every 50 ms.
+LOG_FLUSH_S = 0.3
+#: The picker's loop probe period for the bench's gateways (``taskplane.epp.timing``).
+LOOP_PROBE_S = "0.005"
 
 
 @dataclass
@@ -54,6 +62,14 @@ class CallResult:
     ttft_s: float | None
     total_s: float
     error: str | None = None
+    #: the client's own clock (httpx's trace events), seconds from the call's start: the TCP
+    #: connection made (None: a pooled one), the request's last byte written, the response headers read
+    client_s: dict[str, float] = field(default_factory=dict)
+
+
+#: httpx trace events -> the client-side marks of a call (``CallResult.client_s``)
+CLIENT_MARKS = {"connection.connect_tcp.complete": "connected", "http11.send_request_body.complete": "sent",
+                "http11.receive_response_headers.complete": "headers"}
 
 
 @dataclass
@@ -65,6 +81,9 @@ class PhaseStats:
     ttft_ms: dict[str, float] = field(default_factory=dict)
     total_ms: dict[str, float] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    #: the client's clock per served call (``CLIENT_MARKS``): when it connected, had sent the
+    #: request, had the response headers, had the first token; and between them (``*_to_*``)
+    client_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -87,8 +106,14 @@ def _body(i: int, max_tokens: int) -> dict[str, Any]:
 async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> CallResult:
     t0 = time.perf_counter()
     ttft: float | None = None
+    marks: dict[str, float] = {}
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event in CLIENT_MARKS:
+            marks[CLIENT_MARKS[event]] = time.perf_counter() - t0
+
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as r:
+        async with client.stream("POST", url, json=body, headers=headers, extensions={"trace": trace}) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode("utf-8", "replace")
                 return CallResult(False, r.status_code, None, time.perf_counter() - t0, text[:200])
@@ -102,7 +127,9 @@ async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], he
                     return CallResult(False, 200, ttft, time.perf_counter() - t0, line[:200])
             if not done:
                 return CallResult(False, 200, ttft, time.perf_counter() - t0, "stream ended without [DONE]")
-            return CallResult(True, 200, ttft, time.perf_counter() - t0)
+            if ttft is not None:
+                marks["first_token"] = ttft
+            return CallResult(True, 200, ttft, time.perf_counter() - t0, client_s=marks)
     except (httpx.HTTPError, OSError) as exc:
         return CallResult(False, 0, ttft, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:200])
 
@@ -140,8 +167,25 @@ async def run_phase(name: str, urls: list[str], calls: int, max_tokens: int, tim
         ttft_ms=percentiles([r.ttft_s for r in results if r.ok and r.ttft_s is not None]),
         total_ms=percentiles([r.total_s for r in results if r.ok]),
         error_samples=sorted({f"{r.status}: {r.error}" for r in errors})[:5],
+        client_ms=client_marks([r for r in results if r.ok]),
     )
     return stats, results
+
+
+def client_marks(results: list[CallResult]) -> dict[str, dict[str, float]]:
+    """Percentiles of each client-side mark, and of the time between consecutive ones:
+    which part of a call's first token the client itself waited through."""
+    out: dict[str, dict[str, float]] = {}
+    order = ("sent", "headers", "first_token")
+    for mark in ("connected", *order):
+        values = [r.client_s[mark] for r in results if mark in r.client_s]
+        if values:
+            out[mark] = {k: round(v, 1) for k, v in percentiles(values).items()}
+    for a, b in itertools.pairwise(order):
+        gaps = [r.client_s[b] - r.client_s[a] for r in results if a in r.client_s and b in r.client_s]
+        if gaps:
+            out[f"{a}_to_{b}"] = {k: round(v, 1) for k, v in percentiles(gaps).items()}
+    return out
 
 
 def cpu_by_process(proc: psutil.Process) -> dict[str, float]:
@@ -250,12 +294,16 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     sampler = RssSampler(pid)
     cpu0 = cpu_by_process(sampler.proc)
     queue0 = await _queue_seconds(url)
+    admin = envoy_stats.admin_port(pid)
+    timing0, upstream0 = await picker_timing.read(url), await envoy_stats.replica_counters(admin)
     with sampler:
         gateway, results = await run_phase(name, urls, calls, max_tokens, timeout_s, headers)
     cpu1 = cpu_by_process(sampler.proc)
     split = {k: round((v - cpu0.get(k, 0.0)) * 1000.0 / calls, 3) for k, v in cpu1.items()}
     cpu_s = sum(cpu1.values()) - sum(cpu0.values())
+    await asyncio.sleep(LOG_FLUSH_S)  # the last streams' access-log entries (Envoy flushes every 50 ms)
     queue1 = await _queue_seconds(url)
+    timing1, upstream1 = await picker_timing.read(url), await envoy_stats.replica_counters(admin)
     added = {
         kind: {p: round(getattr(gateway, kind)[p] - getattr(direct, kind)[p], 1) for p in ("p50", "p90", "p99")
                if p in getattr(gateway, kind) and p in getattr(direct, kind)}
@@ -272,6 +320,10 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
         "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
         "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
         "added_ms": added, "ratio_to_direct": ratio,
+        # where the first token waited (issue 19): the picker's decision, Envoy's clock per call, the loop's lag
+        "picker_ms": picker_timing.phase_figures(timing0, timing1),
+        # why tries failed: Envoy's replica-cluster counters that moved during the phase
+        "envoy_upstream": envoy_stats.moved(upstream0, upstream1),
     }
 
 
@@ -310,8 +362,11 @@ async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: f
             "load_average_1m": round(os.getloadavg()[0], 2),
             "errors": {"direct": round_direct.errors, **{k: p["errors"] for k, p in round_planes.items()}},
             "direct_ttft_ms": {q: round(round_direct.ttft_ms.get(q, float("nan")), 1) for q in ("p50", "p99")},
+            "client_ms": {"direct": round_direct.client_ms, **{k: p["stats"]["client_ms"] for k, p in round_planes.items()}},
             "cpu_ms_per_call": {k: p["cpu_ms_per_call"] for k, p in round_planes.items()},
             "ratio_to_direct": {k: p["ratio_to_direct"] for k, p in round_planes.items()},
+            "picker_ms": {k: p["picker_ms"] for k, p in round_planes.items()},
+            "envoy_upstream": {k: p["envoy_upstream"] for k, p in round_planes.items()},
         })
     first = next(iter(planes.values()))
     return {
@@ -377,12 +432,16 @@ PLANES: dict[str, tuple[str, str]] = {
     "envoy": ("envoy", "lua"),  # Envoy + the picker: two picker messages per successful stream
     "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
     "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
+    "envoy-no-freeze": ("envoy", "lua"),  # the same, Python's collector left as it is (no gc.freeze at start-up)
     "python": ("python", "lua"),  # the thin Python proxy
 }
+#: Planes whose front door leaves Python's collector as it is (``taskplane.epp.gcfreeze``).
+NO_FREEZE = ("envoy-no-freeze",)
 
 
 def _use_plane(plane: str) -> None:
     os.environ["TASKPLANE_DATA_PLANE"], os.environ["TASKPLANE_EPP_STREAM_USAGE"] = PLANES[plane]
+    os.environ[FREEZE_ENV] = "0" if plane in NO_FREEZE else "1"
 
 
 def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float = 20.0, timeout_s: float = 300.0,
@@ -395,6 +454,7 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
     if unknown:
         raise ValueError(f"unknown data plane(s) {unknown}: choose from direct, {', '.join(PLANES)}")
     saved = os.environ.get("TASKPLANE_DATA_PLANE")
+    os.environ.setdefault(PROBE_ENV, LOOP_PROBE_S)  # inherited by the gateways started below
     with tempfile.TemporaryDirectory(prefix="tp-gw-load-") as tmp, contextlib.ExitStack() as stack:
         wd = workdir or Path(tmp)
         database_url = stack.enter_context(embedded_postgres(wd)) if postgres else None
@@ -416,6 +476,7 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
             return res
         finally:
             os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
+            os.environ.pop(FREEZE_ENV, None)
             if saved is None:
                 os.environ.pop("TASKPLANE_DATA_PLANE", None)
             else:
@@ -433,6 +494,17 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"{name}: RSS {p['rss_mb']['before']} MB before, peak {p['rss_mb']['peak']} MB; "
                      f"CPU {p['cpu_ms_per_call']} ms per call {p['cpu_ms_per_call_by_process']}; "
                      f"mean admission wait {p['admission_wait_ms_mean']} ms; TTFT ratio to direct {p['ratio_to_direct']['ttft_ms']}")
+    for name, p in res["data_planes"].items():
+        if p.get("picker_ms"):
+            lines.append(f"{name} first-token path (p50 / p99 ms): " + "; ".join(
+                f"{k} {v.get('p50', float('nan')):.1f} / {v.get('p99', float('nan')):.1f}" for k, v in p["picker_ms"].items()))
+        if p.get("envoy_upstream"):
+            lines.append(f"{name} Envoy replica-cluster counters moved: {p['envoy_upstream']}")
+    clients = [("direct", d), *((k, p["stats"]) for k, p in res["data_planes"].items())]
+    for name, st in clients:
+        if st.get("client_ms"):
+            lines.append(f"{name} client clock (p50 / p99 ms): " + "; ".join(
+                f"{k} {v.get('p50', float('nan')):.1f} / {v.get('p99', float('nan')):.1f}" for k, v in st["client_ms"].items()))
     lines.append(f"{'':16}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
     rows = [("TTFT direct", d, "ttft_ms"), ("total direct", d, "total_ms")]
     for name, p in res["data_planes"].items():
@@ -444,6 +516,10 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"round {i} (load {r['load_average_1m']}): direct TTFT {r['direct_ttft_ms']} ms; "
                          + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}, CPU {r['cpu_ms_per_call'][k]} ms/call"
                                      for k, v in r["ratio_to_direct"].items()))
+            for k, figs in r.get("picker_ms", {}).items():
+                lines.append(f"  {k}: " + "; ".join(f"{n} p50 {v.get('p50', float('nan')):.1f} p99 {v.get('p99', float('nan')):.1f}"
+                                                    for n, v in figs.items())
+                             + (f"; Envoy {r['envoy_upstream'][k]}" if r.get("envoy_upstream", {}).get(k) else ""))
         lines.append("median over rounds: " + "; ".join(f"{k} TTFT ratio {v['ttft_ms']}"
                                                          for k, v in res["ratio_to_direct_median"].items()))
     if "rows" in res:
@@ -464,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
                    help="comma-separated: envoy (Envoy + picker, Lua usage scan, 2 picker messages per stream), "
-                        "envoy-3msg (the same with response headers through the picker), envoy-duplex (streamed bodies "
+                        "envoy-3msg (the same with response headers through the picker), envoy-no-freeze (the same "
+                        "without gc.freeze at start-up), envoy-duplex (streamed bodies "
                         "through the picker), python (the thin proxy); direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")

@@ -27,6 +27,7 @@ from taskplane.epp.book import LogEntry, StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.envoy_config import TP_NAMESPACE
 from taskplane.epp.protocol import struct_dict
+from taskplane.epp.timing import BurstTiming
 from taskplane.gateway import failures
 
 log = structlog.get_logger(__name__)
@@ -116,9 +117,10 @@ async def settle_logged(picked: PickedCall, logged: LogEntry, resolve: Resolver)
 class AccessLogs(als_grpc.AccessLogServiceServicer):
     """The access-log service; the book says which call an entry settles (``StreamBook.arrive``)."""
 
-    def __init__(self, streams: StreamBook, resolve: Resolver) -> None:
+    def __init__(self, streams: StreamBook, resolve: Resolver, timing: BurstTiming | None = None) -> None:
         self.streams = streams
         self.resolve = resolve
+        self.timing = timing  # Envoy's clock per call (``taskplane.epp.timing``)
         self.entries = 0
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als.StreamAccessLogsMessage], context: Any) -> als.StreamAccessLogsResponse:
@@ -130,6 +132,8 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
                 if ns is None:
                     continue
                 md = struct_dict(ns)
+                if self.timing is not None:
+                    self.timing.logged(entry, md.get("first_token_ms"))
                 logged = (md, entry)
                 picked = self.streams.arrive(str(md.get("call", "")), logged)
                 if picked is not None:

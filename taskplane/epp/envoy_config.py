@@ -43,6 +43,11 @@ DEST_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 #: The namespace of taskplane's own dynamic metadata (the attempt's id, the Lua usage).
 TP_NAMESPACE = "taskplane"
+#: Envoy closes a pooled replica connection idle this long, before the replica does: vLLM's
+#: server (uvicorn) closes a keep-alive connection after 5 s idle, and a request Envoy sends
+#: on it just then is lost with the connection (``upstream_cx_destroy_remote_with_active_rq``:
+#: a failed try, its error row, a retry 40-100 ms later; issue 19's dropped tries).
+REPLICA_IDLE_S = 4.0
 _BIG = 1_000_000  # circuit-breaker limits: admission is taskplane's job, not Envoy's
 #: Envoy's retries at most (the picker lists the choice and up to this many fallbacks, and
 #: lowers it per call with ``x-envoy-max-retries`` when it has fewer).
@@ -108,6 +113,11 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
             }
         },
         "circuit_breakers": {"thresholds": [_thresholds()]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "common_http_protocol_options": {"idle_timeout": _dur(REPLICA_IDLE_S)},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }},
         "load_balancing_policy": {"policies": [{"typed_extension_config": {
             "name": "envoy.load_balancing_policies.override_host",
             "typed_config": {

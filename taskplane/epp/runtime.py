@@ -33,7 +33,9 @@ from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
+from taskplane.epp.gcfreeze import freeze_startup_objects
 from taskplane.epp.server import Picker
+from taskplane.epp.timing import BurstTiming, loop_probe, probe_period
 from taskplane.gateway.app import build_app
 from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
 from taskplane.gateway.service import Gateway
@@ -80,8 +82,9 @@ async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | No
     book = EndpointBook(gw.registry, eds_file)
     book.refresh()
     streams = StreamBook()
-    picker = Picker(gw, book, streams)
-    logs = AccessLogs(streams, picker.replica_at)
+    timing = BurstTiming(gw.metrics.registry)
+    picker = Picker(gw, book, streams, timing)
+    logs = AccessLogs(streams, picker.replica_at, timing)
     hs = health.new_health()
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000), ("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
@@ -112,8 +115,20 @@ async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
 
 def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -> asyncio.Future[Any]:
     """The picker's background work: Envoy's endpoints follow the registry; streams whose
-    access-log entry never came are settled."""
-    return asyncio.gather(book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s))
+    access-log entry never came are settled; the event loop's lag is sampled (if asked)."""
+    work = [book.follow(), expire_streams(ps.picker.streams, 10 * config.limits.request_timeout_s)]
+    period = probe_period()
+    if period is not None and ps.picker.timing is not None:
+        ps.picker.timing.watch_gc()
+        work.append(loop_probe(ps.picker.timing.loop_lag, period))
+    return asyncio.gather(*work)
+
+
+def _freeze(ps: PickerServer) -> None:
+    """Start-up is over: its objects out of the full collections' walk (``taskplane.epp.gcfreeze``)."""
+    frozen = freeze_startup_objects()
+    if ps.picker.timing is not None:
+        ps.picker.timing.gc_frozen.set(frozen)
 
 
 async def _cancel(work: asyncio.Future[Any]) -> None:
@@ -134,6 +149,7 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     async with gateway_of(app) as gw:
         ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
         follow = _keep_in_step(book, ps, config)
+        _freeze(ps)
         stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
@@ -176,6 +192,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     try:
         await envoy.start()
         envoy_alive = True
+        _freeze(ps)
         envoy_exit = asyncio.create_task(envoy.wait(), name="envoy")
         stop = asyncio.create_task(server.stopping.wait(), name="signal")
         done, _ = await asyncio.wait({serving, envoy_exit, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ from taskplane.epp.envoy_config import (
     NUM_RETRIES,
     TP_NAMESPACE,
 )
+from taskplane.epp.timing import BurstTiming
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.intake import Call
@@ -123,10 +125,11 @@ class _Exchange:
 class Picker(pb_grpc.ExternalProcessorServicer):
     """The ext_proc service over one ``Gateway`` (its registry, placer, ledger, cache)."""
 
-    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook) -> None:
+    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook, timing: BurstTiming | None = None) -> None:
         self.gw = gw
         self.book = book
         self.streams = streams
+        self.timing = timing  # the decision's latency (``taskplane.epp.timing``), when the picker's runtime keeps it
         self.decisions = 0
         #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
         #: successful stream on taskplane's own Envoy costs two; and streams, by filter
@@ -140,18 +143,29 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         self._streams[ex.exchange or ""] += 1
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
         upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
+        first = 0.0  # when the stream's first message reached this code (the decision's clock)
+        timed = self.timing is None
         try:
             while (req := await inbox.next(upload.deadline)) is not None:
+                got = time.perf_counter()
+                first = first or got
                 if isinstance(req, TimedOut):
                     yield body_timeout_reply(upload.timeout_s, len(ex.body) if ex.request_duplex else None)
                     break
                 if req.HasField("protocol_config"):
                     ex.request_duplex = req.protocol_config.request_body_mode in _DUPLEX
                     ex.response_duplex = req.protocol_config.response_body_mode in _DUPLEX
-                for resp in await self._on(req, ex):
+                replies = await self._on(req, ex)
+                if not timed and ex.picked is not None and self.timing is not None:  # the routing answer is built
+                    self.timing.decided(first, got)
+                for resp in replies:
                     if resp.HasField("immediate_response"):
                         upload.stop()  # answered: the exchange is over
+                    sent = time.perf_counter()
                     yield resp
+                    if not timed and self.timing is not None:  # until the routing answer: gRPC's write, the loop's turn back
+                        self.timing.reply_wait.observe(time.perf_counter() - sent)
+                timed = timed or ex.picked is not None
                 if req.HasField("request_headers") and ex.kind is not None and not req.request_headers.end_of_stream:
                     upload.start()
                 elif req.HasField("request_body") and req.request_body.end_of_stream:
