@@ -92,6 +92,9 @@ class EnvoyProcess:
             self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL)
         finally:
             out.close()
+        # written at once, not after /ready: Envoy serves its listener before this loop sees
+        # /ready, and a supervisor (or a killed predecessor's successor) needs the pid from then on
+        self.pid_file.write_text(str(self.proc.pid))
         deadline = asyncio.get_running_loop().time() + timeout_s
         async with httpx.AsyncClient(timeout=1.0) as client:
             while True:
@@ -106,7 +109,6 @@ class EnvoyProcess:
                 if asyncio.get_running_loop().time() > deadline:
                     raise UserError(f"envoy did not become ready within {timeout_s:.0f} s (log {self.log_file})")
                 await asyncio.sleep(0.1)
-        self.pid_file.write_text(str(self.proc.pid))
         log.info("envoy_ready", pid=self.proc.pid, admin_port=self.admin_port)
 
     async def wait(self) -> int:
