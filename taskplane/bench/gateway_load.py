@@ -3,7 +3,7 @@ simulated replicas on loopback, against the same calls sent straight to the repl
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
     python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
-    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-3msg,envoy --rounds 4
+    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-2msg,envoy --rounds 4
     python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --rounds 5   # median of 5 alternating pairs
 
 With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
@@ -374,7 +374,8 @@ def embedded_postgres(workdir: Path) -> Any:
 
 #: Each data plane the bench can run: (``TASKPLANE_DATA_PLANE``, ``TASKPLANE_EPP_STREAM_USAGE``).
 PLANES: dict[str, tuple[str, str]] = {
-    "envoy": ("envoy", "lua"),  # Envoy + the picker: two picker messages per successful stream
+    "envoy": ("envoy", "lua"),  # Envoy + the picker: one picker message per successful stream
+    "envoy-2msg": ("envoy", "lua-2msg"),  # the same with the request headers as a message of their own
     "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
     "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
     "python": ("python", "lua"),  # the thin Python proxy

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from taskplane.config import GatewayConfig
+from taskplane.context import CALL_HEADERS
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
-from taskplane.epp.lua import USAGE_LUA
+from taskplane.epp.lua import GUARD_LUA, USAGE_LUA
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
 from taskplane.gateway.openai_extra import PATHS
 
@@ -124,7 +125,19 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 #: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-STREAM_USAGE_MODES = ("lua", "lua-3msg", "picker")
+STREAM_USAGE_MODES = ("lua", "lua-2msg", "lua-3msg", "picker")
+#: The modes with the answers filter: the routing filter's response phases are SKIP.
+_ANSWERS_MODES = ("lua", "lua-2msg")
+#: What the routing filter sends with the body when its request headers are SKIP (``lua``):
+#: the picker builds the call from these exactly as from a headers message (``epp.protocol``).
+#: (Envoy 1.40 sends the whole ``request.headers`` map as an empty struct, so each header is
+#: named; a repeated header comes joined with commas.)
+REQUEST_ATTRIBUTES = ["request.method", "request.path",
+                      *(f"request.headers['{name}']" for name in ("authorization", *CALL_HEADERS))]
+#: The Lua filter after the routing one (``lua`` only): refuses what the picker never routed
+#: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
+#: and ``authorization`` headers the picker did not see (``epp.lua``).
+GUARD_FILTER = "taskplane.request_guard"
 #: The gRPC header (ext_proc ``initial_metadata``) by which taskplane's own Envoy tells the
 #: picker which of its two filters an ext_proc stream comes from: ``route`` (the request
 #: phases only: the answer needs no message of its own) or ``answers`` (the response phases
@@ -167,26 +180,31 @@ def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None)
 
 
 def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
-    """Request headers and the buffered body to the picker. A call held by admission (or
-    for an empty pool) waits inside the picker, so the message timeout covers the longest
-    hold (``epp.timers``). ``lua`` (the default): nothing more; the answer goes to the
-    answers filter (``answers_filter``), or, a successful stream, to no filter at all.
-    ``lua-3msg``: response headers back to this filter too (the picker adds the
-    X-Taskplane-* headers and asks for a unary body itself with ``mode_override``): three
-    messages per stream, as before issue 19. ``picker``: every response body through the
-    picker too (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative
-    to the Lua scan."""
+    """The request, buffered, to the picker. A call held by admission (or for an empty pool)
+    waits inside the picker, so the message timeout covers the longest hold (``epp.timers``).
+    ``lua`` (the default): one message, the body, with the request's method, path and headers
+    as attributes (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the
+    Lua filter refuses it); the answer goes to the answers filter (``answers_filter``), or, a
+    successful stream, to no filter at all. ``lua-2msg``: the same with the request headers as
+    a message of their own (two messages per stream, issue 19's first step). ``lua-3msg``:
+    response headers back to this filter too (the picker adds the X-Taskplane-* headers and
+    asks for a unary body itself with ``mode_override``): three messages per stream.
+    ``picker``: every response body through the picker too (FULL_DUPLEX_STREAMED, as GIE's
+    own configs do): the measured alternative to the Lua scan."""
     duplex = stream_usage == "picker"
+    answers = stream_usage in _ANSWERS_MODES
     mode = {
-        "request_header_mode": "SEND",
+        "request_header_mode": "SKIP" if stream_usage == "lua" else "SEND",
         "request_body_mode": "BUFFERED",
         "request_trailer_mode": "SKIP",
-        "response_header_mode": "SKIP" if stream_usage == "lua" else "SEND",
+        "response_header_mode": "SKIP" if answers else "SEND",
         "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
         "response_trailer_mode": "SEND" if duplex else "SKIP",
     }
-    return {"name": "envoy.filters.http.ext_proc",
-            "typed_config": _ext_proc(config, mode, "route" if stream_usage == "lua" else None)}
+    typed = _ext_proc(config, mode, "route" if answers else None)
+    if stream_usage == "lua":
+        typed["request_attributes"] = list(REQUEST_ATTRIBUTES)
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": typed}
 
 
 def _response_input(header: str) -> dict[str, Any]:
@@ -227,6 +245,14 @@ def lua_filter() -> dict[str, Any]:
     }}
 
 
+def guard_filter() -> dict[str, Any]:
+    """The one-message exchange's request guard (``GUARD_FILTER``, ``epp.lua``)."""
+    return {"name": GUARD_FILTER, "typed_config": {
+        "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
+        "source_codes": {"guard": {"inline_string": GUARD_LUA}},
+    }}
+
+
 def access_log(epp_cluster: str = EPP_CLUSTER) -> dict[str, Any]:
     """One gRPC access-log entry per inference call, carrying taskplane's dynamic metadata
     (the attempt's id, the stream's usage): how a stream's row gets its numbers."""
@@ -246,6 +272,7 @@ def _enabled(config: dict[str, Any]) -> dict[str, Any]:
 
 _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+_GUARD_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "guard"})
 _ANSWERS_ON = _enabled({"@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcherPerRoute",
                         "xds_matcher": _SKIP_STREAMS})
 
@@ -261,6 +288,8 @@ def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dic
     filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON}
     extra: dict[str, Any] = {}
     if stream_usage == "lua":
+        filters[GUARD_FILTER] = _GUARD_ON
+    if stream_usage in _ANSWERS_MODES:
         filters[ANSWERS_FILTER] = _ANSWERS_ON
         # who answered, for the Lua filter to add that endpoint's headers (it removes this one)
         extra["response_headers_to_add"] = [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
@@ -346,7 +375,8 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
     limits = config.limits
     routes = [_inference_route(p, config, stream_usage) for p in INFERENCE_PATHS] + [_app_route("/")]
-    answers = [{**answers_filter(config), "disabled": True}] if stream_usage == "lua" else []
+    answers = [{**answers_filter(config), "disabled": True}] if stream_usage in _ANSWERS_MODES else []
+    guard = [{**guard_filter(), "disabled": True}] if stream_usage == "lua" else []
     hcm = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "taskplane",
@@ -364,9 +394,11 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
-        # The answers filter (``lua`` only) after the picker's: on the way back it runs first.
+        # The answers filter (``lua``, ``lua-2msg``) after the picker's: on the way back it runs
+        # first. The request guard (``lua``) between them: it sees the routing answer, and its
+        # own refusals (local replies start at the filter that sends them) skip the answers filter.
         "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
-                         *answers,
+                         *guard, *answers,
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

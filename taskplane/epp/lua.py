@@ -140,3 +140,40 @@ function envoy_on_response(h)
   end
 end
 """
+
+
+#: The request guard of the one-message exchange (``envoy_config.GUARD_FILTER``, after the
+#: routing ext_proc filter). It holds the request's headers until its body has passed the
+#: picker (the routing filter skips the headers and lets them on at once). A request the picker routed carries its call key in the
+#: ``taskplane`` metadata; one without it never reached the picker (Envoy sends a body-less
+#: request no message when the headers are skipped) and gets the picker's own answer to a
+#: body-less call instead of going to a replica unauthenticated. The picker removed the
+#: headers it was sent; the client's others of the kind the replica must not see
+#: (``x-taskplane-*``, ``x-envoy-*`` but the picker's retry count, ``authorization``) go here.
+GUARD_LUA = r"""
+local BODY_LESS = '{"error": {"type": "invalid_request", "message": "request body is missing"}}'
+
+function envoy_on_request(h)
+  -- With its headers skipped the routing filter lets them on at once and holds only the
+  -- body; holding them here until the body (answered by the picker) arrives keeps them from
+  -- the router until the picker's mutations (the destination) are in.
+  h:body()
+  local md = h:streamInfo():dynamicMetadata():get("taskplane")
+  if md == nil or md["call"] == nil then
+    h:respond({[":status"] = "400", ["content-type"] = "application/json"}, BODY_LESS)
+    return
+  end
+  local headers = h:headers()
+  local drop = {}
+  for key, _ in pairs(headers) do
+    if key == "authorization" or string.sub(key, 1, 12) == "x-taskplane-"
+        or (string.sub(key, 1, 8) == "x-envoy-" and key ~= "x-envoy-max-retries") then
+      drop[#drop + 1] = key
+    end
+  end
+  for _, key in ipairs(drop) do headers:remove(key) end
+end
+
+function envoy_on_response(h)
+end
+"""

@@ -168,7 +168,8 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
-    # TASKPLANE_EPP_STREAM_USAGE: lua (the default), lua-3msg (response headers through the
+    # TASKPLANE_EPP_STREAM_USAGE: lua (the default: one message per stream), lua-2msg (the
+    # request headers as a message of their own), lua-3msg (response headers through the
     # picker too) or picker (streamed bodies through the picker): the benchmark's alternatives
     usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", "lua")
     envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)

@@ -203,12 +203,17 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         return []
 
     # ---- request ----------------------------------------------------------------
-    def _request_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
-        ex.headers = P.header_pairs(req.request_headers)
-        pseudo = dict(ex.headers)
+    def _take_headers(self, ex: _Exchange, pairs: list[tuple[str, str]]) -> None:
+        """The request's headers, whichever message carried them (a headers message, or the
+        body's attributes when the routing filter skips the headers: ``envoy_config``)."""
+        ex.headers = pairs
+        pseudo = dict(pairs)
         ex.path = pseudo.get(":path", "").split("?", 1)[0]
         if pseudo.get(":method", "POST") == "POST":
             ex.kind = INFERENCE_PATHS.get(ex.path)
+
+    def _request_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        self._take_headers(ex, P.header_pairs(req.request_headers))
         if ex.kind is None:
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
         if req.request_headers.end_of_stream:
@@ -222,6 +227,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         return P.error_reply(TaskplaneError(ErrorType.INVALID_REQUEST, "request body is missing"))
 
     async def _request_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        if not ex.headers and (pairs := P.attribute_headers(req)) is not None:  # one message: headers as attributes
+            self._take_headers(ex, pairs)
         if ex.kind is None:  # not ours: pass the body on as it came
             if ex.request_duplex:
                 return [P.answer("request_body", streamed=(req.request_body.body, req.request_body.end_of_stream))]
