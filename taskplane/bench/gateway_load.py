@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
-                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, 2 picker messages per stream), "
-                        "envoy-3msg (the same with response headers through the picker), envoy-duplex (streamed bodies "
+                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, 1 picker message per stream), "
+                        "envoy-2msg (the same with the request headers as their own message), envoy-3msg (the same with response headers through the picker), envoy-duplex (streamed bodies "
                         "through the picker), python (the thin proxy); direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")
