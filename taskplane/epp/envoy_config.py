@@ -138,6 +138,10 @@ REQUEST_ATTRIBUTES = ["request.method", "request.path",
 #: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
 #: and ``authorization`` headers the picker did not see (``epp.lua``).
 GUARD_FILTER = "taskplane.request_guard"
+#: The dynamic-metadata namespace of the request headers the routing answer sets (the
+#: destination, Envoy's retry count): with the headers skipped, Envoy has let them on before
+#: the body's answer and applies none of its header mutation, so the request guard sets these.
+REQUEST_NAMESPACE = "taskplane.request"
 #: The gRPC header (ext_proc ``initial_metadata``) by which taskplane's own Envoy tells the
 #: picker which of its two filters an ext_proc stream comes from: ``route`` (the request
 #: phases only: the answer needs no message of its own) or ``answers`` (the response phases
@@ -175,7 +179,8 @@ def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None)
         # the answers filter finds its call by the key the routing answer put in ``taskplane``
         "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE] if exchange == "answers"
                                                        else [LB_NAMESPACE]},
-                             "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE, ENDPOINTS_NAMESPACE]}},
+                             "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE, ENDPOINTS_NAMESPACE,
+                                                                   REQUEST_NAMESPACE]}},
     }
 
 

@@ -149,7 +149,9 @@ end
 #: request no message when the headers are skipped) and gets the picker's own answer to a
 #: body-less call instead of going to a replica unauthenticated. The picker removed the
 #: headers it was sent; the client's others of the kind the replica must not see
-#: (``x-taskplane-*``, ``x-envoy-*`` but the picker's retry count, ``authorization``) go here.
+#: (``x-taskplane-*``, ``x-envoy-*``, ``authorization``) go here, and the headers the routing
+#: answer sets (the destination, Envoy's retry count: ``taskplane.request``; Envoy applies no
+#: header mutation of a body answer to headers it has let on) are set here.
 GUARD_LUA = r"""
 local BODY_LESS = '{"error": {"type": "invalid_request", "message": "request body is missing"}}'
 
@@ -164,14 +166,16 @@ function envoy_on_request(h)
     return
   end
   local headers = h:headers()
+  local set = h:streamInfo():dynamicMetadata():get("taskplane.request") or {}
   local drop = {}
   for key, _ in pairs(headers) do
     if key == "authorization" or string.sub(key, 1, 12) == "x-taskplane-"
-        or (string.sub(key, 1, 8) == "x-envoy-" and key ~= "x-envoy-max-retries") then
+        or string.sub(key, 1, 8) == "x-envoy-" then
       drop[#drop + 1] = key
     end
   end
   for _, key in ipairs(drop) do headers:remove(key) end
+  for key, value in pairs(set) do headers:replace(key, value) end
 end
 
 function envoy_on_response(h)

@@ -55,6 +55,7 @@ from taskplane.epp.envoy_config import (
     LB_NAMESPACE,
     MAX_RETRIES_HEADER,
     NUM_RETRIES,
+    REQUEST_NAMESPACE,
     TP_NAMESPACE,
 )
 from taskplane.errors import ErrorType, TaskplaneError
@@ -118,6 +119,7 @@ class _Exchange:
     details: str = ""  # Envoy's response code details (``upstream_per_try_idle_timeout``: the try timed out)
     exchange: str | None = None  # taskplane's filter that opened the stream (``EXCHANGE_HEADER``), or None
     waits_for_log: bool = False  # a stream whose row the access log settles (the Lua filter's usage)
+    headers_as_attributes: bool = False  # the headers came with the body (one message: ``envoy_config``)
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
@@ -229,6 +231,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
     async def _request_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
         if not ex.headers and (pairs := P.attribute_headers(req)) is not None:  # one message: headers as attributes
             self._take_headers(ex, pairs)
+            ex.headers_as_attributes = True
         if ex.kind is None:  # not ours: pass the body on as it came
             if ex.request_duplex:
                 return [P.answer("request_body", streamed=(req.request_body.body, req.request_body.end_of_stream))]
@@ -329,6 +332,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                                     TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
         if ex.exchange == "route" and call.stream:  # the Lua filter adds the answering endpoint's headers
             metadata[ENDPOINTS_NAMESPACE] = {ep: picked.headers_of(r) for r in picked.order if (ep := self.book.endpoint(r.name))}
+        if ex.headers_as_attributes:  # Envoy let the headers on before this answer: the request guard sets these
+            metadata[REQUEST_NAMESPACE] = headers
         if ex.request_duplex:
             return [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
                     P.answer("request_body", streamed=(body, True))]
