@@ -11,7 +11,7 @@ without it the venv's editable install decides which tree is imported:
 
     PYTHONPATH=. PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         python scripts/decisions_repeatable.py --calls 100   # and --calls 400
-        # --stream-messages 1|2|3: streamed calls as the lua, lua-2msg, lua-3msg bootstraps send them
+        # --stream-messages 1|2|3: streamed calls as the lua-1msg, lua-2msg, lua-3msg bootstraps send them
 
 ``--gc-off`` and ``--no-metrics`` are what-ifs (what the cyclic GC and the Prometheus
 updates cost per decision), not configurations.

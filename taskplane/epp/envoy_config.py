@@ -125,16 +125,25 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 #: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-STREAM_USAGE_MODES = ("lua", "lua-2msg", "lua-3msg", "picker")
+#: ``lua`` names the default (it was the two-message bootstrap before ``lua-1msg`` came).
+STREAM_USAGE_MODES = ("lua", "lua-1msg", "lua-2msg", "lua-3msg", "picker")
+ONE_MESSAGE = "lua-1msg"
+#: The bootstrap ``taskplane gateway`` runs unless ``TASKPLANE_EPP_STREAM_USAGE`` names another.
+#: Still two messages: with the request headers skipped (``lua-1msg``, one message) the picker
+#: hears of a call only once its body is whole, so it cannot keep the body deadline
+#: (``limits.body_timeout_s``): an upload that stalls or trickles after whole headers is not
+#: answered 408 in time, and no Envoy timer bounds the upload alone without also cutting
+#: calls held by admission (docs/benchmarks.md, "One message per stream").
+DEFAULT_STREAM_USAGE = "lua-2msg"
 #: The modes with the answers filter: the routing filter's response phases are SKIP.
-_ANSWERS_MODES = ("lua", "lua-2msg")
+_ANSWERS_MODES = (ONE_MESSAGE, "lua-2msg")
 #: What the routing filter sends with the body when its request headers are SKIP (``lua``):
 #: the picker builds the call from these exactly as from a headers message (``epp.protocol``).
 #: (Envoy 1.40 sends the whole ``request.headers`` map as an empty struct, so each header is
 #: named; a repeated header comes joined with commas.)
 REQUEST_ATTRIBUTES = ["request.method", "request.path",
                       *(f"request.headers['{name}']" for name in ("authorization", *CALL_HEADERS))]
-#: The Lua filter after the routing one (``lua`` only): refuses what the picker never routed
+#: The Lua filter after the routing one (``lua-1msg`` only): refuses what the picker never routed
 #: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
 #: and ``authorization`` headers the picker did not see (``epp.lua``).
 GUARD_FILTER = "taskplane.request_guard"
@@ -184,22 +193,30 @@ def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None)
     }
 
 
-def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
+def usage_mode(stream_usage: str) -> str:
+    """``stream_usage`` checked, ``lua`` read as the default."""
+    if stream_usage not in STREAM_USAGE_MODES:
+        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
+    return DEFAULT_STREAM_USAGE if stream_usage == "lua" else stream_usage
+
+
+def ext_proc_filter(config: GatewayConfig, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
     """The request, buffered, to the picker. A call held by admission (or for an empty pool)
     waits inside the picker, so the message timeout covers the longest hold (``epp.timers``).
-    ``lua`` (the default): one message, the body, with the request's method, path and headers
-    as attributes (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the
-    Lua filter refuses it); the answer goes to the answers filter (``answers_filter``), or, a
-    successful stream, to no filter at all. ``lua-2msg``: the same with the request headers as
-    a message of their own (two messages per stream, issue 19's first step). ``lua-3msg``:
+    ``lua-1msg``: one message, the body, with the request's method, path and headers as attributes
+    (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the request guard
+    refuses it); the answer goes to the answers filter (``answers_filter``), or, a successful
+    stream, to no filter at all. ``lua-2msg`` (the default, ``DEFAULT_STREAM_USAGE``): the same
+    with the request headers as a message of their own (two messages per stream). ``lua-3msg``:
     response headers back to this filter too (the picker adds the X-Taskplane-* headers and
     asks for a unary body itself with ``mode_override``): three messages per stream.
     ``picker``: every response body through the picker too (FULL_DUPLEX_STREAMED, as GIE's
     own configs do): the measured alternative to the Lua scan."""
+    stream_usage = usage_mode(stream_usage)
     duplex = stream_usage == "picker"
     answers = stream_usage in _ANSWERS_MODES
     mode = {
-        "request_header_mode": "SKIP" if stream_usage == "lua" else "SEND",
+        "request_header_mode": "SKIP" if stream_usage == ONE_MESSAGE else "SEND",
         "request_body_mode": "BUFFERED",
         "request_trailer_mode": "SKIP",
         "response_header_mode": "SKIP" if answers else "SEND",
@@ -207,7 +224,7 @@ def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[st
         "response_trailer_mode": "SEND" if duplex else "SKIP",
     }
     typed = _ext_proc(config, mode, "route" if answers else None)
-    if stream_usage == "lua":
+    if stream_usage == ONE_MESSAGE:
         typed["request_attributes"] = list(REQUEST_ATTRIBUTES)
     return {"name": "envoy.filters.http.ext_proc", "typed_config": typed}
 
@@ -292,7 +309,7 @@ def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dic
     # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
     filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON}
     extra: dict[str, Any] = {}
-    if stream_usage == "lua":
+    if stream_usage == ONE_MESSAGE:
         filters[GUARD_FILTER] = _GUARD_ON
     if stream_usage in _ANSWERS_MODES:
         filters[ANSWERS_FILTER] = _ANSWERS_ON
@@ -371,17 +388,17 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
     ]}
 
 
-def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lua") -> dict[str, Any]:
-    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua`` (the Lua
-    scan + access log, two picker messages per successful stream, the default),
-    ``lua-3msg`` (the same with the response headers through the picker too) or
-    ``picker`` (bodies through the picker); see ``ext_proc_filter``."""
-    if stream_usage not in STREAM_USAGE_MODES:
-        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
+def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
+    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua-2msg`` (the Lua
+    scan + access log, two picker messages per successful stream, the default; ``lua``),
+    ``lua-1msg`` (one: the request headers as attributes of the body's message),
+    ``lua-3msg`` (the response headers through the picker too) or ``picker`` (bodies
+    through the picker); see ``ext_proc_filter``."""
+    stream_usage = usage_mode(stream_usage)
     limits = config.limits
     routes = [_inference_route(p, config, stream_usage) for p in INFERENCE_PATHS] + [_app_route("/")]
     answers = [{**answers_filter(config), "disabled": True}] if stream_usage in _ANSWERS_MODES else []
-    guard = [{**guard_filter(), "disabled": True}] if stream_usage == "lua" else []
+    guard = [{**guard_filter(), "disabled": True}] if stream_usage == ONE_MESSAGE else []
     hcm = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "taskplane",
@@ -399,8 +416,8 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
-        # The answers filter (``lua``, ``lua-2msg``) after the picker's: on the way back it runs
-        # first. The request guard (``lua``) between them: it sees the routing answer, and its
+        # The answers filter (``lua-1msg``, ``lua-2msg``) after the picker's: on the way back it
+        # runs first. The request guard (``lua-1msg``) between them: it sees the routing answer, and its
         # own refusals (local replies start at the filter that sends them) skip the answers filter.
         "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
                          *guard, *answers,

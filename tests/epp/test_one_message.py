@@ -1,7 +1,7 @@
 """Issue 19: the routing filter sends the picker one message per call, the body with the
 request's headers as attributes (``envoy_config.REQUEST_ATTRIBUTES``). What the picker
-did with a headers message must hold without one, on both bootstraps alike (``lua``,
-one message; ``lua-2msg``, two): a body-less request is refused with the contract's JSON
+did with a headers message must hold without one, on both bootstraps alike (``lua-1msg``,
+one message; ``lua-2msg``, the default, two): a body-less request is refused with the contract's JSON
 error and never reaches a replica (the picker gets no message for it), a GET is the
 app's, repeated taskplane headers with different values, missing or wrong keys and a
 priority above the tenant's cap are refused by the picker, and what reaches the replica
@@ -26,7 +26,7 @@ from taskplane.ports import free_port
 KEY, CAPPED_KEY = "tp-key-acme-one", "tp-key-capped-one"
 ADMIN = "tp-admin-one"
 #: What a successful stream costs the picker on each bootstrap.
-STREAM_COST = {"lua": {"request_headers": 0, "request_body": 1, "response_headers": 0, "response_body": 0, "answers_streams": 0},
+STREAM_COST = {"lua-1msg": {"request_headers": 0, "request_body": 1, "response_headers": 0, "response_body": 0, "answers_streams": 0},
                "lua-2msg": {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0,
                             "answers_streams": 0}}
 
@@ -109,7 +109,7 @@ async def test_a_stream_costs_its_bootstraps_messages_and_reaches_the_replica_st
 
 
 async def test_a_unary_call_costs_one_more_stream_through_the_answers_filter(recorded: tuple[str, RecordingUpstream, str]) -> None:
-    url, upstream, usage = recorded
+    url, _, usage = recorded
     async with _client(url) as admin, httpx.AsyncClient(base_url=url, timeout=30) as client:
         got: list[httpx.Response] = []
 
