@@ -30,7 +30,7 @@ from typing import Any
 from taskplane.config import GatewayConfig
 from taskplane.context import CALL_HEADERS
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
-from taskplane.epp.lua import GUARD_LUA, USAGE_LUA
+from taskplane.epp.lua import GUARD_LUA, USAGE_LUA, attribute_safe_lua
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
 from taskplane.gateway.openai_extra import PATHS
 
@@ -141,8 +141,8 @@ _ANSWERS_MODES = (ONE_MESSAGE, "lua-2msg")
 #: the picker builds the call from these exactly as from a headers message (``epp.protocol``).
 #: (Envoy 1.40 sends the whole ``request.headers`` map as an empty struct, so each header is
 #: named; a repeated header comes joined with commas.)
-REQUEST_ATTRIBUTES = ["request.method", "request.path",
-                      *(f"request.headers['{name}']" for name in ("authorization", *CALL_HEADERS))]
+ATTRIBUTE_HEADERS = ("authorization", *CALL_HEADERS)
+REQUEST_ATTRIBUTES = ["request.method", "request.path", *(f"request.headers['{name}']" for name in ATTRIBUTE_HEADERS)]
 #: The Lua filter after the routing one (``lua-1msg`` only): refuses what the picker never routed
 #: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
 #: and ``authorization`` headers the picker did not see (``epp.lua``).
@@ -263,7 +263,9 @@ def answers_filter(config: GatewayConfig) -> dict[str, Any]:
 def lua_filter() -> dict[str, Any]:
     return {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
-        "source_codes": {"usage": {"inline_string": USAGE_LUA}},
+        "source_codes": {"usage": {"inline_string": USAGE_LUA},
+                         # the one-message routes' (``lua-1msg``): their attribute headers made valid UTF-8
+                         "usage-1msg": {"inline_string": attribute_safe_lua(ATTRIBUTE_HEADERS)}},
     }}
 
 
@@ -294,6 +296,7 @@ def _enabled(config: dict[str, Any]) -> dict[str, Any]:
 
 _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+_LUA_1MSG_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage-1msg"})
 _GUARD_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "guard"})
 _ANSWERS_ON = _enabled({"@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcherPerRoute",
                         "xds_matcher": _SKIP_STREAMS})
@@ -311,6 +314,7 @@ def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dic
     extra: dict[str, Any] = {}
     if stream_usage == ONE_MESSAGE:
         filters[GUARD_FILTER] = _GUARD_ON
+        filters["envoy.filters.http.lua"] = _LUA_1MSG_ON
     if stream_usage in _ANSWERS_MODES:
         filters[ANSWERS_FILTER] = _ANSWERS_ON
         # who answered, for the Lua filter to add that endpoint's headers (it removes this one)

@@ -181,3 +181,31 @@ end
 function envoy_on_response(h)
 end
 """
+
+
+def attribute_safe_lua(names: tuple[str, ...]) -> str:
+    """The usage filter's script for the one-message exchange: the same, and on the request
+    the headers sent as attributes (``names``) made valid UTF-8. Envoy sends an attribute as
+    a protobuf string, and a header value that is not UTF-8 (a raw latin-1 byte) made the
+    whole message unreadable to the picker (503); each byte >= 0x80 is sent as the
+    character of that code point instead, which the picker turns back into the header
+    message's reading of the bytes (``protocol.attribute_headers``)."""
+    listed = ", ".join(f'"{n}"' for n in names)
+    return USAGE_LUA + f"""
+local ATTRIBUTE_HEADERS = {{{listed}}}
+
+local function latin1_to_utf8(s)
+  return (string.gsub(s, "[\\128-\\255]", function(c)
+    local b = string.byte(c)
+    return string.char(192 + math.floor(b / 64), 128 + b % 64)
+  end))
+end
+
+function envoy_on_request(h)
+  local headers = h:headers()
+  for _, name in ipairs(ATTRIBUTE_HEADERS) do
+    local v = headers:get(name)
+    if v ~= nil and string.find(v, "[\\128-\\255]") then headers:replace(name, latin1_to_utf8(v)) end
+  end
+end
+"""

@@ -96,8 +96,9 @@ def attribute_headers(req: pb.ProcessingRequest) -> list[tuple[str, str]] | None
     (``envoy_config.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
     A repeated header comes joined with commas; a taskplane header's value is split back
     into its parts, so two different values are refused as from a header message (a single
-    value with a comma then counts as repeated). None: no such attributes came (the
-    headers came as a message of their own)."""
+    value with a comma then counts as repeated). A value that is not ASCII is read as the
+    header message's ``raw_value`` is (``lua.attribute_safe_lua`` sent its bytes as code
+    points). None: no such attributes came (the headers came as a message of their own)."""
     attrs = req.attributes.get(EXT_PROC_ATTRS)
     if attrs is None or "request.method" not in attrs.fields:
         return None
@@ -107,6 +108,8 @@ def attribute_headers(req: pb.ProcessingRequest) -> list[tuple[str, str]] | None
     for key, value in fields.items():
         if key.startswith(_HEADER_ATTR) and (v := value.string_value):
             name = key[len(_HEADER_ATTR):-2]
+            if not v.isascii():  # the Lua filter sent each byte >= 0x80 as its code point: the bytes back
+                v = v.encode("latin-1", "replace").decode("utf-8", "replace")
             parts = v.split(",") if "," in v and name.startswith("x-taskplane-") else [v]
             pairs += [(name, x.strip()) for x in parts]
     return pairs
