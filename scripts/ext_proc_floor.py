@@ -3,9 +3,9 @@ picker (a fixed endpoint per call: no intake, no placement, no rows) in its own 
 behind taskplane's own Envoy bootstrap, the same streamed load as ``gateway_load``; prints
 the CPU per call of the picker process and of Envoy.
 
-    .venv/bin/python scripts/ext_proc_floor.py --messages 3    # request headers, body, response headers
-    .venv/bin/python scripts/ext_proc_floor.py --messages 2    # no response headers
-    .venv/bin/python scripts/ext_proc_floor.py --messages 1    # the body only, headers as CEL attributes
+    .venv/bin/python scripts/ext_proc_floor.py --messages 3    # request headers, body, response headers (lua-3msg)
+    .venv/bin/python scripts/ext_proc_floor.py --messages 2    # no response headers (lua-2msg, the default)
+    .venv/bin/python scripts/ext_proc_floor.py --messages 1    # the body only, headers as CEL attributes (lua-1msg)
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from taskplane.dev.local import LocalCluster
 from taskplane.epp import protocol as P
 from taskplane.epp.envoy_config import (
     DEST_HEADER,
+    LB_NAMESPACE,
+    REQUEST_NAMESPACE,
     TP_NAMESPACE,
     FrontDoor,
     bootstrap,
@@ -56,8 +58,12 @@ class Trivial(pb_grpc.ExternalProcessorServicer):
                 yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())
             elif which == "request_body":
                 self.calls += 1
-                md = P.struct({TP_NAMESPACE: {"call": f"c{self.calls}", "stream": True, "hide_usage": True}})
-                mutation = P.header_mutation({DEST_HEADER: next(self.next_endpoint)})
+                endpoint = next(self.next_endpoint)
+                # the destination three ways, as the picker gives it: the header, ``envoy.lb`` and
+                # (the one-message exchange's request guard sets it) ``taskplane.request``
+                md = P.struct({TP_NAMESPACE: {"call": f"c{self.calls}", "stream": True, "hide_usage": True},
+                               LB_NAMESPACE: {DEST_HEADER: endpoint}, REQUEST_NAMESPACE: {DEST_HEADER: endpoint}})
+                mutation = P.header_mutation({DEST_HEADER: endpoint})
                 yield pb.ProcessingResponse(request_body=pb.BodyResponse(response=P.common(headers=mutation)), dynamic_metadata=md)
             elif which == "response_headers":
                 mutation = P.header_mutation({"x-taskplane-replica": "r"})
@@ -82,18 +88,14 @@ async def serve(port: int, endpoints: list[str]) -> None:
     await stop.wait()
 
 
+#: The bootstrap each message count runs (``envoy_config``): the front door's own, as the gateway runs it.
+_BOOTSTRAPS = {1: "lua-1msg", 2: "lua-2msg", 3: "lua-3msg"}
+
+
 def _bootstrap(cluster: LocalCluster, door: FrontDoor, messages: int) -> dict[str, Any]:
     cfg = GatewayConfig.model_validate({"pools": [{"model": load.MODEL, "replicas": [{"url": r.url, "gpu": r.gpu}
                                                                                      for r in cluster.replicas]}]})
-    boot = bootstrap(cfg, door)
-    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
-    if messages <= 2:
-        ext_proc["processing_mode"]["response_header_mode"] = "SKIP"
-    if messages == 1:
-        ext_proc["processing_mode"]["request_header_mode"] = "SKIP"
-        ext_proc["request_attributes"] = ["request.path", "request.method", "request.headers['x-taskplane-tenant']"]
-    return boot
+    return bootstrap(cfg, door, stream_usage=_BOOTSTRAPS[messages])
 
 
 async def _listening(port: int, within_s: float = 30.0) -> None:

@@ -3,7 +3,7 @@ simulated replicas on loopback, against the same calls sent straight to the repl
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
     python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
-    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-3msg,envoy --rounds 4
+    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-2msg,envoy-1msg --rounds 4
     python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --rounds 5   # median of 5 alternating pairs
 
 With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
@@ -429,7 +429,9 @@ def embedded_postgres(workdir: Path) -> Any:
 
 #: Each data plane the bench can run: (``TASKPLANE_DATA_PLANE``, ``TASKPLANE_EPP_STREAM_USAGE``).
 PLANES: dict[str, tuple[str, str]] = {
-    "envoy": ("envoy", "lua"),  # Envoy + the picker: two picker messages per successful stream
+    "envoy": ("envoy", "lua"),  # Envoy + the picker as ``taskplane gateway`` runs them (lua-2msg)
+    "envoy-1msg": ("envoy", "lua-1msg"),  # one picker message per successful stream (headers as attributes)
+    "envoy-2msg": ("envoy", "lua-2msg"),  # two: the request headers as a message of their own
     "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
     "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
     "envoy-no-freeze": ("envoy", "lua"),  # the same, Python's collector left as it is (no gc.freeze at start-up)
@@ -539,9 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
-                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, 2 picker messages per stream), "
-                        "envoy-3msg (the same with response headers through the picker), envoy-no-freeze (the same "
-                        "without gc.freeze at start-up), envoy-duplex (streamed bodies "
+                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, the default bootstrap: 2 picker messages "
+                        "per stream), envoy-1msg (1: the request headers as the body's attributes), envoy-2msg (2, "
+                        "named), envoy-3msg (the same with response headers through the picker), envoy-no-freeze (the "
+                        "default without gc.freeze at start-up), envoy-duplex (streamed bodies "
                         "through the picker), python (the thin proxy); direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")

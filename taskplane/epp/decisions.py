@@ -60,9 +60,19 @@ def _headers(pairs: dict[str, str], eos: bool = False) -> pb.HttpHeaders:
                                                               for k, v in pairs.items()]), end_of_stream=eos)
 
 
-def exchange(i: int, stream: bool = False) -> tuple[list[pb.ProcessingRequest], Any]:
-    """The messages Envoy sends for one chat call (unary, or ``stream``): the request's, and
-    a function of the chosen endpoint for the response's."""
+def _as_attributes(headers: pb.HttpHeaders, body: pb.HttpBody) -> pb.ProcessingRequest:
+    """The one-message form (``lua-1msg``): the body with the headers as Envoy's request attributes."""
+    attrs = struct_pb2.Struct()
+    for h in headers.headers.headers:
+        name = {":method": "request.method", ":path": "request.path"}.get(h.key, f"request.headers['{h.key}']")
+        attrs.fields[name].string_value = h.raw_value.decode()
+    return pb.ProcessingRequest(request_body=body, attributes={"envoy.filters.http.ext_proc": attrs})
+
+
+def exchange(i: int, stream: bool = False, one_message: bool = False) -> tuple[list[pb.ProcessingRequest], Any]:
+    """The messages Envoy sends for one chat call (unary, or ``stream``; ``one_message``: the
+    body alone, the headers as attributes): the request's, and a function of the chosen
+    endpoint for the response's."""
     body = {"model": MODEL, "max_tokens": 16, "stream": stream, "messages": [
         {"role": "system", "content": "You are a careful agent working on ticket triage. " * 8},
         {"role": "user", "content": f"step {i % 7} of task {i // 7}: tool output " + "x " * 40}]}
@@ -70,12 +80,11 @@ def exchange(i: int, stream: bool = False) -> tuple[list[pb.ProcessingRequest], 
     usage = {"prompt_tokens": 200, "completion_tokens": 16, "prompt_tokens_details": {"cached_tokens": 128}}
     answer = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
               "usage": usage}
-    request = [
-        pb.ProcessingRequest(request_headers=_headers({":method": "POST", ":path": "/v1/chat/completions",
-                                                       "content-type": "application/json", "x-taskplane-tenant": "bench",
-                                                       "x-taskplane-session-id": session, "x-taskplane-task-id": session})),
-        pb.ProcessingRequest(request_body=pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)),
-    ]
+    headers = _headers({":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
+                        "x-taskplane-tenant": "bench", "x-taskplane-session-id": session, "x-taskplane-task-id": session})
+    request_body = pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)
+    request = ([_as_attributes(headers, request_body)] if one_message else
+               [pb.ProcessingRequest(request_headers=headers), pb.ProcessingRequest(request_body=request_body)])
     answer_bytes = json.dumps(answer).encode()
 
     def response(served: str) -> list[pb.ProcessingRequest]:
@@ -139,9 +148,10 @@ async def _one(message: als.StreamAccessLogsMessage) -> AsyncIterator[als.Stream
 
 
 async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any]:
-    """``messages``: 0, unary calls (the GIE-style stream: four messages); 3 or 2, streamed
-    calls as taskplane's Envoy sends them with the ``lua-3msg`` or the default bootstrap
-    (the response headers to the picker, or not), each settled from its access-log entry."""
+    """``messages``: 0, unary calls (the GIE-style stream: four messages); 3, 2 or 1, streamed
+    calls as taskplane's Envoy sends them with the ``lua-3msg``, ``lua-2msg`` (the default) or
+    ``lua-1msg`` bootstrap (the response headers to the picker or not; the request headers as
+    a message or as the body's attributes), each settled from its access-log entry."""
     config = fleet_config(replicas)
     registry = ReplicaRegistry(config)
     for s in registry.replicas.values():
@@ -153,13 +163,13 @@ async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any
     streams = StreamBook()
     picker = Picker(gw, book, streams)
     logs = AccessLogs(streams, picker.replica_at)
-    stream = messages in (2, 3)
-    context = _Context("route" if messages == 2 else None)
+    stream = messages in (1, 2, 3)
+    context = _Context("route" if messages in (1, 2) else None)
     placed: dict[str, int] = {}
     per_call: list[float] = []
-    requests = [_wire(exchange(i, stream)[0]) for i in range(calls)]
+    requests = [_wire(exchange(i, stream, one_message=messages == 1)[0]) for i in range(calls)]
     respond = exchange(0, stream)[1]
-    responses = {ep: _wire(respond(ep) if messages != 2 else []) for ep in book.by_endpoint}
+    responses = {ep: _wire(respond(ep) if messages == 3 or not stream else []) for ep in book.by_endpoint}
     t0 = time.process_time()
     wall0 = time.perf_counter()
     for i in range(calls):
@@ -204,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m taskplane.epp.decisions", description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=256)
     p.add_argument("--calls", type=int, default=5000)
-    p.add_argument("--stream-messages", type=int, choices=(2, 3), default=None,
+    p.add_argument("--stream-messages", type=int, choices=(1, 2, 3), default=None,
                    help="streamed calls instead of unary ones, as taskplane's Envoy sends them: 3 (lua-3msg: the "
-                        "response headers to the picker too) or 2 (the default bootstrap); each settled from its "
+                        "response headers to the picker too), 2 (lua-2msg, the default bootstrap: the request headers "
+                        "as a message) or 1 (lua-1msg: the body, the headers as attributes); each settled from its "
                         "access-log entry")
     args = p.parse_args(argv)
     configure_logging("warning")

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from taskplane.config import GatewayConfig
+from taskplane.context import CALL_HEADERS
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
-from taskplane.epp.lua import USAGE_LUA
+from taskplane.epp.lua import GUARD_LUA, USAGE_LUA, attribute_safe_lua
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
 from taskplane.gateway.openai_extra import PATHS
 
@@ -134,7 +135,32 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 #: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-STREAM_USAGE_MODES = ("lua", "lua-3msg", "picker")
+#: ``lua`` names the default (it was the two-message bootstrap before ``lua-1msg`` came).
+STREAM_USAGE_MODES = ("lua", "lua-1msg", "lua-2msg", "lua-3msg", "picker")
+ONE_MESSAGE = "lua-1msg"
+#: The bootstrap ``taskplane gateway`` runs unless ``TASKPLANE_EPP_STREAM_USAGE`` names another.
+#: Still two messages: with the request headers skipped (``lua-1msg``, one message) the picker
+#: hears of a call only once its body is whole, so it cannot keep the body deadline
+#: (``limits.body_timeout_s``): an upload that stalls or trickles after whole headers is not
+#: answered 408 in time, and no Envoy timer bounds the upload alone without also cutting
+#: calls held by admission (docs/benchmarks.md, "One message per stream").
+DEFAULT_STREAM_USAGE = "lua-2msg"
+#: The modes with the answers filter: the routing filter's response phases are SKIP.
+_ANSWERS_MODES = (ONE_MESSAGE, "lua-2msg")
+#: What the routing filter sends with the body when its request headers are SKIP (``lua``):
+#: the picker builds the call from these exactly as from a headers message (``epp.protocol``).
+#: (Envoy 1.40 sends the whole ``request.headers`` map as an empty struct, so each header is
+#: named; a repeated header comes joined with commas.)
+ATTRIBUTE_HEADERS = ("authorization", *CALL_HEADERS)
+REQUEST_ATTRIBUTES = ["request.method", "request.path", *(f"request.headers['{name}']" for name in ATTRIBUTE_HEADERS)]
+#: The Lua filter after the routing one (``lua-1msg`` only): refuses what the picker never routed
+#: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
+#: and ``authorization`` headers the picker did not see (``epp.lua``).
+GUARD_FILTER = "taskplane.request_guard"
+#: The dynamic-metadata namespace of the request headers the routing answer sets (the
+#: destination, Envoy's retry count): with the headers skipped, Envoy has let them on before
+#: the body's answer and applies none of its header mutation, so the request guard sets these.
+REQUEST_NAMESPACE = "taskplane.request"
 #: The gRPC header (ext_proc ``initial_metadata``) by which taskplane's own Envoy tells the
 #: picker which of its two filters an ext_proc stream comes from: ``route`` (the request
 #: phases only: the answer needs no message of its own) or ``answers`` (the response phases
@@ -172,31 +198,45 @@ def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None)
         # the answers filter finds its call by the key the routing answer put in ``taskplane``
         "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE] if exchange == "answers"
                                                        else [LB_NAMESPACE]},
-                             "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE, ENDPOINTS_NAMESPACE]}},
+                             "receiving_namespaces": {"untyped": [LB_NAMESPACE, TP_NAMESPACE, ENDPOINTS_NAMESPACE,
+                                                                   REQUEST_NAMESPACE]}},
     }
 
 
-def ext_proc_filter(config: GatewayConfig, stream_usage: str = "lua") -> dict[str, Any]:
-    """Request headers and the buffered body to the picker. A call held by admission (or
-    for an empty pool) waits inside the picker, so the message timeout covers the longest
-    hold (``epp.timers``). ``lua`` (the default): nothing more; the answer goes to the
-    answers filter (``answers_filter``), or, a successful stream, to no filter at all.
-    ``lua-3msg``: response headers back to this filter too (the picker adds the
-    X-Taskplane-* headers and asks for a unary body itself with ``mode_override``): three
-    messages per stream, as before issue 19. ``picker``: every response body through the
-    picker too (FULL_DUPLEX_STREAMED, as GIE's own configs do): the measured alternative
-    to the Lua scan."""
+def usage_mode(stream_usage: str) -> str:
+    """``stream_usage`` checked, ``lua`` read as the default."""
+    if stream_usage not in STREAM_USAGE_MODES:
+        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
+    return DEFAULT_STREAM_USAGE if stream_usage == "lua" else stream_usage
+
+
+def ext_proc_filter(config: GatewayConfig, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
+    """The request, buffered, to the picker. A call held by admission (or for an empty pool)
+    waits inside the picker, so the message timeout covers the longest hold (``epp.timers``).
+    ``lua-1msg``: one message, the body, with the request's method, path and headers as attributes
+    (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the request guard
+    refuses it); the answer goes to the answers filter (``answers_filter``), or, a successful
+    stream, to no filter at all. ``lua-2msg`` (the default, ``DEFAULT_STREAM_USAGE``): the same
+    with the request headers as a message of their own (two messages per stream). ``lua-3msg``:
+    response headers back to this filter too (the picker adds the X-Taskplane-* headers and
+    asks for a unary body itself with ``mode_override``): three messages per stream.
+    ``picker``: every response body through the picker too (FULL_DUPLEX_STREAMED, as GIE's
+    own configs do): the measured alternative to the Lua scan."""
+    stream_usage = usage_mode(stream_usage)
     duplex = stream_usage == "picker"
+    answers = stream_usage in _ANSWERS_MODES
     mode = {
-        "request_header_mode": "SEND",
+        "request_header_mode": "SKIP" if stream_usage == ONE_MESSAGE else "SEND",
         "request_body_mode": "BUFFERED",
         "request_trailer_mode": "SKIP",
-        "response_header_mode": "SKIP" if stream_usage == "lua" else "SEND",
+        "response_header_mode": "SKIP" if answers else "SEND",
         "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
         "response_trailer_mode": "SEND" if duplex else "SKIP",
     }
-    return {"name": "envoy.filters.http.ext_proc",
-            "typed_config": _ext_proc(config, mode, "route" if stream_usage == "lua" else None)}
+    typed = _ext_proc(config, mode, "route" if answers else None)
+    if stream_usage == ONE_MESSAGE:
+        typed["request_attributes"] = list(REQUEST_ATTRIBUTES)
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": typed}
 
 
 def _response_input(header: str) -> dict[str, Any]:
@@ -233,7 +273,17 @@ def answers_filter(config: GatewayConfig) -> dict[str, Any]:
 def lua_filter() -> dict[str, Any]:
     return {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
-        "source_codes": {"usage": {"inline_string": USAGE_LUA}},
+        "source_codes": {"usage": {"inline_string": USAGE_LUA},
+                         # the one-message routes' (``lua-1msg``): their attribute headers made valid UTF-8
+                         "usage-1msg": {"inline_string": attribute_safe_lua(ATTRIBUTE_HEADERS)}},
+    }}
+
+
+def guard_filter() -> dict[str, Any]:
+    """The one-message exchange's request guard (``GUARD_FILTER``, ``epp.lua``)."""
+    return {"name": GUARD_FILTER, "typed_config": {
+        "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
+        "source_codes": {"guard": {"inline_string": GUARD_LUA}},
     }}
 
 
@@ -256,6 +306,8 @@ def _enabled(config: dict[str, Any]) -> dict[str, Any]:
 
 _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
+_LUA_1MSG_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage-1msg"})
+_GUARD_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "guard"})
 _ANSWERS_ON = _enabled({"@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcherPerRoute",
                         "xds_matcher": _SKIP_STREAMS})
 
@@ -270,7 +322,10 @@ def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dic
     # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
     filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON}
     extra: dict[str, Any] = {}
-    if stream_usage == "lua":
+    if stream_usage == ONE_MESSAGE:
+        filters[GUARD_FILTER] = _GUARD_ON
+        filters["envoy.filters.http.lua"] = _LUA_1MSG_ON
+    if stream_usage in _ANSWERS_MODES:
         filters[ANSWERS_FILTER] = _ANSWERS_ON
         # who answered, for the Lua filter to add that endpoint's headers (it removes this one)
         extra["response_headers_to_add"] = [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
@@ -347,16 +402,17 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
     ]}
 
 
-def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lua") -> dict[str, Any]:
-    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua`` (the Lua
-    scan + access log, two picker messages per successful stream, the default),
-    ``lua-3msg`` (the same with the response headers through the picker too) or
-    ``picker`` (bodies through the picker); see ``ext_proc_filter``."""
-    if stream_usage not in STREAM_USAGE_MODES:
-        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
+def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
+    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua-2msg`` (the Lua
+    scan + access log, two picker messages per successful stream, the default; ``lua``),
+    ``lua-1msg`` (one: the request headers as attributes of the body's message),
+    ``lua-3msg`` (the response headers through the picker too) or ``picker`` (bodies
+    through the picker); see ``ext_proc_filter``."""
+    stream_usage = usage_mode(stream_usage)
     limits = config.limits
     routes = [_inference_route(p, config, stream_usage) for p in INFERENCE_PATHS] + [_app_route("/")]
-    answers = [{**answers_filter(config), "disabled": True}] if stream_usage == "lua" else []
+    answers = [{**answers_filter(config), "disabled": True}] if stream_usage in _ANSWERS_MODES else []
+    guard = [{**guard_filter(), "disabled": True}] if stream_usage == ONE_MESSAGE else []
     hcm = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "taskplane",
@@ -374,9 +430,11 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = "lu
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
-        # The answers filter (``lua`` only) after the picker's: on the way back it runs first.
+        # The answers filter (``lua-1msg``, ``lua-2msg``) after the picker's: on the way back it
+        # runs first. The request guard (``lua-1msg``) between them: it sees the routing answer, and its
+        # own refusals (local replies start at the filter that sends them) skip the answers filter.
         "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
-                         *answers,
+                         *guard, *answers,
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

@@ -140,3 +140,72 @@ function envoy_on_response(h)
   end
 end
 """
+
+
+#: The request guard of the one-message exchange (``envoy_config.GUARD_FILTER``, after the
+#: routing ext_proc filter). It holds the request's headers until its body has passed the
+#: picker (the routing filter skips the headers and lets them on at once). A request the picker routed carries its call key in the
+#: ``taskplane`` metadata; one without it never reached the picker (Envoy sends a body-less
+#: request no message when the headers are skipped) and gets the picker's own answer to a
+#: body-less call instead of going to a replica unauthenticated. The picker removed the
+#: headers it was sent; the client's others of the kind the replica must not see
+#: (``x-taskplane-*``, ``x-envoy-*``, ``authorization``) go here, and the headers the routing
+#: answer sets (the destination, Envoy's retry count: ``taskplane.request``; Envoy applies no
+#: header mutation of a body answer to headers it has let on) are set here.
+GUARD_LUA = r"""
+local BODY_LESS = '{"error": {"type": "invalid_request", "message": "request body is missing"}}'
+
+function envoy_on_request(h)
+  -- With its headers skipped the routing filter lets them on at once and holds only the
+  -- body; holding them here until the body (answered by the picker) arrives keeps them from
+  -- the router until the picker's mutations (the destination) are in.
+  h:body()
+  local md = h:streamInfo():dynamicMetadata():get("taskplane")
+  if md == nil or md["call"] == nil then
+    h:respond({[":status"] = "400", ["content-type"] = "application/json"}, BODY_LESS)
+    return
+  end
+  local headers = h:headers()
+  local set = h:streamInfo():dynamicMetadata():get("taskplane.request") or {}
+  local drop = {}
+  for key, _ in pairs(headers) do
+    if key == "authorization" or string.sub(key, 1, 12) == "x-taskplane-"
+        or string.sub(key, 1, 8) == "x-envoy-" then
+      drop[#drop + 1] = key
+    end
+  end
+  for _, key in ipairs(drop) do headers:remove(key) end
+  for key, value in pairs(set) do headers:replace(key, value) end
+end
+
+function envoy_on_response(h)
+end
+"""
+
+
+def attribute_safe_lua(names: tuple[str, ...]) -> str:
+    """The usage filter's script for the one-message exchange: the same, and on the request
+    the headers sent as attributes (``names``) made valid UTF-8. Envoy sends an attribute as
+    a protobuf string, and a header value that is not UTF-8 (a raw latin-1 byte) made the
+    whole message unreadable to the picker (503); each byte >= 0x80 is sent as the
+    character of that code point instead, which the picker turns back into the header
+    message's reading of the bytes (``protocol.attribute_headers``)."""
+    listed = ", ".join(f'"{n}"' for n in names)
+    return USAGE_LUA + f"""
+local ATTRIBUTE_HEADERS = {{{listed}}}
+
+local function latin1_to_utf8(s)
+  return (string.gsub(s, "[\\128-\\255]", function(c)
+    local b = string.byte(c)
+    return string.char(192 + math.floor(b / 64), 128 + b % 64)
+  end))
+end
+
+function envoy_on_request(h)
+  local headers = h:headers()
+  for _, name in ipairs(ATTRIBUTE_HEADERS) do
+    local v = headers:get(name)
+    if v ~= nil and string.find(v, "[\\128-\\255]") then headers:replace(name, latin1_to_utf8(v)) end
+  end
+end
+"""

@@ -90,6 +90,34 @@ def attribute(req: pb.ProcessingRequest, name: str) -> str | None:
     return None
 
 
+def attribute_headers(req: pb.ProcessingRequest) -> list[tuple[str, str]] | None:
+    """The request's headers as a header message would carry them, from the attributes
+    Envoy sends with the body when the routing filter skips the headers
+    (``envoy_config.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
+    A repeated header comes joined with commas; a taskplane header's value is split back
+    into its parts, so two different values are refused as from a header message (a single
+    value with a comma then counts as repeated). A value that is not ASCII is read as the
+    header message's ``raw_value`` is (``lua.attribute_safe_lua`` sent its bytes as code
+    points). None: no such attributes came (the headers came as a message of their own)."""
+    attrs = req.attributes.get(EXT_PROC_ATTRS)
+    if attrs is None or "request.method" not in attrs.fields:
+        return None
+    fields = attrs.fields
+    pairs = [(":method", fields["request.method"].string_value),
+             (":path", fields["request.path"].string_value if "request.path" in fields else "")]
+    for key, value in fields.items():
+        if key.startswith(_HEADER_ATTR) and (v := value.string_value):
+            name = key[len(_HEADER_ATTR):-2]
+            if not v.isascii():  # the Lua filter sent each byte >= 0x80 as its code point: the bytes back
+                v = v.encode("latin-1", "replace").decode("utf-8", "replace")
+            parts = v.split(",") if "," in v and name.startswith("x-taskplane-") else [v]
+            pairs += [(name, x.strip()) for x in parts]
+    return pairs
+
+
+_HEADER_ATTR = "request.headers['"
+
+
 def plain(value: struct_pb2.Value) -> Any:
     """One protobuf ``Value`` as plain Python (numbers are floats, as JSON has them)."""
     kind = value.WhichOneof("kind")

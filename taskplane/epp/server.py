@@ -56,6 +56,7 @@ from taskplane.epp.envoy_config import (
     LB_NAMESPACE,
     MAX_RETRIES_HEADER,
     NUM_RETRIES,
+    REQUEST_NAMESPACE,
     TP_NAMESPACE,
 )
 from taskplane.epp.timing import BurstTiming
@@ -120,6 +121,7 @@ class _Exchange:
     details: str = ""  # Envoy's response code details (``upstream_per_try_idle_timeout``: the try timed out)
     exchange: str | None = None  # taskplane's filter that opened the stream (``EXCHANGE_HEADER``), or None
     waits_for_log: bool = False  # a stream whose row the access log settles (the Lua filter's usage)
+    headers_as_attributes: bool = False  # the headers came with the body (one message: ``envoy_config``)
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
@@ -217,12 +219,17 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         return []
 
     # ---- request ----------------------------------------------------------------
-    def _request_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
-        ex.headers = P.header_pairs(req.request_headers)
-        pseudo = dict(ex.headers)
+    def _take_headers(self, ex: _Exchange, pairs: list[tuple[str, str]]) -> None:
+        """The request's headers, whichever message carried them (a headers message, or the
+        body's attributes when the routing filter skips the headers: ``envoy_config``)."""
+        ex.headers = pairs
+        pseudo = dict(pairs)
         ex.path = pseudo.get(":path", "").split("?", 1)[0]
         if pseudo.get(":method", "POST") == "POST":
             ex.kind = INFERENCE_PATHS.get(ex.path)
+
+    def _request_headers(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        self._take_headers(ex, P.header_pairs(req.request_headers))
         if ex.kind is None:
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
         if req.request_headers.end_of_stream:
@@ -236,6 +243,9 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         return P.error_reply(TaskplaneError(ErrorType.INVALID_REQUEST, "request body is missing"))
 
     async def _request_body(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
+        if not ex.headers and (pairs := P.attribute_headers(req)) is not None:  # one message: headers as attributes
+            self._take_headers(ex, pairs)
+            ex.headers_as_attributes = True
         if ex.kind is None:  # not ours: pass the body on as it came
             if ex.request_duplex:
                 return [P.answer("request_body", streamed=(req.request_body.body, req.request_body.end_of_stream))]
@@ -336,6 +346,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                                     TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
         if ex.exchange == "route" and call.stream:  # the Lua filter adds the answering endpoint's headers
             metadata[ENDPOINTS_NAMESPACE] = {ep: picked.headers_of(r) for r in picked.order if (ep := self.book.endpoint(r.name))}
+        if ex.headers_as_attributes:  # Envoy let the headers on before this answer: the request guard sets these
+            metadata[REQUEST_NAMESPACE] = headers
         if ex.request_duplex:
             return [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
                     P.answer("request_body", streamed=(body, True))]

@@ -39,7 +39,11 @@ def _skip_duplex_unary(plane: str) -> None:
         pytest.skip(DUPLEX_UNARY_GAP)
 
 
-@pytest.fixture(scope="module", params=["envoy", "envoy-duplex", "python"])
+#: Each plane's ``TASKPLANE_EPP_STREAM_USAGE`` (``envoy-1msg``: the one-message exchange).
+_USAGE = {"envoy": "lua", "envoy-1msg": "lua-1msg", "envoy-duplex": "picker", "python": "lua"}
+
+
+@pytest.fixture(scope="module", params=sorted(_USAGE))
 def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path, str]]:
     work = Path(tmp_path_factory.mktemp(f"bad-upstream-{request.param}"))
     upstream = BadUpstream(free_port()).start()
@@ -52,7 +56,7 @@ def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                       "--port", str(port)], log,
                      # envoy-duplex: streamed bodies through the picker (a GIE-style Envoy), not the Lua scan
                      env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param.split("-")[0],
-                          "TASKPLANE_EPP_STREAM_USAGE": "picker" if request.param == "envoy-duplex" else "lua"})
+                          "TASKPLANE_EPP_STREAM_USAGE": _USAGE[request.param]})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
         yield f"http://127.0.0.1:{port}", upstream, log, request.param

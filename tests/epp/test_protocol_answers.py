@@ -58,3 +58,33 @@ def test_an_immediate_reply_has_status_headers_body_and_details() -> None:
     assert reply.status.code == 429 and reply.body == b'{"error":{}}' and reply.details == "taskplane_overloaded"
     assert [(o.header.key, o.header.raw_value) for o in reply.headers.set_headers] == [("retry-after", b"1")]
     assert P.immediate(400, b"").immediate_response.HasField("headers")
+
+
+def _body_with(attrs: dict[str, str]) -> pb.ProcessingRequest:
+    s = struct_pb2.Struct()
+    for key, value in attrs.items():
+        s.fields[key].string_value = value
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True),
+                                attributes={P.EXT_PROC_ATTRS: s})
+
+
+def test_headers_sent_as_attributes_read_as_a_headers_message_would_carry_them() -> None:
+    """The one-message exchange (``lua-1msg``): a repeated taskplane header comes joined with
+    commas and is split back (the duplicate check sees both values), a non-taskplane one is
+    left whole, and a value the Lua filter sent byte by byte as code points is read back as
+    the header message's UTF-8 reading of the same bytes."""
+    raw = "caf\xe9-\xff".encode("latin-1")  # a latin-1 header value, not UTF-8
+    got = P.attribute_headers(_body_with({
+        "request.method": "POST", "request.path": "/v1/chat/completions?x=1",
+        "request.headers['x-taskplane-task-id']": "task-a,task-b",
+        "request.headers['authorization']": "Bearer k1,Bearer k2",
+        "request.headers['x-taskplane-agent']": raw.decode("latin-1"),
+        "request.headers['x-taskplane-step']": ""}))
+    assert got is not None and got[:2] == [(":method", "POST"), (":path", "/v1/chat/completions?x=1")]
+    assert sorted(got[2:]) == sorted([("x-taskplane-task-id", "task-a"), ("x-taskplane-task-id", "task-b"),
+                                      ("authorization", "Bearer k1,Bearer k2"),
+                                      ("x-taskplane-agent", raw.decode("utf-8", "replace"))])
+    headers = P.as_headers(got)
+    assert headers.getlist("x-taskplane-task-id") == ["task-a", "task-b"]
+    assert headers.getlist("authorization") == ["Bearer k1", "Bearer k2"]  # as_headers splits a joined key, as before
+    assert P.attribute_headers(pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}"))) is None

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Awaitable
 
 import asyncpg
+import httpx
 
 MODEL = "llama-3.1-8b"
 
@@ -48,3 +51,25 @@ def sse_usage(text: str) -> dict[str, object] | None:
             if data.get("usage"):
                 return dict(data["usage"])
     return None
+
+
+#: The ext_proc phases ``taskplane_epp_messages_total`` counts that a call may cost.
+PHASES = ("request_headers", "request_body", "response_headers", "response_body")
+
+
+async def epp_messages(client: httpx.AsyncClient) -> dict[str, float]:
+    text = (await client.get("/metrics")).text
+    found = {p: 0.0 for p in PHASES}
+    for phase, value in re.findall(r'^taskplane_epp_messages_total\{phase="(\w*)"\} ([0-9.e+]+)$', text, re.M):
+        found[phase] = float(value)
+    for name, value in re.findall(r'^taskplane_epp_streams_total\{exchange="(\w*)"\} ([0-9.e+]+)$', text, re.M):
+        found[f"{name or 'gie'}_streams"] = float(value)
+    return found
+
+
+async def messages_cost(client: httpx.AsyncClient, send: Awaitable[object]) -> dict[str, int]:
+    """The messages the picker received while ``send`` (an awaitable) ran, by phase."""
+    before = await epp_messages(client)
+    await send
+    after = await epp_messages(client)
+    return {p: int(after.get(p, 0) - before.get(p, 0)) for p in (*PHASES, "answers_streams")}
