@@ -216,11 +216,10 @@ def gateway(
 
         serve(config, host=host, port=port, database_url=database_url)
         return
-    import asyncio
-
+    from taskplane.epp.loop import run
     from taskplane.epp.runtime import run_front_door
 
-    asyncio.run(run_front_door(config, host=host, port=port, database_url=database_url, epp_port=epp_port))
+    run(run_front_door(config, host=host, port=port, database_url=database_url, epp_port=epp_port))
 
 
 @app.command()
@@ -233,11 +232,10 @@ def epp(
 ) -> None:
     """The endpoint picker alone: Envoy's ext_proc service speaking the Gateway API
     Inference Extension's endpoint-picker protocol."""
-    import asyncio
-
+    from taskplane.epp.loop import run
     from taskplane.epp.runtime import run_epp
 
-    asyncio.run(run_epp(config, host=host, port=port, database_url=database_url, eds_file=eds_file))
+    run(run_epp(config, host=host, port=port, database_url=database_url, eds_file=eds_file))
 
 
 @app.command("sim-engine")

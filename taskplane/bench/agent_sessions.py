@@ -61,7 +61,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from taskplane.bench.gateway_load import cpu_by_process, cpu_seconds, pin_ports
+from taskplane.bench.gateway_load import cpu_by_process, cpu_seconds, embedded_postgres, pin_ports
 from taskplane.bench.real_client import HeaderStyle, Target, TaskRun, drive
 from taskplane.bench.real_metrics import histograms, parse_counters
 from taskplane.bench.real_workload import CPU_TENANTS, RealWorkload, real_agent_workload
@@ -289,7 +289,7 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]
 def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Sequence[str] = tuple(TARGETS),
           seed: int = 1, arrival: str = "burst", burst_s: float = 1.0, rate_per_s: float = 3.0, speed: float = 1.0,
           kv_blocks: int = 4096, max_context: int = 4000, admission: bool = True, pin: bool = False, workdir: Path | None = None, calls_out: Path | None = None,
-          console: Console | None = None) -> dict[str, Any]:
+          console: Console | None = None, postgres: bool = False) -> dict[str, Any]:
     """Start the replicas and the gateway once, run every target ``rounds`` times (order
     rotated each round), stop everything; return the figures."""
     unknown = [t for t in targets if t not in TARGETS]
@@ -302,8 +302,9 @@ def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Se
     with tempfile.TemporaryDirectory(prefix="tp-agents-live-") as tmp:
         wd = workdir or Path(tmp)
         with contextlib.ExitStack() as stack:
+            database_url = stack.enter_context(embedded_postgres(wd)) if postgres else None
             cluster = start_cluster(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=kv_blocks, model=MODEL,
-                                                 config_overrides=gateway_config(sessions, admission)))
+                                                 config_overrides=gateway_config(sessions, admission), database_url=database_url))
             stack.callback(cluster.stop)
             sink = stack.enter_context(calls_out.open("w")) if calls_out else None
             with httpx.Client(timeout=30.0, trust_env=False) as client:
@@ -329,7 +330,7 @@ def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Se
     return {
         "sessions": len(wl.tasks), "calls_per_run": wl.num_calls, "replicas": replicas, "rounds": rounds,
         "arrival": arrival, "speed": speed, "kv_blocks": kv_blocks, "block_size": 16, "seed": seed,
-        "admission": admission, "max_context_tokens": max_context, "pinned": pinned, "cpu_count": os.cpu_count(), "workload": wl.meta,
+        "admission": admission, "postgres": postgres, "max_context_tokens": max_context, "pinned": pinned, "cpu_count": os.cpu_count(), "workload": wl.meta,
         "runs": runs, "ratios": [ratios(r) for r in runs],
     }
 
@@ -384,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gateway on a core of its own, the replicas and the client on the others")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-admission", action="store_true", help="the gateway without admission control")
+    p.add_argument("--postgres", action="store_true",
+                   help="an embedded Postgres for the gateway's attempt rows, as `taskplane dev up` runs it (its CPU then includes the cost writer)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     p.add_argument("--calls-out", type=Path, help="write every task and its calls as JSON lines here")
     args = p.parse_args(argv)
@@ -391,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     res = bench(sessions=args.sessions, replicas=args.replicas, rounds=args.rounds,
                 targets=[t.strip() for t in args.targets.split(",") if t.strip()], seed=args.seed,
                 arrival=args.arrival, burst_s=args.burst_s, rate_per_s=args.rate, speed=args.speed,
-                kv_blocks=args.kv_blocks, max_context=args.max_context, admission=not args.no_admission, pin=args.pin, calls_out=args.calls_out, console=console)
+                kv_blocks=args.kv_blocks, max_context=args.max_context, admission=not args.no_admission, pin=args.pin, calls_out=args.calls_out, console=console,
+                postgres=args.postgres)
     Console(width=200).print(render_table(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))

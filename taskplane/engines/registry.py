@@ -29,6 +29,7 @@ import numpy as np
 import structlog
 
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
+from taskplane.engines.probe import HttpProbe, Page, ProbeConnectError, plain
 from taskplane.scheduler.table import COL, ReplicaTable
 from taskplane.scheduler.types import ReplicaView
 
@@ -235,6 +236,7 @@ class ReplicaRegistry:
                 self._add(pool, rc)
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
+        self._probe = HttpProbe()
 
     # ---- membership ------------------------------------------------------
     def on_membership_change(self, listener: Callable[[], None]) -> None:
@@ -377,6 +379,7 @@ class ReplicaRegistry:
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(2.0, connect=1.0))
+        self._probe = HttpProbe(timeout_s=2.0, connect_timeout_s=1.0)
         await self.scrape_all()
         self._task = asyncio.create_task(self._loop(), name="replica-scrape")
 
@@ -389,6 +392,7 @@ class ReplicaRegistry:
                 pass
         if self._client:
             await self._client.aclose()
+        await self._probe.aclose()
 
     async def _loop(self) -> None:
         while True:
@@ -401,11 +405,17 @@ class ReplicaRegistry:
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(s) for s in list(self.replicas.values())))
 
+    async def _get(self, url: str) -> Page | httpx.Response:
+        """A scrape's GET: the lean probe for plain http (see ``probe``), httpx otherwise."""
+        if plain(url):
+            return await self._probe.get(url)
+        assert self._client is not None
+        return await self._client.get(url)
+
     async def scrape(self, s: ReplicaState) -> None:
         from taskplane.engines.metrics import parse_metrics
 
-        assert self._client is not None
-        metrics_call, health_call = await asyncio.gather(self._client.get(s.metrics_url), self._client.get(s.health_url),
+        metrics_call, health_call = await asyncio.gather(self._get(s.metrics_url), self._get(s.health_url),
                                                          return_exceptions=True)
         try:
             if isinstance(metrics_call, BaseException):
@@ -416,7 +426,7 @@ class ReplicaRegistry:
             # Refused or reset: the replica is gone. A timeout may be overload: only after
             # a few in a row do the calls waiting on it give up.
             s.probe_failures += 1
-            gone = isinstance(exc, httpx.ConnectError) or (s.probe_failures >= PROBE_FAILURES_DOWN and s.stalled())
+            gone = isinstance(exc, httpx.ConnectError | ProbeConnectError) or (s.probe_failures >= PROBE_FAILURES_DOWN and s.stalled())
             if s.healthy:
                 log.warning("replica_unreachable", replica=s.name, error=type(exc).__name__)
             s.healthy = False
