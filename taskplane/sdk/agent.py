@@ -444,7 +444,8 @@ async def _run_child(ag: Agent, args: tuple[Any, ...]) -> Any:
         rt.publish()
         message = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
         if status == "failed-deadline":
-            raise DeadlineExceeded(f"sub-agent {child_id} ran out of the deadline budget: {message}") from None
+            # the child's own message already names it ("task <child_id> ran out of its deadline budget ...")
+            raise DeadlineExceeded(message if child_id in message else f"sub-agent {child_id}: {message}") from None
         raise SubAgentFailed(child_id, status, message, cost) from None
     rt.add_child(out.cost_usd, out.llm_calls, out.attempts)
     rt.publish()
