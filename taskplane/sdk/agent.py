@@ -248,8 +248,9 @@ class AgentWorkflow:
         if status != "succeeded":
             raise ApplicationError(
                 f"{message} (spent ${rt.ctx.sunk_cost_usd:.6f})",
+                # the message without the spend suffix, for a parent that words its own failure
                 {"status": status, "cost_usd": rt.ctx.sunk_cost_usd, "llm_calls": rt.total_calls,
-                 "attempts": rt.total_attempts},
+                 "attempts": rt.total_attempts, "message": message},
                 type=failure_type,
                 non_retryable=True,
             )
@@ -442,7 +443,7 @@ async def _run_child(ag: Agent, args: tuple[Any, ...]) -> Any:
         status = str(info.get("status") or ("cancelled" if isinstance(cause, asyncio.CancelledError) else "failed"))
         rt.add_child(cost, int(info.get("llm_calls") or 0), int(info.get("attempts") or 0))
         rt.publish()
-        message = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+        message = str(info.get("message") or (cause.message if isinstance(cause, ApplicationError) else cause or exc))
         if status == "failed-deadline":
             # the child's own message already names it ("task <child_id> ran out of its deadline budget ...")
             raise DeadlineExceeded(message if child_id in message else f"sub-agent {child_id}: {message}") from None

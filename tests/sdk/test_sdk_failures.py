@@ -101,6 +101,19 @@ async def test_budget_that_runs_out_ends_the_task_failed_deadline(
     assert await handle.status() == "failed-deadline"
 
 
+async def test_sub_agent_deadline_failure_names_the_child_once(
+    tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder
+) -> None:
+    handle = await taskplane.submit(agents.sleepy_parent, 3.0, client=tp_client, task_queue=rec_worker.task_queue)
+    failure = await _fails(handle)
+    child_id = f"{handle.task_id}.tp_sleepy-0"
+    assert failure.status == "failed-deadline"
+    assert failure.failure_type == "DeadlineExceeded"
+    assert failure.message.count(child_id) == 1, failure.message
+    assert failure.message.count("(spent $") == 1, failure.message  # the parent's spend, said once
+    assert len(rec.for_task(child_id)) == 1  # the child's call after its deadline was never sent
+
+
 async def test_endless_transient_errors_stop_at_the_deadline(
     tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder
 ) -> None:

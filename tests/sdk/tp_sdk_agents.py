@@ -93,6 +93,12 @@ async def sleepy(sleep_s: float) -> str:
     return "unreachable"
 
 
+@agent(name="tp_sleepy_parent", tenant="acme", deadline=timedelta(seconds=30))
+async def sleepy_parent(sleep_s: float) -> str:
+    """A parent whose sub-agent runs out of its own (shorter) deadline budget."""
+    return await sleepy(sleep_s)
+
+
 class LoopState(BaseModel):
     done: int = 0
     notes: list[str] = []
