@@ -6,6 +6,8 @@ engine's usage (docs/reliability.md, "Stopping the data plane")."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import httpx
 import pytest
 from tp_epp_helpers import chat, rows, tp_headers
 
+from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 
 STREAMS = 150
@@ -61,3 +64,19 @@ async def test_sigterm_keeps_every_served_row(pg_url: str, tmp_path: Path, in_fl
                 assert all(whole)
                 await asyncio.to_thread(c.stop_gateway)  # at once: entries may still be in Envoy's buffer
     await _check_rows(pg_url, task, whole)
+
+
+async def test_envoy_dies_with_a_killed_front_door(pg_url: str, tmp_path: Path) -> None:
+    """Envoy is out of the front door's process group (a group SIGTERM reaches only the
+    front door), yet a kill -9 of the front door takes Envoy with it (pdeathsig)."""
+    c = LocalCluster(tmp_path, replicas=1, database_url=pg_url, speed=20.0)
+    with c:
+        assert c.gateway_pid is not None
+        envoy = int((c.workdir / f"envoy-{c.gateway_port}" / "envoy.pid").read_text())
+        assert os.getpgid(envoy) != os.getpgid(c.gateway_pid)
+        os.kill(c.gateway_pid, signal.SIGKILL)
+        for _ in range(50):
+            if not proc.alive(envoy):
+                break
+            await asyncio.sleep(0.1)
+        assert not proc.alive(envoy), "Envoy outlived its killed front door"
