@@ -136,8 +136,8 @@ class EnvoyProcess:
     async def drain(self, timeout_s: float, poll_s: float = 0.05) -> int:
         """Stop taking calls and let those in flight end, at most ``timeout_s``: the admin's
         ``/healthcheck/fail`` (a load balancer's health check sees it go) and
-        ``/drain_listeners`` (the listeners close: no new connection; open ones get
-        ``connection: close``), then wait until no downstream request is active. Returns
+        ``/drain_listeners`` (the listeners close: no new connection; open ones finish
+        their calls), then wait until no downstream request is active. Returns
         how many still were (-1: the admin did not answer)."""
         base = f"http://127.0.0.1:{self.admin_port}"
         active = -1
