@@ -49,7 +49,7 @@ async def test_sigterm_keeps_every_served_row(pg_url: str, tmp_path: Path, in_fl
     with c:
         limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=STREAMS)
         async with httpx.AsyncClient(base_url=c.gateway_url, timeout=60, limits=limits) as client:
-            calls = [asyncio.create_task(_stream(client, task, i, 200 if in_flight else 16)) for i in range(STREAMS)]
+            calls = [asyncio.create_task(_stream(client, task, i, 120 if in_flight else 16)) for i in range(STREAMS)]
             if in_flight:
                 await asyncio.sleep(1.0)  # every stream has started and none has ended
                 early = [t.result() if not t.exception() else repr(t.exception()) for t in calls if t.done()]
