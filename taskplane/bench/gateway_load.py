@@ -315,6 +315,9 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
     refusals = sum(1 for e in gateway.error_samples if e.startswith(("429", "503")))
     return {
         "stats": asdict(gateway), "errors": gateway.errors, "refusal_samples": refusals,
+        # the warm-up's calls write rows too: its errors are reported, not only the phase's
+        "warmup_errors": sum(1 for r in warm if not r.ok),
+        "warmup_error_samples": sorted({f"{r.status}: {r.error}" for r in warm if not r.ok})[:5],
         "served": sum(1 for r in warm if r.ok) + sum(1 for r in results if r.ok),
         "rss_mb": {"before": round(sampler.baseline / 2**20, 1), "peak": round(sampler.peak / 2**20, 1)},
         "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
@@ -350,17 +353,20 @@ async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: f
     # warm the direct path (connections, first-call imports), then measure
     await run_phase("warmup-direct", direct_urls, min(50, calls), max_tokens, timeout_s, headers)
     per_round: list[dict[str, Any]] = []
+    served = 0  # every round's, warm-ups included: what the rows in Postgres are counted against
     for i in range(rounds):
         round_direct, _ = await run_phase("direct", direct_urls, calls, max_tokens, timeout_s, headers)
         order = list(gateways.items())[::-1 if i % 2 else 1]
         ran = {name: await gateway_phase(name, url, pid, calls, max_tokens, timeout_s, headers, round_direct)
                for name, (url, pid) in order}
         round_planes = {name: ran[name] for name in gateways}
+        served += sum(p["served"] for p in round_planes.values())
         if i == 0:
             direct, planes = round_direct, round_planes
         per_round.append({
             "load_average_1m": round(os.getloadavg()[0], 2),
             "errors": {"direct": round_direct.errors, **{k: p["errors"] for k, p in round_planes.items()}},
+            "warmup_errors": {k: p["warmup_errors"] for k, p in round_planes.items()},
             "direct_ttft_ms": {q: round(round_direct.ttft_ms.get(q, float("nan")), 1) for q in ("p50", "p99")},
             "client_ms": {"direct": round_direct.client_ms, **{k: p["stats"]["client_ms"] for k, p in round_planes.items()}},
             "cpu_ms_per_call": {k: p["cpu_ms_per_call"] for k, p in round_planes.items()},
@@ -370,7 +376,8 @@ async def bench(cluster: LocalCluster, calls: int, max_tokens: int, timeout_s: f
         })
     first = next(iter(planes.values()))
     return {
-        "rounds": per_round, "ratio_to_direct_median": median_ratios(per_round),
+        "rounds": per_round, "ratio_to_direct_median": median_ratios(per_round), "served": served,
+        "warmup_errors": {k: sum(r["warmup_errors"][k] for r in per_round) for k in gateways},
         "calls": calls, "concurrency": calls, "replicas": len(cluster.replicas), "max_tokens": max_tokens,
         "cpu_count": psutil.cpu_count(),
         "errors": {"direct": direct.errors, "gateway": first["errors"]},  # the first data plane's (each: data_planes)
@@ -474,7 +481,7 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
                 res["admission"] = admission
             if database_url is not None:  # the gateways stopped: their writers flushed
                 res["rows"] = asyncio.run(count_rows(database_url))
-                res["rows"]["served"] = sum(p["served"] for p in res["data_planes"].values())
+                res["rows"]["served"] = res["served"]  # all rounds, warm-ups included (as the rows)
             return res
         finally:
             os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
@@ -490,7 +497,8 @@ def render(res: dict[str, Any]) -> str:
     lines = [
         f"{res['calls']} concurrent streaming calls, {res['replicas']} simulated replicas, max_tokens {res['max_tokens']}, "
         f"{res['cpu_count']} CPUs shared by client, gateway and replicas; load average {res['load_average_1m']}",
-        f"errors: direct {res['errors']['direct']}, " + ", ".join(f"{k} {p['errors']}" for k, p in res["data_planes"].items()),
+        f"errors: direct {res['errors']['direct']}, " + ", ".join(f"{k} {p['errors']}" for k, p in res["data_planes"].items())
+        + "; in the data planes' warm-ups (all rounds): " + ", ".join(f"{k} {n}" for k, n in res["warmup_errors"].items()),
     ]
     for name, p in res["data_planes"].items():
         lines.append(f"{name}: RSS {p['rss_mb']['before']} MB before, peak {p['rss_mb']['peak']} MB; "
@@ -526,7 +534,8 @@ def render(res: dict[str, Any]) -> str:
                                                          for k, v in res["ratio_to_direct_median"].items()))
     if "rows" in res:
         lines.append(f"attempt rows in Postgres: {res['rows']}")
-    samples = d["error_samples"] + [e for p in res["data_planes"].values() for e in p["stats"]["error_samples"]]
+    samples = d["error_samples"] + [e for p in res["data_planes"].values()
+                                    for e in p["stats"]["error_samples"] + p["warmup_error_samples"]]
     if samples:
         lines.append(f"error samples: {samples}")
     return "\n".join(lines)

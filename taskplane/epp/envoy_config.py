@@ -29,6 +29,7 @@ from typing import Any
 
 from taskplane.config import GatewayConfig
 from taskplane.context import CALL_HEADERS
+from taskplane.engines.keepalive import REPLICA_IDLE_S
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
 from taskplane.epp.lua import GUARD_LUA, USAGE_LUA, attribute_safe_lua
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
@@ -44,11 +45,6 @@ DEST_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 #: The namespace of taskplane's own dynamic metadata (the attempt's id, the Lua usage).
 TP_NAMESPACE = "taskplane"
-#: Envoy closes a pooled replica connection idle this long, before the replica does: vLLM's
-#: server (uvicorn) closes a keep-alive connection after 5 s idle, and a request Envoy sends
-#: on it just then is lost with the connection (``upstream_cx_destroy_remote_with_active_rq``:
-#: a failed try, its error row, a retry 40-100 ms later; issue 19's dropped tries).
-REPLICA_IDLE_S = 4.0
 _BIG = 1_000_000  # circuit-breaker limits: admission is taskplane's job, not Envoy's
 #: Envoy's retries at most (the picker lists the choice and up to this many fallbacks, and
 #: lowers it per call with ``x-envoy-max-retries`` when it has fewer).

@@ -49,6 +49,11 @@ log = structlog.get_logger(__name__)
 #: cancelled: without it, streams served whole just before a stop got cancelled rows.
 LOG_GRACE_S = 0.5
 
+#: How long a stopping front door lets the calls in flight end (Envoy drained: no new
+#: connection) before it stops Envoy: below the 8 s after which ``dev``'s ``stop_pid`` and
+#: most supervisors' grace periods (Kubernetes: 30 s) send SIGKILL.
+STOP_DRAIN_S = 5.0
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: on SIGTERM the front door stops Envoy and
@@ -157,7 +162,8 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
             await stopping.wait()
         finally:
             await _cancel(follow)
-            await health.set_ready(ps.health, False)
+            await health.set_ready(ps.health, False)  # the data plane's health check takes the picker out
+            await ps.picker.streams.drained(STOP_DRAIN_S)  # streams in flight end, their entries come
             await ps.server.stop(grace=2)
             await ps.picker.streams.abandon()
 
@@ -203,10 +209,11 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
             log.error("envoy_exited", code=envoy_exit.result(), log=str(envoy.log_file))
     finally:
         await _cancel(follow)
-        if envoy_alive:  # streams that just ended: their access-log entries are one Envoy flush away
+        await health.set_ready(ps.health, False)
+        if envoy_alive:  # no new call; those in flight end; their access-log entries are one Envoy flush away
+            await envoy.drain(STOP_DRAIN_S)
             await ps.picker.streams.drained(LOG_GRACE_S)
         await envoy.stop()
-        await health.set_ready(ps.health, False)
         await ps.server.stop(grace=1)
         left = await ps.picker.streams.abandon()  # Envoy is gone: no access-log entry will come
         if left:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from taskplane.engines.keepalive import REPLICA_IDLE_S
 from taskplane.engines.registry import ReplicaState
 from taskplane.gateway import failures
 from taskplane.gateway.failures import Failure
@@ -42,7 +43,8 @@ class UpstreamClients:
         clients = self._pools.get(replica.name)
         if clients is None:
             timeout = httpx.Timeout(self.request_timeout_s, connect=5.0)  # a connect burst is not death
-            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64)
+            # idle connections closed before the replica closes them (``taskplane.engines.keepalive``)
+            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=64, keepalive_expiry=REPLICA_IDLE_S)
             if self._tls is None:
                 self._tls = ssl.create_default_context()  # one CA load, not one per pool
             clients = self._pools[replica.name] = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=self._tls)

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
+from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
 from taskplane.engines.tokenize import tokenize
 from taskplane.sim import responses
 from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
@@ -70,7 +71,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_MAX_MODEL_LEN = 8192
 #: How long the replica keeps an idle keep-alive connection open: vLLM's own (and uvicorn's
 #: default) 5 s, so a data plane in front meets the same closes as in front of vLLM.
-KEEP_ALIVE_S = 5
+KEEP_ALIVE_S = REPLICA_KEEP_ALIVE_S
 STREAM_TICK_S = 0.02  # wall seconds between streamed chunks while decoding
 
 

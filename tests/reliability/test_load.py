@@ -15,6 +15,9 @@ def test_concurrent_streams_through_the_gateway_have_no_errors(tmp_path: Path) -
     assert res["errors"] == {"direct": 0, "gateway": 0}, res["gateway"]["error_samples"]
     assert res["gateway"]["calls"] == 200
     assert [r["errors"] for r in res["rounds"]] == [{"direct": 0, "envoy": 0}] * 2  # direct, then the gateway, twice
+    # the warm-ups write rows too (issue 19: a warm-up's 50 refused calls went uncounted)
+    assert res["warmup_errors"] == {"envoy": 0} and [r["warmup_errors"] for r in res["rounds"]] == [{"envoy": 0}] * 2
+    assert res["served"] == 2 * (200 + 50)  # every round's calls, warm-ups included: what rows are counted against
     ratios = [r["ratio_to_direct"]["envoy"]["ttft_ms"]["p50"] for r in res["rounds"]]
     assert res["ratio_to_direct_median"]["envoy"]["ttft_ms"]["p50"] == round(sum(ratios) / 2, 3)
     for phase in ("direct", "gateway"):
