@@ -49,7 +49,7 @@ from taskplane.sim.lifecycle import Lifecycle, fail_call
 from taskplane.sim.lifetimes import Lifetimes
 from taskplane.sim.policy import Policy, PolicyHooks, round_robin
 from taskplane.sim.replicas import SimReplicas
-from taskplane.sim.requests import Finished, KVEvents
+from taskplane.sim.requests import Finished, FirstToken, KVEvents
 from taskplane.sim.results import EPOCH, CallRecord, ClusterResult, ReplicaResult, TaskResult
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
@@ -84,8 +84,9 @@ class ClusterSim:
         self.requeue_interval_s = requeue_interval_s
         self.until_s = math.inf if until_s is None else until_s
         self.policy = PolicyHooks(policy)
+        # first-token events only for a policy that holds calls (it may release them then)
         self.fleet = SimReplicas(cluster, self.bs, kv_events=self.policy.on_kv is not None,
-                                 table=self.policy.wants_table)
+                                 table=self.policy.wants_table, first_tokens=self.policy.release_fn is not None)
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
@@ -232,6 +233,10 @@ class ClusterSim:
                 self._finished(i, ev)
             elif isinstance(ev, KVEvents) and self.policy.on_kv is not None:
                 self.policy.on_kv(self.fleet.name(i), ev.events)
+            elif isinstance(ev, FirstToken):
+                # a prompt is prefilled: calls held for the replica's prefill (late binding,
+                # the prefill gate) may go now, as the gateway's pump hands them out
+                freed = True
         if freed:
             self._release_queued(t)
 

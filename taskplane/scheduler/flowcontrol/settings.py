@@ -68,6 +68,13 @@ class AdmissionSettings:
     # (300 ms too) and costs Mooncake least; 300 ms measured better on the agent mix, worse on
     # Mooncake (docs/benchmarks.md, fourth pass). None: off (any unsaturated replica, as before).
     max_prefill_backlog_ms: float | None = 1000.0
+    # One prefill at a time on a session's replica: a call that stays with its pinned
+    # replica is held while that replica has prompt tokens in flight (dispatched, not yet
+    # prefilled) and dispatched when they are done, first come first served
+    # (flowcontrol/gate.py). Two prompts admitted into one engine step both get their first
+    # token when the step ends; held, the first is as fast as alone and the second ends its
+    # prefill about when it would have. False: off (a pinned call is dispatched at once).
+    serial_prefill: bool = True
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
