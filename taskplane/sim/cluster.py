@@ -90,7 +90,8 @@ class ClusterSim:
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
-        self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None)
+        self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None,
+                                    workload.tasks)
                           if kv_lifetimes is not None and cluster.tiers.enabled else None)
         self.lifecycle = Lifecycle(self.events, max_attempts)
         self.records: list[CallRecord] = []
