@@ -57,6 +57,11 @@ class TimedPolicy:
         return int(getattr(self.inner, "queued", 0))
 
     @property
+    def holds_calls(self) -> bool:
+        """Whether the policy may queue calls (the simulator then hands it first tokens)."""
+        return bool(getattr(self.inner, "holds_calls", True))
+
+    @property
     def pending(self) -> bool:
         """Whether ``release`` may hand anything out (the simulator skips it when not)."""
         return bool(getattr(self.inner, "pending", True))

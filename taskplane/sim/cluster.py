@@ -86,7 +86,7 @@ class ClusterSim:
         self.policy = PolicyHooks(policy)
         # first-token events only for a policy that holds calls (it may release them then)
         self.fleet = SimReplicas(cluster, self.bs, kv_events=self.policy.on_kv is not None,
-                                 table=self.policy.wants_table, first_tokens=self.policy.release_fn is not None)
+                                 table=self.policy.wants_table, first_tokens=self.policy.holds_calls)
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)

@@ -468,6 +468,12 @@ class FlowControl:
         return self._gate.remove(request)
 
     @property
+    def holds_calls(self) -> bool:
+        """Can ``decide`` answer QUEUE (admission control is on)? Without it every call is
+        placed or refused at once."""
+        return self.admission is not None
+
+    @property
     def queued(self) -> int:
         return sum(len(q) for _, q in self._all_queues()) + len(self._gate)
 
