@@ -48,7 +48,7 @@ class TimedPolicy:
 
     # the simulator probes for these with getattr: forward only what the policy has
     def __getattr__(self, name: str) -> Any:
-        if name in ("release", "on_kv_events", "replica_failed"):
+        if name in ("release", "release_gate", "on_kv_events", "replica_failed"):
             return getattr(self.inner, name)
         raise AttributeError(name)
 
@@ -57,9 +57,9 @@ class TimedPolicy:
         return int(getattr(self.inner, "queued", 0))
 
     @property
-    def holds_calls(self) -> bool:
-        """Whether the policy may queue calls (the simulator then hands it first tokens)."""
-        return bool(getattr(self.inner, "holds_calls", True))
+    def gates_prefill(self) -> bool:
+        """Whether the policy's prefill gate is on (the simulator then hands it first tokens)."""
+        return bool(getattr(self.inner, "gates_prefill", False))
 
     @property
     def pending(self) -> bool:

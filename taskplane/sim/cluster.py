@@ -84,9 +84,9 @@ class ClusterSim:
         self.requeue_interval_s = requeue_interval_s
         self.until_s = math.inf if until_s is None else until_s
         self.policy = PolicyHooks(policy)
-        # first-token events only for a policy that holds calls (it may release them then)
+        # first-token events only for a policy with a prefill gate (it releases calls then)
         self.fleet = SimReplicas(cluster, self.bs, kv_events=self.policy.on_kv is not None,
-                                 table=self.policy.wants_table, first_tokens=self.policy.holds_calls)
+                                 table=self.policy.wants_table, first_tokens=self.policy.gate_fn is not None)
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
@@ -227,7 +227,7 @@ class ClusterSim:
         if not events:
             return
         self.fleet.mark(i)
-        freed = False
+        freed = prefilled = False
         for ev in events:
             if isinstance(ev, Finished):
                 freed = True
@@ -235,11 +235,14 @@ class ClusterSim:
             elif isinstance(ev, KVEvents) and self.policy.on_kv is not None:
                 self.policy.on_kv(self.fleet.name(i), ev.events)
             elif isinstance(ev, FirstToken):
-                # a prompt is prefilled: calls held for the replica's prefill (late binding,
-                # the prefill gate) may go now, as the gateway's pump hands them out
-                freed = True
+                prefilled = True  # calls held for the replica's prefill (the prefill gate) may go
         if freed:
             self._release_queued(t)
+        elif prefilled and self.policy.gate_fn is not None:
+            for req, d in self.policy.gate_fn(self.fleet.for_policy(), t):
+                call = self._calls_by_id.get(req.call_id or "")
+                if call is not None:
+                    self._apply(call, d, t)
 
     def _finished(self, i: int, ev: Finished) -> None:
         call: SimCall = ev.tag

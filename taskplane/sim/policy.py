@@ -44,10 +44,12 @@ class PolicyHooks:
         self.wants_table = hasattr(policy, "decide")
         self.release_fn: Callable[[Any, float], list[tuple[CallRequest, Decision]]] | None = getattr(
             policy, "release", None)
-        # may it hold calls until capacity frees (admission control)? Only then does the
-        # cluster hand it the engines' first tokens (every extra engine event moves when the
-        # engines are stepped, and so the views every other policy decides on)
-        self.holds_calls: bool = self.release_fn is not None and bool(getattr(policy, "holds_calls", True))
+        # a prefill gate (flowcontrol/gate.py) is handed the engines' first tokens; only then are
+        # they emitted (every extra engine event moves when the engines are stepped, and so
+        # the views a policy decides on: without a gate, runs stay as they were)
+        gate = getattr(policy, "release_gate", None)
+        self.gate_fn: Callable[[Any, float], list[tuple[CallRequest, Decision]]] | None = (
+            gate if gate is not None and bool(getattr(policy, "gates_prefill", False)) else None)
         self.observe: Callable[[CallRequest, CallOutcome, float], None] | None = getattr(
             policy, "observe_completion", None)
         self.on_kv: Callable[[str, list[Any]], None] | None = getattr(policy, "on_kv_events", None)

@@ -440,6 +440,16 @@ class FlowControl:
             self._update_depth(queue)
         return out
 
+    def release_gate(
+        self, replicas: ReplicaTable | Sequence[ReplicaView], now_s: float
+    ) -> list[tuple[CallRequest, Decision]]:
+        """Only the prefill gate's part of ``release``: what a first token frees (the
+        simulator calls it at each one; the gateway's pump runs ``release`` every 20 ms)."""
+        if not len(self._gate):
+            return []
+        table = as_table(replicas).copy() if isinstance(replicas, ReplicaTable) else as_table(replicas)
+        return self._release_gated(table, now_s)
+
     def _release_gated(self, table: ReplicaTable, now_s: float) -> list[tuple[CallRequest, Decision]]:
         """The head of each prefill-gate line whose replica has no prefill in flight, with
         the placement made when it came."""
@@ -468,10 +478,10 @@ class FlowControl:
         return self._gate.remove(request)
 
     @property
-    def holds_calls(self) -> bool:
-        """Can ``decide`` answer QUEUE (admission control is on)? Without it every call is
-        placed or refused at once."""
-        return self.admission is not None
+    def gates_prefill(self) -> bool:
+        """Is the prefill gate on (``serial_prefill``)? The simulator then hands first tokens
+        to ``release_gate``."""
+        return self.admission is not None and self.admission.serial_prefill
 
     @property
     def queued(self) -> int:
