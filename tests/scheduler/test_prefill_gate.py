@@ -14,6 +14,9 @@ from taskplane.sim.results import Outcome
 from taskplane.sim.workloads.base import CallSpec, TaskSpec, Workload
 
 
+GATE = AdmissionSettings(serial_prefill_min_replicas=1)  # these fleets are small
+
+
 def pinned(s: object, session: str, convo: list[int]) -> str:
     """Place a session's first call on an idle fleet and end it: the session is pinned."""
     first = s.decide(request(convo, session_id=session, step=0, call_id=f"{session}0"), fleet(2), 0.0)  # type: ignore[attr-defined]
@@ -24,7 +27,7 @@ def pinned(s: object, session: str, convo: list[int]) -> str:
 
 
 def test_a_pinned_call_waits_for_the_prefill_in_flight_on_its_replica() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=GATE)
     assert AdmissionSettings().serial_prefill
     convo = tokens(1, 4)
     home = pinned(s, "s", convo)
@@ -40,6 +43,13 @@ def test_a_pinned_call_waits_for_the_prefill_in_flight_on_its_replica() -> None:
     assert s.queued == 0 and not s.pending
 
 
+def test_a_pool_smaller_than_the_minimum_is_not_gated() -> None:
+    s = build_policy("taskplane", metrics=False)
+    assert AdmissionSettings().serial_prefill_min_replicas == 8
+    d = s.decide(request(call_id="c"), [replica("r0", inflight_prefill_tokens=3_000)], 1.0)
+    assert d.action is Action.PLACE
+
+
 def test_without_the_gate_the_call_is_placed_at_once() -> None:
     s = build_policy("taskplane", metrics=False, admission=AdmissionSettings(serial_prefill=False))
     convo = tokens(1, 4)
@@ -51,7 +61,7 @@ def test_without_the_gate_the_call_is_placed_at_once() -> None:
 
 
 def test_one_line_per_replica_first_come_first_served_one_at_a_time() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=GATE)
     homes = {}
     for name, k in (("a", 1), ("b", 2), ("c", 3)):
         homes[name] = pinned(s, name, tokens(k, 4))
@@ -77,7 +87,8 @@ def two_sessions_together(gate: bool) -> dict[str, float]:
         output_tokens=20, at_s=1.0, prompt_tokens=n, contents=[hash((t, j)) & 0xFFFFFFF for j in range(n // 16)])])
         for t, n in calls.items()]
     wl = Workload(name="two", tasks=tasks, block_size=16)
-    s = build_policy("taskplane", seed=1, metrics=False, admission=AdmissionSettings(serial_prefill=gate))
+    s = build_policy("taskplane", seed=1, metrics=False,
+                     admission=AdmissionSettings(serial_prefill=gate, serial_prefill_min_replicas=1))
     res = simulate(ClusterSpec.fleet("h100:1"), wl, s, seed=1)
     assert all(c.outcome is Outcome.SUCCESS for c in res.calls)
     return {c.task_id: c.first_token_s - c.offered_s for c in res.calls}  # type: ignore[operator]
@@ -92,3 +103,14 @@ def test_in_the_simulator_the_first_call_is_as_fast_as_alone_and_the_second_bare
     assert held[first] < shared[first] * 0.75
     # the second ends its prefill at most a step or two later than in the shared step
     assert held[second] - shared[second] < 0.03
+
+
+def test_a_more_urgent_call_leaves_the_line_first() -> None:
+    s = build_policy("taskplane", metrics=False, admission=GATE)
+    busy = [replica("r0", inflight_prefill_tokens=2_000)]
+    for name, prio in (("b0", "batch"), ("b1", "batch"), ("crit", "critical")):
+        assert s.decide(request(tokens(hash(name) % 1000, 4), call_id=name, priority=prio), busy, 1.0).action is Action.QUEUE
+    order = []
+    while s.queued:
+        order += [r.call_id for r, _ in s.release([replica("r0")], 2.0 + len(order))]
+    assert order == ["crit", "b0", "b1"]

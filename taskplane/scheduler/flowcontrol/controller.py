@@ -185,7 +185,10 @@ class FlowControl:
         the caller is told QUEUE; ``release`` hands the placement out once the prefill there
         is done (flowcontrol/gate.py)."""
         name = decision.replica
-        if self.admission is None or not self.admission.serial_prefill or name is None:
+        settings = self.admission
+        if settings is None or not settings.serial_prefill or name is None:
+            return decision
+        if len(replicas.pool(decision.model or req.model)) < settings.serial_prefill_min_replicas:
             return decision
         view = replicas.get(name)
         if view is None or (view.inflight_prefill_tokens <= 0 and not self._gate.holds(name)):

@@ -13,16 +13,17 @@ Bursts make it common: on the Mooncake trace (requests arrive in 3-second slots,
 a time) the later turns of two sessions pinned to one replica met in one step for a
 third of the later turns near the median, losing 17 ms each (issue 18, seventh pass).
 
-The gate holds such calls per replica, first come first served, while the replica has
-prompt tokens in flight (dispatched, not yet prefilled); flow control's ``release`` hands
-the head of a replica's line back to the pipeline once its in-flight prefill is done.
+The gate holds such calls per replica while the replica has prompt tokens in flight
+(dispatched, not yet prefilled); flow control's ``release`` hands out the head of a
+replica's line once its in-flight prefill is done: the most urgent priority band first,
+then first come first served (a critical call never waits behind batch calls).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
+from taskplane.scheduler.flowcontrol.settings import band_rank
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import CallRequest, Decision
 
@@ -32,14 +33,16 @@ class Gated:
     call: CallRequest
     decision: Decision  # made when the call came; handed out unchanged
     since_s: float
+    order: tuple[int, int]  # (priority band, arrival): the line's order
 
 
 class PrefillGate:
     """Per replica, the placed calls held until its in-flight prefill is done."""
 
     def __init__(self) -> None:
-        self._lines: dict[str, deque[Gated]] = {}
+        self._lines: dict[str, list[Gated]] = {}
         self._n = 0
+        self._seq = 0
 
     def __len__(self) -> int:
         return self._n
@@ -51,7 +54,9 @@ class PrefillGate:
     def hold(self, call: CallRequest, decision: Decision, now_s: float) -> None:
         """Hold ``call``, placed by ``decision``, in the line of its replica."""
         assert decision.replica is not None
-        self._lines.setdefault(decision.replica, deque()).append(Gated(call, decision, now_s))
+        self._seq += 1
+        gated = Gated(call, decision, now_s, (band_rank(call.priority), self._seq))
+        self._lines.setdefault(decision.replica, []).append(gated)
         self._n += 1
 
     def ready(self, table: ReplicaTable) -> list[Gated]:
@@ -63,7 +68,9 @@ class PrefillGate:
                 continue
             row = table.row_of(name)
             if row is None or table.views[row].inflight_prefill_tokens <= 0:
-                out.append(line.popleft())
+                head = min(line, key=lambda g: g.order)
+                line.remove(head)
+                out.append(head)
                 self._n -= 1
         return out
 
