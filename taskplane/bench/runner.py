@@ -56,10 +56,10 @@ class TimedPolicy:
     def queued(self) -> int:
         return int(getattr(self.inner, "queued", 0))
 
-    @property
-    def gates_prefill(self) -> bool:
+    def gates_prefill(self, replicas: int) -> bool:
         """Whether the policy's prefill gate is on (the simulator then hands it first tokens)."""
-        return bool(getattr(self.inner, "gates_prefill", False))
+        gates = getattr(self.inner, "gates_prefill", None)
+        return bool(gates(replicas)) if gates is not None else False
 
     @property
     def pending(self) -> bool:

@@ -86,7 +86,7 @@ class ClusterSim:
         self.policy = PolicyHooks(policy)
         # first-token events only for a policy with a prefill gate (it releases calls then)
         self.fleet = SimReplicas(cluster, self.bs, kv_events=self.policy.on_kv is not None,
-                                 table=self.policy.wants_table, first_tokens=self.policy.gate_fn is not None)
+                                 table=self.policy.wants_table, first_tokens=self.policy.gates(len(cluster.replicas)))
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
@@ -238,7 +238,7 @@ class ClusterSim:
                 prefilled = True  # calls held for the replica's prefill (the prefill gate) may go
         if freed:
             self._release_queued(t)
-        elif prefilled and self.policy.gate_fn is not None:
+        elif prefilled and self.policy.gate_fn is not None:  # (first tokens come only with a gate)
             for req, d in self.policy.gate_fn(self.fleet.for_policy(), t):
                 call = self._calls_by_id.get(req.call_id or "")
                 if call is not None:

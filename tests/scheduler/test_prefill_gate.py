@@ -13,7 +13,6 @@ from taskplane.sim.cluster import ClusterSpec, simulate
 from taskplane.sim.results import Outcome
 from taskplane.sim.workloads.base import CallSpec, TaskSpec, Workload
 
-
 GATE = AdmissionSettings(serial_prefill_min_replicas=1)  # these fleets are small
 
 

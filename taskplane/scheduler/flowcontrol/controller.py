@@ -480,11 +480,11 @@ class FlowControl:
                 return True
         return self._gate.remove(request)
 
-    @property
-    def gates_prefill(self) -> bool:
-        """Is the prefill gate on (``serial_prefill``)? The simulator then hands first tokens
-        to ``release_gate``."""
-        return self.admission is not None and self.admission.serial_prefill
+    def gates_prefill(self, replicas: int) -> bool:
+        """Is the prefill gate on (``serial_prefill``) for a pool of ``replicas``? The
+        simulator then hands first tokens to ``release_gate``."""
+        s = self.admission
+        return s is not None and s.serial_prefill and replicas >= s.serial_prefill_min_replicas
 
     @property
     def queued(self) -> int:
