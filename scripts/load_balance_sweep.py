@@ -5,6 +5,9 @@
 
 VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
 of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
+``gate=off`` (the preset without the prefill gate, ``AdmissionSettings.serial_prefill``),
+``drop=off`` (without its KV lifetimes: a replayed session's blocks are not dropped at its end),
+``seventh=off`` (both: issue 18's sixth pass),
 ``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
 at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,backlog=MS][,after]`` or ``prefill=off`` (the
 preset with the ``prefill-finish`` filter at ``min_uncached_tokens`` N, or without it), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
@@ -38,6 +41,12 @@ AGENTS_CAPACITY = 0.835  # tasks/s of h100:4 (llm-d-scorers at >= 90 % within de
 
 
 def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
+    if variant in ("gate=off", "drop=off", "seventh=off"):
+        # the preset without the prefill gate, without its KV lifetimes (for a trace: no drop
+        # at a session's end; the name is no preset's, so lifetimes_for gives none), or both
+        settings = AdmissionSettings(serial_prefill=variant == "drop=off")
+        return (build_policy("taskplane", seed=seed, tenants=tenants, metrics=False, admission=settings),
+                "taskplane" if variant == "gate=off" else "taskplane-without-lifetimes")
     if variant in PRESETS:
         return build_policy(variant, seed=seed, tenants=tenants, metrics=False), variant
     if variant.startswith("backlog="):

@@ -48,13 +48,18 @@ class TimedPolicy:
 
     # the simulator probes for these with getattr: forward only what the policy has
     def __getattr__(self, name: str) -> Any:
-        if name in ("release", "on_kv_events", "replica_failed"):
+        if name in ("release", "release_gate", "on_kv_events", "replica_failed"):
             return getattr(self.inner, name)
         raise AttributeError(name)
 
     @property
     def queued(self) -> int:
         return int(getattr(self.inner, "queued", 0))
+
+    def gates_prefill(self, replicas: int) -> bool:
+        """Whether the policy's prefill gate is on (the simulator then hands it first tokens)."""
+        gates = getattr(self.inner, "gates_prefill", None)
+        return bool(gates(replicas)) if gates is not None else False
 
     @property
     def pending(self) -> bool:

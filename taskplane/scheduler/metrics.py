@@ -58,6 +58,11 @@ BACKLOG_HELD = Counter(
     "max_prefill_backlog_ms (late binding)",
     ["policy"],
 )
+GATE_HELD = Counter(
+    "taskplane_scheduler_prefill_gate_held_total",
+    "calls of a pinned session held until their replica's in-flight prefill was done (serial_prefill)",
+    ["policy"],
+)
 MOVED = Counter(
     "taskplane_scheduler_moved_total", "calls moved to a fallback model", ["policy", "model"]
 )

@@ -49,7 +49,7 @@ from taskplane.sim.lifecycle import Lifecycle, fail_call
 from taskplane.sim.lifetimes import Lifetimes
 from taskplane.sim.policy import Policy, PolicyHooks, round_robin
 from taskplane.sim.replicas import SimReplicas
-from taskplane.sim.requests import Finished, KVEvents
+from taskplane.sim.requests import Finished, FirstToken, KVEvents
 from taskplane.sim.results import EPOCH, CallRecord, ClusterResult, ReplicaResult, TaskResult
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
@@ -84,12 +84,14 @@ class ClusterSim:
         self.requeue_interval_s = requeue_interval_s
         self.until_s = math.inf if until_s is None else until_s
         self.policy = PolicyHooks(policy)
+        # first-token events only for a policy with a prefill gate (it releases calls then)
         self.fleet = SimReplicas(cluster, self.bs, kv_events=self.policy.on_kv is not None,
-                                 table=self.policy.wants_table)
+                                 table=self.policy.wants_table, first_tokens=self.policy.gates(len(cluster.replicas)))
         self.tasks: list[TaskState] = []
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
-        self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None)
+        self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None,
+                                    workload.tasks)
                           if kv_lifetimes is not None and cluster.tiers.enabled else None)
         self.lifecycle = Lifecycle(self.events, max_attempts)
         self.records: list[CallRecord] = []
@@ -225,15 +227,22 @@ class ClusterSim:
         if not events:
             return
         self.fleet.mark(i)
-        freed = False
+        freed = prefilled = False
         for ev in events:
             if isinstance(ev, Finished):
                 freed = True
                 self._finished(i, ev)
             elif isinstance(ev, KVEvents) and self.policy.on_kv is not None:
                 self.policy.on_kv(self.fleet.name(i), ev.events)
+            elif isinstance(ev, FirstToken):
+                prefilled = True  # calls held for the replica's prefill (the prefill gate) may go
         if freed:
             self._release_queued(t)
+        elif prefilled and self.policy.gate_fn is not None:  # (first tokens come only with a gate)
+            for req, d in self.policy.gate_fn(self.fleet.for_policy(), t):
+                call = self._calls_by_id.get(req.call_id or "")
+                if call is not None:
+                    self._apply(call, d, t)
 
     def _finished(self, i: int, ev: Finished) -> None:
         call: SimCall = ev.tag

@@ -7,10 +7,18 @@ call is expected, or the finished session's private blocks evicted at once (drop
 Simulated only: vLLM has no API to prefetch a session from its CPU offload store or to
 evict chosen blocks; against real vLLM only the placement part (sending the call where its
 KV is, GPU or host) applies.
+
+A replayed trace (open-loop calls) has no tool gaps, but its tasks know their remaining
+turns like any other: when a session's last call ends, its private blocks -- past the
+leading blocks it shares with another session (:func:`shared_leading_blocks`, what a
+control plane knows as the shared system prompt) -- leave the GPU too. LRU would keep them
+longest (they were just used) and evict the contexts of sessions that will come back.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from taskplane.scheduler.kv.lifetimes import Lifetime, LifetimePlanner, ToolHint
@@ -18,6 +26,22 @@ from taskplane.sim.calls import SimCall, TaskState
 from taskplane.sim.events import Event, EventQueue
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.tokens import RepeatedBlocks
+from taskplane.sim.workloads.base import TaskSpec
+
+
+def shared_leading_blocks(tasks: Iterable[TaskSpec]) -> dict[str, int]:
+    """Per open-loop task: how many leading blocks of its prompts another task's prompts
+    also begin with (a prefix is identified by all its block contents, as the chained
+    hashes do)."""
+    prefixes: dict[str, set[tuple[int, ...]]] = {}
+    for spec in tasks:
+        if spec.open_loop:
+            own = prefixes.setdefault(spec.task_id, set())
+            for c in spec.calls:
+                contents = tuple(c.contents or ())
+                own.update(contents[: j + 1] for j in range(len(contents)))
+    users = Counter(p for own in prefixes.values() for p in own)
+    return {tid: max((len(p) for p in own if users[p] > 1), default=0) for tid, own in prefixes.items()}
 
 
 @dataclass(slots=True)
@@ -45,7 +69,7 @@ class Lifetimes:
     """Applies a :class:`LifetimePlanner`'s plans in the cluster simulator."""
 
     def __init__(self, planner: LifetimePlanner, fleet: SimReplicas, events: EventQueue, block_size: int,
-                 with_tokens: bool) -> None:
+                 with_tokens: bool, tasks: Iterable[TaskSpec] = ()) -> None:
         self.planner = planner
         self.fleet = fleet
         self.events = events
@@ -53,6 +77,7 @@ class Lifetimes:
         self.with_tokens = with_tokens
         self.counts = LifetimeCounts()
         self._arrived: dict[str, int] = {}  # task id -> the last step that arrived
+        self._shared = shared_leading_blocks(tasks)  # open-loop task id -> its shared leading blocks
 
     def arrived(self, task: TaskState, k: int) -> None:
         """Call ``k`` of a closed-loop task arrives: the tool gap before it is history now."""
@@ -65,10 +90,14 @@ class Lifetimes:
         """A call succeeded on replica ``i`` at ``t``: plan its session's KV for the gap."""
         task, spec = call.task, call.task.spec
         eng = self.fleet.engines[i]
-        if spec.open_loop or eng.tiers is None:
+        if eng.tiers is None:
             return
         k = call.step + 1
         steps_left = len(spec.calls) - k
+        if spec.open_loop:
+            if steps_left <= 0:  # no tool gap to plan: only the end of the session
+                self._drop(call, i, t, self._shared.get(spec.task_id, 0))
+            return
         tool = spec.calls[k].tool if steps_left > 0 else None
         slack = None if task.deadline_abs is None else task.deadline_abs - t
         hashes = list(call.hashes[: call.n_total_blocks])
@@ -77,10 +106,7 @@ class Lifetimes:
                                  kv_usage=eng.kv_usage(), load_s=load_s)
         c = self.counts
         if plan.action is Lifetime.DROP:
-            c.drop += 1
-            shared = spec.prefix_tokens // self.bs  # the agent's system prompt: others use it
-            c.dropped_blocks += eng.drop(hashes[shared:], t)
-            self.fleet.mark(i)
+            self._drop(call, i, t, spec.prefix_tokens // self.bs)  # the agent's system prompt: others use it
         elif plan.action is Lifetime.KEEP:
             c.keep += 1
         else:
@@ -89,6 +115,12 @@ class Lifetimes:
                 tokens = (RepeatedBlocks(call.contents, self.bs, call.prompt_tokens + call.output_tokens)
                           if self.with_tokens else None)
                 self.events.push(t + plan.prefetch_in_s, Event.PREFETCH, Prefetch(i, task, k, hashes, tokens))
+
+    def _drop(self, call: SimCall, i: int, t: float, shared: int) -> None:
+        """The session is done: its blocks past the ``shared`` leading ones leave replica ``i``'s GPU."""
+        self.counts.drop += 1
+        self.counts.dropped_blocks += self.fleet.engines[i].drop(list(call.hashes[shared: call.n_total_blocks]), t)
+        self.fleet.mark(i)
 
     def prefetch(self, p: Prefetch, t: float) -> bool:
         """Carry out a prefetch unless its call already came (or the task ended)."""

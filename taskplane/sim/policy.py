@@ -44,6 +44,12 @@ class PolicyHooks:
         self.wants_table = hasattr(policy, "decide")
         self.release_fn: Callable[[Any, float], list[tuple[CallRequest, Decision]]] | None = getattr(
             policy, "release", None)
+        # a prefill gate (flowcontrol/gate.py) is handed the engines' first tokens; only then are
+        # they emitted (every extra engine event moves when the engines are stepped, and so
+        # the views a policy decides on: without a gate, runs stay as they were)
+        self.gate_fn: Callable[[Any, float], list[tuple[CallRequest, Decision]]] | None = getattr(
+            policy, "release_gate", None)
+        self._gates: Callable[[int], bool] | None = getattr(policy, "gates_prefill", None)
         self.observe: Callable[[CallRequest, CallOutcome, float], None] | None = getattr(
             policy, "observe_completion", None)
         self.on_kv: Callable[[str, list[Any]], None] | None = getattr(policy, "on_kv_events", None)
@@ -64,6 +70,10 @@ class PolicyHooks:
         if released:
             self.decision_ns.append(time.perf_counter_ns() - t0)
         return released
+
+    def gates(self, replicas: int) -> bool:
+        """Does the policy's prefill gate engage on a fleet of ``replicas`` (first tokens wanted)?"""
+        return self.gate_fn is not None and self._gates is not None and bool(self._gates(replicas))
 
     @property
     def pending(self) -> bool:

@@ -24,7 +24,8 @@ from taskplane.sim.results import ReplicaResult
 class SimReplicas:
     """The engines, prices, health and policy-facing views of a simulated fleet."""
 
-    def __init__(self, cluster: ClusterSpec, block_size: int, *, kv_events: bool, table: bool) -> None:
+    def __init__(self, cluster: ClusterSpec, block_size: int, *, kv_events: bool, table: bool,
+                 first_tokens: bool = False) -> None:
         self.engines: list[SimEngine] = []
         self.views: list[ReplicaView] = []
         self.prices: list[float] = []
@@ -41,7 +42,7 @@ class SimReplicas:
             eng = SimEngine(
                 r.gpu, r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
                 max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
-                cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=False,
+                cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=first_tokens,
                 removed_per_block=False, tiers=_tiers(spec, remote, r.model, block_size, kv_events),
             )
             price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd

@@ -30,6 +30,9 @@ def test_the_backlog_is_the_latency_models_queue_without_cold_start() -> None:
     assert ms[2] == 0.0
 
 
+NO_GATE = AdmissionSettings(serial_prefill=False)  # late binding alone (the prefill gate: test_prefill_gate.py)
+
+
 def test_held_while_every_replica_is_past_the_backlog_and_placed_when_off() -> None:
     on = build_policy("taskplane", metrics=False)
     assert AdmissionSettings().max_prefill_backlog_ms == 1000.0
@@ -38,7 +41,7 @@ def test_held_while_every_replica_is_past_the_backlog_and_placed_when_off() -> N
     assert d.action is Action.QUEUE
     assert on.queued == 1
     off = build_scheduler(policy="taskplane", metrics=False,
-                          admission=AdmissionSettings(max_prefill_backlog_ms=None))
+                          admission=AdmissionSettings(max_prefill_backlog_ms=None, serial_prefill=False))
     assert off.decide(request(call_id="c"), pool, 0.0).action is Action.PLACE
     # one replica below the threshold: placed at once (on it: the other's queue is longer)
     mixed = [deep("r0"), replica("r1")]
@@ -111,7 +114,7 @@ def test_no_starvation_across_tenants_and_bands() -> None:
 
 
 def test_a_pinned_session_is_not_held() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=NO_GATE)
     idle = fleet(2)
     convo = tokens(1, 4)
     first = s.decide(request(convo, session_id="s", step=0, call_id="s0"), idle, 0.0)

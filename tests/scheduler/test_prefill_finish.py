@@ -11,11 +11,19 @@ from _sched_util import BS, engine_store_events, removed, replica, request, toke
 from taskplane.scheduler import Action, CallOutcome, build_policy
 from taskplane.scheduler.filters.prefill import prefill_end_ms
 from taskplane.scheduler.flowcontrol.controller import FlowControl
+from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.policies import PRESETS, build_scheduler
 from taskplane.scheduler.table import as_table
 from taskplane.scheduler.types import ReplicaView
 
 BIG = 20_000  # KV blocks: room for a 60,000-token prompt
+# these tests ask where a call goes, not when: the prefill gate (which would hold a call for a
+# replica with prompt tokens in flight, tests/scheduler/test_prefill_gate.py) is off
+PLACE_NOW = AdmissionSettings(serial_prefill=False)
+
+
+def taskplane() -> FlowControl:
+    return build_policy("taskplane", metrics=False, admission=PLACE_NOW)
 
 
 def node(name: str, **kw: Any) -> ReplicaView:
@@ -30,7 +38,7 @@ def variant(**params: Any) -> FlowControl:
             filters.append(f)
         elif params.get("off") is None:
             filters.append({"type": "prefill-finish", "params": params})
-    return build_scheduler(policy="taskplane", filters=filters, metrics=False)
+    return build_scheduler(policy="taskplane", filters=filters, metrics=False, admission=PLACE_NOW)
 
 
 def warm(s: FlowControl, name: str, toks: list[int]) -> None:
@@ -53,12 +61,12 @@ def test_a_long_cold_prompt_goes_where_its_prefill_ends_first_against_a_warm_pre
     # "warm" holds 24,000 of them but has 36,000 tokens (~3 s) of prefill queued: ends at ~6 s;
     # "idle" holds nothing and has nothing queued: ends at ~5 s
     pool = [node("warm", inflight_prefill_tokens=36_000), node("idle")]
-    decided = placed_by({"on": build_policy("taskplane", metrics=False), "off": variant(off=True)}, prompt, 24_000, pool, "long")
+    decided = placed_by({"on": taskplane(), "off": variant(off=True)}, prompt, 24_000, pool, "long")
     assert decided == {"on": "idle", "off": "warm"}  # without the rule affinity wins
 
 
 def test_the_predicted_prefill_end_is_the_queue_plus_the_uncached_suffix() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = taskplane()
     prompt = tokens(1, 60_000 // BS)
     warm(s, "warm", prompt[:24_000])
     table = as_table([node("warm", inflight_prefill_tokens=36_000), node("idle")])
@@ -68,7 +76,7 @@ def test_the_predicted_prefill_end_is_the_queue_plus_the_uncached_suffix() -> No
 
 
 def test_a_short_call_keeps_affinity_when_the_wait_there_is_short() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = taskplane()
     prompt = tokens(2, 4_000 // BS)
     warm(s, "warm", prompt[:3_200])
     # 6,000 queued tokens: ~0.5 s of wait on the warm replica, below max_wait_ms (1,000)
@@ -80,7 +88,7 @@ def test_a_short_call_keeps_affinity_when_the_wait_there_is_short() -> None:
 def test_a_short_call_leaves_a_warm_replica_behind_a_long_prefill() -> None:
     prompt = tokens(2, 4_000 // BS)
     pool = [node("warm", inflight_prefill_tokens=36_000), node("idle")]  # ~3 s queued on the warm one
-    decided = placed_by({"on": build_policy("taskplane", metrics=False), "long only": variant(max_wait_ms=None)},
+    decided = placed_by({"on": taskplane(), "long only": variant(max_wait_ms=None)},
                         prompt, 3_200, pool, "short")
     assert decided == {"on": "idle", "long only": "warm"}
 
@@ -88,7 +96,7 @@ def test_a_short_call_leaves_a_warm_replica_behind_a_long_prefill() -> None:
 def test_a_pinned_session_leaves_its_replica_when_the_prefill_queued_there_is_long() -> None:
     convo = tokens(3, 4_000 // BS)
     for label, s, home_after in (
-        ("on", build_policy("taskplane", metrics=False), "idle"),
+        ("on", taskplane(), "idle"),
         ("long only", variant(max_wait_ms=None), "home"),
     ):
         first = s.decide(request(convo, session_id="s", step=0, call_id="s0"), [node("home")], 0.0)
@@ -106,7 +114,7 @@ def test_a_pinned_session_leaves_its_replica_when_the_prefill_queued_there_is_lo
 def test_a_saturated_replica_does_not_set_the_earliest_end() -> None:
     """The earliest end counts only replicas that can take the call now: an idle replica
     with a full engine queue would only hold the call."""
-    s = build_policy("taskplane", metrics=False)
+    s = taskplane()
     prompt = tokens(4, 60_000 // BS)
     pool = [node("busy", inflight_prefill_tokens=12_000), node("later", inflight_prefill_tokens=24_000),
             node("full", num_waiting=2)]
@@ -121,7 +129,7 @@ def test_a_host_tier_prefix_counts_as_loaded_not_recomputed() -> None:
     GPU-only view) the host replica would end at ~7.5 s."""
     prompt = tokens(5, 80_000 // BS)
     pool = [node("host", inflight_prefill_tokens=10_000), node("idle")]
-    s = build_policy("taskplane", metrics=False)
+    s = taskplane()
     # as vLLM offloads: computed on the GPU, written to host memory, evicted from the GPU
     events, engine_hashes = engine_store_events(prompt[:40_000], salt=hash("host") & 0xFFFF)
     s.on_kv_events("host", [*events, *({**e, "medium": "CPU"} for e in events), removed(engine_hashes)])

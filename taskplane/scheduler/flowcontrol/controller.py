@@ -23,6 +23,7 @@ Without admission settings (the baselines) every call the pipeline can place is 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.assembly import assemble_from_config
 from taskplane.scheduler.flowcontrol.backlog import below_backlog
+from taskplane.scheduler.flowcontrol.gate import PrefillGate
 from taskplane.scheduler.flowcontrol.queue import AdmissionQueue
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings, band_rank
 from taskplane.scheduler.flowcontrol.workingset import working_set_on
@@ -46,6 +48,7 @@ from taskplane.scheduler.metrics import (
     BACKLOG_HELD,
     DECISION_SECONDS,
     DECISIONS,
+    GATE_HELD,
     MOVED,
     QUEUE_DEPTH,
     SHED,
@@ -77,6 +80,8 @@ class FlowControl:
         # new tasks held for working-set room, apart so they never block the line of the rest
         self._room_queues: dict[str, AdmissionQueue] = {}
         self._displaced: list[tuple[CallRequest, Decision]] = []
+        # pinned calls held until their replica's in-flight prefill is done (serial_prefill)
+        self._gate = PrefillGate()
         self._decisions = {a: DECISIONS.labels(self.name, a.value) for a in Action}
         self._depth_gauges: dict[str, dict[str, Any]] = {}
         self._seconds = DECISION_SECONDS.labels(self.name)
@@ -172,7 +177,27 @@ class FlowControl:
             held = self._admit(state, now)
             if held is not None:
                 return held
-        return pipe.place(state)
+        return self._gated(req, pipe.place(state), replicas, now)
+
+    def _gated(self, req: CallRequest, decision: Decision, replicas: ReplicaTable, now: float) -> Decision:
+        """With ``serial_prefill``: a placement on a replica with prompt tokens in flight (or
+        calls already waiting for it) waits in that replica's line of the prefill gate, and
+        the caller is told QUEUE; ``release`` hands the placement out once the prefill there
+        is done (flowcontrol/gate.py)."""
+        name = decision.replica
+        settings = self.admission
+        if settings is None or not settings.serial_prefill or name is None:
+            return decision
+        if len(replicas.pool(decision.model or req.model)) < settings.serial_prefill_min_replicas:
+            return decision
+        view = replicas.get(name)
+        if view is None or (view.inflight_prefill_tokens <= 0 and not self._gate.holds(name)):
+            return decision
+        self._gate.hold(req, decision, now)
+        if self.metrics:
+            GATE_HELD.labels(self.name).inc()
+        return Decision(Action.QUEUE, model=decision.model, predicted_queue_ms=decision.predicted_queue_ms,
+                        reason=f"held until the prefill in flight on {name} is done")
 
     def _decide_pinned(self, req: CallRequest, replicas: ReplicaTable, now: float) -> Decision | None:
         """A call whose session has a live pin is decided over its pinned replica alone --
@@ -191,7 +216,7 @@ class FlowControl:
                 band_rank(req.priority)
             ):
                 return None
-        return self.pipeline.place_one(one)
+        return self._gated(req, self.pipeline.place_one(one), replicas, now)
 
     def _move(self, req: CallRequest, replicas: ReplicaTable, now: float, model: str, why: str) -> Decision | None:
         """Place on the fallback model when it can serve (within budget, if any)."""
@@ -364,6 +389,9 @@ class FlowControl:
         out = self._displaced
         self._displaced = []
         table: ReplicaTable | None = None
+        if len(self._gate):
+            table = as_table(replicas).copy() if isinstance(replicas, ReplicaTable) else as_table(replicas)
+            out.extend(self._release_gated(table, now_s))
         for model, queue in self._all_queues():
             for entry in queue.expired(now_s):
                 d = Decision(
@@ -415,6 +443,28 @@ class FlowControl:
             self._update_depth(queue)
         return out
 
+    def release_gate(
+        self, replicas: ReplicaTable | Sequence[ReplicaView], now_s: float
+    ) -> list[tuple[CallRequest, Decision]]:
+        """Only the prefill gate's part of ``release``: what a first token frees (the
+        simulator calls it at each one; the gateway's pump runs ``release`` every 20 ms)."""
+        if not len(self._gate):
+            return []
+        table = as_table(replicas).copy() if isinstance(replicas, ReplicaTable) else as_table(replicas)
+        return self._release_gated(table, now_s)
+
+    def _release_gated(self, table: ReplicaTable, now_s: float) -> list[tuple[CallRequest, Decision]]:
+        """The head of each prefill-gate line whose replica has no prefill in flight, with
+        the placement made when it came."""
+        out = []
+        assert self.admission is not None  # only serial_prefill holds calls in the gate
+        for g in self._gate.ready(table, now_s, self.admission.serial_prefill_max_hold_ms / 1000.0):
+            out.append((g.call, g.decision))
+            if self.metrics:
+                self._decisions[Action.PLACE].inc()
+            _account_placed(table, g.call, g.decision)
+        return out
+
     def _held_too_long(self, state: CycleState, held_s: float) -> bool:
         """Has a queued new task waited out its hold without any replica having room?"""
         room = state.room
@@ -429,16 +479,22 @@ class FlowControl:
             if queue.remove(request) is not None:
                 self._update_depth(queue)
                 return True
-        return False
+        return self._gate.remove(request)
+
+    def gates_prefill(self, replicas: int) -> bool:
+        """Is the prefill gate on (``serial_prefill``) for a pool of ``replicas``? The
+        simulator then hands first tokens to ``release_gate``."""
+        s = self.admission
+        return s is not None and s.serial_prefill and replicas >= s.serial_prefill_min_replicas
 
     @property
     def queued(self) -> int:
-        return sum(len(q) for _, q in self._all_queues())
+        return sum(len(q) for _, q in self._all_queues()) + len(self._gate)
 
     @property
     def pending(self) -> bool:
-        """Can ``release`` hand anything out (calls queued, or displaced from a full queue)?"""
-        return bool(self._displaced) or any(len(q) for _, q in self._all_queues())
+        """Can ``release`` hand anything out (calls queued or gated, or displaced from a full queue)?"""
+        return bool(self._displaced) or bool(len(self._gate)) or any(len(q) for _, q in self._all_queues())
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Queued calls per pool and priority band (held for working-set room included)."""
@@ -446,6 +502,10 @@ class FlowControl:
         for model, q in self._all_queues():
             depths = out.setdefault(model, {})
             for band, n in q.depths().items():
+                depths[band] = depths.get(band, 0) + n
+        for model, bands in self._gate.depths().items():
+            depths = out.setdefault(model, {})
+            for band, n in bands.items():
                 depths[band] = depths.get(band, 0) + n
         return out
 
@@ -472,17 +532,36 @@ class FlowControl:
         self.pipeline.replica_removed(replica)
 
 
+def _account_placed(table: ReplicaTable, req: CallRequest, decision: Decision) -> None:
+    """``_account`` for a placement made without a pool state (a call the gate handed out):
+    the call's uncached prompt and new blocks from the decision's cached blocks."""
+    name = decision.replica
+    r = table.get(name or "")
+    if name is None or r is None:
+        return
+    cached = decision.cached_blocks * req.block_size
+    blocks = math.ceil((req.prompt_tokens + req.max_tokens) / max(req.block_size, 1)) - decision.cached_blocks
+    _reflect(table, name, r, req, new_blocks=max(blocks, 0), uncached_tokens=max(req.prompt_tokens - cached, 0))
+
+
 def _account(table: ReplicaTable, state: CycleState, decision: Decision) -> None:
     """Reflect a placement in a release pass's private copy of the table."""
     name = decision.replica
     if name is None:
         return
     j = state.position_of(name)
-    r = state.view(j)
+    _reflect(table, name, state.view(j), state.request, new_blocks=int(state.new_blocks_needed()[j]),
+             uncached_tokens=int(state.uncached_tokens()[j]))
+
+
+def _reflect(
+    table: ReplicaTable, name: str, r: ReplicaView, req: CallRequest, *, new_blocks: int, uncached_tokens: int
+) -> None:
+    """``name`` (as ``r`` saw it) has one more call waiting: its new blocks taken, its prompt and decode in flight."""
     table.update(
         name,
         num_waiting=r.num_waiting + 1,
-        kv_blocks_free=max(r.kv_blocks_free - int(state.new_blocks_needed()[j]), 0),
-        inflight_prefill_tokens=r.inflight_prefill_tokens + int(state.uncached_tokens()[j]),
-        inflight_decode_tokens=r.inflight_decode_tokens + state.request.max_tokens,
+        kv_blocks_free=max(r.kv_blocks_free - new_blocks, 0),
+        inflight_prefill_tokens=r.inflight_prefill_tokens + uncached_tokens,
+        inflight_decode_tokens=r.inflight_decode_tokens + req.max_tokens,
     )

@@ -68,6 +68,23 @@ class AdmissionSettings:
     # (300 ms too) and costs Mooncake least; 300 ms measured better on the agent mix, worse on
     # Mooncake (docs/benchmarks.md, fourth pass). None: off (any unsaturated replica, as before).
     max_prefill_backlog_ms: float | None = 1000.0
+    # One prefill at a time on a session's replica: a call that stays with its pinned
+    # replica is held while that replica has prompt tokens in flight (dispatched, not yet
+    # prefilled) and dispatched when they are done, first come first served
+    # (flowcontrol/gate.py). Two prompts admitted into one engine step both get their first
+    # token when the step ends; held, the first is as fast as alone and the second ends its
+    # prefill about when it would have. False: off (a pinned call is dispatched at once).
+    serial_prefill: bool = True
+    # ... in pools of at least this many replicas. On the 4-replica agent mix at 1.3x load,
+    # where admission already holds new tasks for room and late binding for backlog, the gate
+    # measured worse (tasks within deadline 92.9 % -> 90.0 % on seed 2, tool-gap / warm p99
+    # 1.43x -> 2.13x on seed 1; docs/benchmarks.md, issue 18 seventh pass), so smaller pools
+    # (the agent benches, the live 3-replica dev stack) keep their placements and timings.
+    serial_prefill_min_replicas: int = 8
+    # ... and a call is held at most this long: a replica whose in-flight prefill never
+    # clears (a hung engine, a lost first token) must not hold its line for ever; past it
+    # the call is dispatched as without the gate.
+    serial_prefill_max_hold_ms: float = 2000.0
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
