@@ -135,15 +135,15 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 #: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-#: ``lua`` names the default (it was the two-message bootstrap before ``lua-1msg`` came).
+#: ``lua`` names the default (the one-message bootstrap since it keeps the body deadline).
 STREAM_USAGE_MODES = ("lua", "lua-1msg", "lua-2msg", "lua-3msg", "picker")
 ONE_MESSAGE = "lua-1msg"
 #: The bootstrap ``taskplane gateway`` runs unless ``TASKPLANE_EPP_STREAM_USAGE`` names another.
-#: Still two messages until ``lua-1msg`` has passed the whole of tests/epp and tests/badinput
-#: (docs/benchmarks.md, "One message per stream"). With the request headers skipped the
-#: picker hears of a call only once its body is whole, so on ``lua-1msg`` Envoy keeps the
-#: body deadline itself: see ``UPLOADED_KEY``.
-DEFAULT_STREAM_USAGE = "lua-2msg"
+#: One message per call (``lua-1msg``; ``lua-2msg`` stays selectable for the A/B). With the
+#: request headers skipped the picker hears of a call only once its body is whole, so Envoy
+#: keeps the body deadline itself: see ``UPLOADED_KEY`` (docs/benchmarks.md, "One message
+#: per stream").
+DEFAULT_STREAM_USAGE = ONE_MESSAGE
 #: The body deadline on ``lua-1msg``: each inference path has two routes. The one a request
 #: matches at first limits the stream to ``limits.body_timeout_s`` from its first byte
 #: (``max_stream_duration``: 408 when the request is not whole); the usage Lua filter, before
@@ -225,7 +225,7 @@ def ext_proc_filter(config: GatewayConfig, stream_usage: str = DEFAULT_STREAM_US
     ``lua-1msg``: one message, the body, with the request's method, path and headers as attributes
     (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the request guard
     refuses it); the answer goes to the answers filter (``answers_filter``), or, a successful
-    stream, to no filter at all. ``lua-2msg`` (the default, ``DEFAULT_STREAM_USAGE``): the same
+    stream, to no filter at all (the default, ``DEFAULT_STREAM_USAGE``). ``lua-2msg``: the same
     with the request headers as a message of their own (two messages per stream). ``lua-3msg``:
     response headers back to this filter too (the picker adds the X-Taskplane-* headers and
     asks for a unary body itself with ``mode_override``): three messages per stream.
@@ -430,8 +430,8 @@ def local_reply_config(header_timeout_s: float = 10.0, body_timeout_s: float = 3
 
 def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
     """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua-2msg`` (the Lua
-    scan + access log, two picker messages per successful stream, the default; ``lua``),
-    ``lua-1msg`` (one: the request headers as attributes of the body's message),
+    scan + access log, two picker messages per successful stream), ``lua-1msg`` (one: the
+    request headers as attributes of the body's message; the default, ``lua``),
     ``lua-3msg`` (the response headers through the picker too) or ``picker`` (bodies
     through the picker); see ``ext_proc_filter``."""
     stream_usage = usage_mode(stream_usage)
