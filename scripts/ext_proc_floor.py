@@ -4,7 +4,7 @@ behind taskplane's own Envoy bootstrap, the same streamed load as ``gateway_load
 the CPU per call of the picker process and of Envoy.
 
     .venv/bin/python scripts/ext_proc_floor.py --messages 3    # request headers, body, response headers (lua-3msg)
-    .venv/bin/python scripts/ext_proc_floor.py --messages 2    # no response headers (lua-2msg, the default)
+    .venv/bin/python scripts/ext_proc_floor.py --messages 2    # no response headers (lua-2msg)
     .venv/bin/python scripts/ext_proc_floor.py --messages 1    # the body only, headers as CEL attributes (lua-1msg)
 """
 

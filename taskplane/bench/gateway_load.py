@@ -436,7 +436,7 @@ def embedded_postgres(workdir: Path) -> Any:
 
 #: Each data plane the bench can run: (``TASKPLANE_DATA_PLANE``, ``TASKPLANE_EPP_STREAM_USAGE``).
 PLANES: dict[str, tuple[str, str]] = {
-    "envoy": ("envoy", "lua"),  # Envoy + the picker as ``taskplane gateway`` runs them (lua-2msg)
+    "envoy": ("envoy", "lua"),  # Envoy + the picker as ``taskplane gateway`` runs them (lua-1msg)
     "envoy-1msg": ("envoy", "lua-1msg"),  # one picker message per successful stream (headers as attributes)
     "envoy-2msg": ("envoy", "lua-2msg"),  # two: the request headers as a message of their own
     "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)

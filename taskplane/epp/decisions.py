@@ -149,8 +149,8 @@ async def _one(message: als.StreamAccessLogsMessage) -> AsyncIterator[als.Stream
 
 async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any]:
     """``messages``: 0, unary calls (the GIE-style stream: four messages); 3, 2 or 1, streamed
-    calls as taskplane's Envoy sends them with the ``lua-3msg``, ``lua-2msg`` (the default) or
-    ``lua-1msg`` bootstrap (the response headers to the picker or not; the request headers as
+    calls as taskplane's Envoy sends them with the ``lua-3msg``, ``lua-2msg`` or
+    ``lua-1msg`` (the default) bootstrap (the response headers to the picker or not; the request headers as
     a message or as the body's attributes), each settled from its access-log entry."""
     config = fleet_config(replicas)
     registry = ReplicaRegistry(config)
@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=5000)
     p.add_argument("--stream-messages", type=int, choices=(1, 2, 3), default=None,
                    help="streamed calls instead of unary ones, as taskplane's Envoy sends them: 3 (lua-3msg: the "
-                        "response headers to the picker too), 2 (lua-2msg, the default bootstrap: the request headers "
-                        "as a message) or 1 (lua-1msg: the body, the headers as attributes); each settled from its "
+                        "response headers to the picker too), 2 (lua-2msg: the request headers "
+                        "as a message) or 1 (lua-1msg, the default bootstrap: the body, the headers as attributes); each settled from its "
                         "access-log entry")
     args = p.parse_args(argv)
     configure_logging("warning")

@@ -131,16 +131,25 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 #: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-#: ``lua`` names the default (it was the two-message bootstrap before ``lua-1msg`` came).
+#: ``lua`` names the default (the one-message bootstrap since it keeps the body deadline).
 STREAM_USAGE_MODES = ("lua", "lua-1msg", "lua-2msg", "lua-3msg", "picker")
 ONE_MESSAGE = "lua-1msg"
 #: The bootstrap ``taskplane gateway`` runs unless ``TASKPLANE_EPP_STREAM_USAGE`` names another.
-#: Still two messages: with the request headers skipped (``lua-1msg``, one message) the picker
-#: hears of a call only once its body is whole, so it cannot keep the body deadline
-#: (``limits.body_timeout_s``): an upload that stalls or trickles after whole headers is not
-#: answered 408 in time, and no Envoy timer bounds the upload alone without also cutting
-#: calls held by admission (docs/benchmarks.md, "One message per stream").
-DEFAULT_STREAM_USAGE = "lua-2msg"
+#: One message per call (``lua-1msg``; ``lua-2msg`` stays selectable for the A/B). With the
+#: request headers skipped the picker hears of a call only once its body is whole, so Envoy
+#: keeps the body deadline itself: see ``UPLOADED_KEY`` (docs/benchmarks.md, "One message
+#: per stream").
+DEFAULT_STREAM_USAGE = ONE_MESSAGE
+#: The body deadline on ``lua-1msg``: each inference path has two routes. The one a request
+#: matches at first limits the stream to ``limits.body_timeout_s`` from its first byte
+#: (``max_stream_duration``: 408 when the request is not whole); the usage Lua filter, before
+#: the routing filter, marks ``taskplane.uploaded`` once the body is whole and clears the
+#: route cache, so the second route (matched on that metadata, no duration limit) applies
+#: before the picker holds the call for admission. (Envoy re-arms a route's duration timer
+#: when the route is chosen again, and disarms it for a route that has none.)
+UPLOADED_KEY = "uploaded"
+#: Envoy's response code details of the duration limit (mapped to the body deadline's words).
+DURATION_DETAILS = "max_duration_timeout"
 #: The modes with the answers filter: the routing filter's response phases are SKIP.
 _ANSWERS_MODES = (ONE_MESSAGE, "lua-2msg")
 #: What the routing filter sends with the body when its request headers are SKIP (``lua``):
@@ -212,7 +221,7 @@ def ext_proc_filter(config: GatewayConfig, stream_usage: str = DEFAULT_STREAM_US
     ``lua-1msg``: one message, the body, with the request's method, path and headers as attributes
     (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the request guard
     refuses it); the answer goes to the answers filter (``answers_filter``), or, a successful
-    stream, to no filter at all. ``lua-2msg`` (the default, ``DEFAULT_STREAM_USAGE``): the same
+    stream, to no filter at all (the default, ``DEFAULT_STREAM_USAGE``). ``lua-2msg``: the same
     with the request headers as a message of their own (two messages per stream). ``lua-3msg``:
     response headers back to this filter too (the picker adds the X-Taskplane-* headers and
     asks for a unary body itself with ``mode_override``): three messages per stream.
@@ -313,6 +322,20 @@ def call_timers(config: GatewayConfig) -> CallTimers:
     return CallTimers.of(config, tries=NUM_RETRIES + 1)
 
 
+def _inference_routes(path: str, config: GatewayConfig, stream_usage: str) -> list[dict[str, Any]]:
+    """The routes of one inference path: one, or on ``lua-1msg`` the uploaded one (matched on
+    ``taskplane.uploaded``, no duration limit) before the uploading one (``UPLOADED_KEY``)."""
+    route = _inference_route(path, config, stream_usage)
+    if stream_usage != ONE_MESSAGE:
+        return [route]
+    uploaded = {**route, "match": {**route["match"], "dynamic_metadata": [
+        {"filter": TP_NAMESPACE, "path": [{"key": UPLOADED_KEY}], "value": {"present_match": True}}]},
+        "route": {**route["route"], "max_stream_duration": {"max_stream_duration": "0s"}}}
+    uploading = {**route, "route": {**route["route"], "max_stream_duration": {
+        "max_stream_duration": _dur(config.limits.body_timeout_s)}}}
+    return [uploaded, uploading]
+
+
 def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dict[str, Any]:
     timers = call_timers(config)
     # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
@@ -370,7 +393,7 @@ def _cel_mapper(expression: str, message: str, error_type: str = "invalid_reques
     }
 
 
-def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
+def local_reply_config(header_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> dict[str, Any]:
     """Envoy's own replies in the contract's ``{"error": {"type", "message"}}`` shape (the
     header deadline's in the Python proxy's words). The picker's ImmediateResponses already
     carry that shape and no response flag, so the mappers match on Envoy's flags only and
@@ -389,6 +412,9 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
                                   "content_type": "application/json"}},
         _cel_mapper("response.code == 408 && response.code_details == 'request_header_timeout'",
                     f"request headers not received within {header_timeout_s:g} s"),
+        # the upload's duration limit (``lua-1msg``, ``UPLOADED_KEY``): the body deadline, in the picker's words
+        _cel_mapper(f"response.code == 408 && response.code_details == '{DURATION_DETAILS}'",
+                    f"request body not received within {body_timeout_s:g} s"),
         # the picker's own 408 (the body deadline, ``epp.deadlines``) already says it in the contract's words
         _cel_mapper(f"response.code == 408 && response.code_details != '{BODY_TIMEOUT_DETAILS}'",
                     "request body not received within the time limit (%RESPONSE_CODE_DETAILS%)"),
@@ -400,13 +426,13 @@ def local_reply_config(header_timeout_s: float = 10.0) -> dict[str, Any]:
 
 def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
     """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua-2msg`` (the Lua
-    scan + access log, two picker messages per successful stream, the default; ``lua``),
-    ``lua-1msg`` (one: the request headers as attributes of the body's message),
+    scan + access log, two picker messages per successful stream), ``lua-1msg`` (one: the
+    request headers as attributes of the body's message; the default, ``lua``),
     ``lua-3msg`` (the response headers through the picker too) or ``picker`` (bodies
     through the picker); see ``ext_proc_filter``."""
     stream_usage = usage_mode(stream_usage)
     limits = config.limits
-    routes = [_inference_route(p, config, stream_usage) for p in INFERENCE_PATHS] + [_app_route("/")]
+    routes = [r for p in INFERENCE_PATHS for r in _inference_routes(p, config, stream_usage)] + [_app_route("/")]
     answers = [{**answers_filter(config), "disabled": True}] if stream_usage in _ANSWERS_MODES else []
     guard = [{**guard_filter(), "disabled": True}] if stream_usage == ONE_MESSAGE else []
     hcm = {
@@ -434,7 +460,7 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEF
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],
-        "local_reply_config": local_reply_config(limits.header_timeout_s),
+        "local_reply_config": local_reply_config(limits.header_timeout_s, limits.body_timeout_s),
     }
     return {
         "node": {"id": f"taskplane-{door.port}", "cluster": "taskplane"},

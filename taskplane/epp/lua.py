@@ -189,7 +189,11 @@ def attribute_safe_lua(names: tuple[str, ...]) -> str:
     a protobuf string, and a header value that is not UTF-8 (a raw latin-1 byte) made the
     whole message unreadable to the picker (503); each byte >= 0x80 is sent as the
     character of that code point instead, which the picker turns back into the header
-    message's reading of the bytes (``protocol.attribute_headers``)."""
+    message's reading of the bytes (``protocol.attribute_headers``). It also ends the
+    upload's clock: it waits for the whole body (buffered here, before the routing filter,
+    so the picker still gets one message), marks the stream ``uploaded`` in the ``taskplane``
+    metadata and clears the route cache, so the route without the upload limit applies
+    before the picker holds the call (``envoy_config.UPLOADED_KEY``)."""
     listed = ", ".join(f'"{n}"' for n in names)
     return USAGE_LUA + f"""
 local ATTRIBUTE_HEADERS = {{{listed}}}
@@ -207,5 +211,11 @@ function envoy_on_request(h)
     local v = headers:get(name)
     if v ~= nil and string.find(v, "[\\128-\\255]") then headers:replace(name, latin1_to_utf8(v)) end
   end
+  -- The body deadline: the route matched so far bounds the stream to the upload limit
+  -- (max_stream_duration); once the body is whole, the route is chosen again and the
+  -- uploaded one has no such limit, so admission may hold the call (``envoy_config``).
+  h:body()
+  h:streamInfo():dynamicMetadata():set("taskplane", "uploaded", true)
+  h:clearRouteCache()
 end
 """

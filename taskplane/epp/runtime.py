@@ -190,8 +190,8 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
-    # TASKPLANE_EPP_STREAM_USAGE: lua-2msg (the default, also ``lua``), lua-1msg (one message
-    # per stream: the request headers as the body's attributes), lua-3msg (response headers
+    # TASKPLANE_EPP_STREAM_USAGE: lua-1msg (the default, also ``lua``: one
+    # message per stream, the request headers as the body's attributes), lua-2msg (two), lua-3msg (response headers
     # through the picker too) or picker (streamed bodies through the picker): the A/B's planes
     usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", DEFAULT_STREAM_USAGE)
     envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)

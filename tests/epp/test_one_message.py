@@ -1,7 +1,7 @@
 """Issue 19: the routing filter sends the picker one message per call, the body with the
 request's headers as attributes (``envoy_config.REQUEST_ATTRIBUTES``). What the picker
 did with a headers message must hold without one, on both bootstraps alike (``lua-1msg``,
-one message; ``lua-2msg``, the default, two): a body-less request is refused with the contract's JSON
+one message; ``lua-2msg``, two; ``lua-1msg`` is the default): a body-less request is refused with the contract's JSON
 error and never reaches a replica (the picker gets no message for it), a GET is the
 app's, repeated taskplane headers with different values, missing or wrong keys and a
 priority above the tenant's cap are refused by the picker, and what reaches the replica

@@ -21,7 +21,7 @@ from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 
 #: The request-headers messages a call costs on each bootstrap (``lua-1msg``: none, they come
-#: as the body's attributes; ``lua-2msg``, the default: one).
+#: as the body's attributes; ``lua-2msg``: one; ``lua-1msg`` is the default).
 _HEADERS_MESSAGES = {"lua-1msg": 0, "lua-2msg": 1}
 
 
