@@ -70,8 +70,8 @@ def gie_envoy(listen: int, admin: int, epp: int, replicas: list[int]) -> dict[st
 
 
 class GieStack:
-    def __init__(self, workdir: Path, pg_url: str) -> None:
-        self.cluster = LocalCluster(workdir, replicas=3, database_url=pg_url)
+    def __init__(self, workdir: Path, pg_url: str, speed: float = 50.0) -> None:
+        self.cluster = LocalCluster(workdir, replicas=3, database_url=pg_url, speed=speed)
         self.workdir = workdir
         self.pg_url = pg_url
         self.epp_port, self.listen, self.admin = free_port(), free_port(), free_port()
@@ -191,3 +191,53 @@ async def test_picker_killed_mid_stream_leaves_its_row_to_the_next(gie: GieStack
     assert by_step[0]["error_type"] == "gateway_lost", [(r["step"], r["outcome"], r["error_type"]) for r in got]
     assert by_step[2]["outcome"] == "success"
     assert len({r["attempt_key"] for r in got}) == len(got) and 1 not in by_step
+
+
+async def test_picker_sigterm_lets_streams_in_flight_end_with_their_rows(pg_url: str, tmp_path: Path) -> None:
+    """SIGTERM of `taskplane epp` with streams in flight (what a rollout sends): it goes
+    NOT_SERVING but keeps serving the streams it has until they end (at most
+    ``STOP_DRAIN_S``, 5 s; gRPC's own stop grace is 2 s), so each one reaches its client
+    whole and has exactly one success row with the engine's usage; only then does it stop."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    gie = GieStack(tmp_path, pg_url, speed=10.0)  # streams of ~3-4 s: past gRPC's grace, inside the drain
+    task = f"gie-term-{uuid.uuid4().hex[:8]}"
+    streams = 8
+
+    async def one(client: httpx.AsyncClient, step: int) -> tuple[bool, int | None, float]:
+        body = chat(f"drain {step}", stream=True, max_tokens=4000, stream_options={"include_usage": True})
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=tp_headers(task, step)) as r:
+            assert r.status_code == 200
+            text = "".join([chunk async for chunk in r.aiter_text()])
+        usage = sse_usage(text)
+        return "data: [DONE]" in text, (usage or {}).get("completion_tokens"), time.monotonic()  # type: ignore[return-value]
+
+    try:
+        gie.start()
+        assert gie.epp_pid is not None
+        async with httpx.AsyncClient(base_url=gie.url, timeout=60) as client:
+            calls = [asyncio.create_task(one(client, i)) for i in range(streams)]
+            await asyncio.sleep(0.5)
+            assert not any(c.done() for c in calls), "the streams ended before the stop: make them longer"
+            os.kill(gie.epp_pid, signal.SIGTERM)
+            stopped_at = time.monotonic()
+            got_streams = await asyncio.gather(*calls)
+        for _ in range(100):
+            if not proc.alive(gie.epp_pid):
+                break
+            await asyncio.sleep(0.1)
+        assert not proc.alive(gie.epp_pid), "the picker did not stop after its streams ended"
+    finally:
+        gie.stop()
+    assert all(whole for whole, _, _ in got_streams), got_streams
+    lasted = max(end for _, _, end in got_streams) - stopped_at
+    assert 2.0 < lasted < 5.0, f"streams lasted {lasted:.1f} s after the SIGTERM: outside what this test tells apart"
+    got = await rows_eventually(pg_url, task, streams)
+    by_step = {r["step"]: r for r in got}
+    assert len(got) == streams, [(r["step"], r["outcome"], r["error_type"]) for r in got]
+    for step, (_, tokens, _) in enumerate(got_streams):
+        assert by_step[step]["outcome"] == "success", by_step[step]
+        assert by_step[step]["completion_tokens"] == tokens
