@@ -69,9 +69,6 @@ from taskplane.sim.textgen import (
 log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
-#: How long the replica keeps an idle keep-alive connection open: vLLM's own (and uvicorn's
-#: default) 5 s, so a data plane in front meets the same closes as in front of vLLM.
-KEEP_ALIVE_S = REPLICA_KEEP_ALIVE_S
 STREAM_TICK_S = 0.02  # wall seconds between streamed chunks while decoding
 
 
@@ -532,4 +529,4 @@ def serve(
         enable_sleep_mode=enable_sleep_mode,
     )
     uvicorn.run(create_app(rep), host=host, port=port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=2, timeout_keep_alive=KEEP_ALIVE_S)
+                timeout_graceful_shutdown=2, timeout_keep_alive=REPLICA_KEEP_ALIVE_S)

@@ -53,12 +53,12 @@ def test_envoy_drops_idle_replica_connections_before_the_replica_does() -> None:
     5 s; Envoy's default keeps it an hour. A burst that reused such a connection just as the
     replica closed it lost the request with it (issue 19: a failed try and its error row,
     then a retry). Envoy must give the connection up first."""
+    from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
     from taskplane.epp.envoy_config import REPLICA_CLUSTER
-    from taskplane.sim.server import KEEP_ALIVE_S
 
     config = GatewayConfig.model_validate({"pools": [{"model": "m", "replicas": [{"url": "http://127.0.0.1:8000", "gpu": "h100"}]}]})
     clusters = bootstrap(config, _DOOR)["static_resources"]["clusters"]
     replicas = next(c for c in clusters if c["name"] == REPLICA_CLUSTER)
     options = replicas["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     assert "http_protocol_options" in options["explicit_http_config"]  # still HTTP/1.1 to the replicas
-    assert _s(options["common_http_protocol_options"]["idle_timeout"]) < KEEP_ALIVE_S - 0.5
+    assert _s(options["common_http_protocol_options"]["idle_timeout"]) < REPLICA_KEEP_ALIVE_S - 0.5

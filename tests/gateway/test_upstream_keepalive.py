@@ -9,7 +9,6 @@ from typing import Any, cast
 
 from taskplane.engines.keepalive import REPLICA_IDLE_S, REPLICA_KEEP_ALIVE_S
 from taskplane.gateway.upstream import UpstreamClients
-from taskplane.sim.server import KEEP_ALIVE_S
 
 
 async def test_proxy_pools_expire_idle_connections_before_the_replica() -> None:
@@ -20,6 +19,5 @@ async def test_proxy_pools_expire_idle_connections_before_the_replica() -> None:
     finally:
         await clients.close()
     assert expiry == REPLICA_IDLE_S
-    assert expiry < KEEP_ALIVE_S - 0.5  # the simulator (as vLLM) closes at 5 s
-    assert KEEP_ALIVE_S == REPLICA_KEEP_ALIVE_S
+    assert expiry < REPLICA_KEEP_ALIVE_S - 0.5  # the simulator (as vLLM: uvicorn) closes at 5 s
 
