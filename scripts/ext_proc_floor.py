@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import os
 import signal
+import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from taskplane.dev.local import LocalCluster
 from taskplane.epp import protocol as P
 from taskplane.epp.envoy_config import (
     DEST_HEADER,
+    EPP_CLUSTER,
     LB_NAMESPACE,
     REQUEST_NAMESPACE,
     TP_NAMESPACE,
@@ -92,6 +94,30 @@ async def serve(port: int, endpoints: list[str]) -> None:
 _BOOTSTRAPS = {1: "lua-1msg", 2: "lua-2msg", 3: "lua-3msg"}
 
 
+def _bare(door: FrontDoor, endpoints: list[str]) -> dict[str, Any]:
+    """Envoy alone (``--messages 0``): the listener, the router and the replicas round robin,
+    no picker, no Lua, no access log: what the proxy itself costs."""
+    t = "type.googleapis.com/"
+    hosts = [{"endpoint": {"address": {"socket_address": {"address": e.rsplit(":", 1)[0], "port_value": int(e.rsplit(":", 1)[1])}}}}
+             for e in endpoints]
+    hcm = {"@type": t + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "bare", "codec_type": "AUTO",
+           "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
+                                               "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "replicas", "timeout": "0s"}}]}]},
+           "http_filters": [{"name": "envoy.filters.http.router",
+                             "typed_config": {"@type": t + "envoy.extensions.filters.http.router.v3.Router"}}]}
+    big = 1_000_000
+    return {"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": door.admin_port}}},
+            "static_resources": {
+                "listeners": [{"name": "bare", "address": {"socket_address": {"address": door.host, "port_value": door.port}},
+                               "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                                               "typed_config": hcm}]}]}],
+                "clusters": [{"name": "replicas", "type": "STATIC", "connect_timeout": "2s", "lb_policy": "ROUND_ROBIN",
+                              "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": hosts}]},
+                              "circuit_breakers": {"thresholds": [{"max_connections": big, "max_pending_requests": big,
+                                                                   "max_requests": big}]}}]}}
+
+
 def _bootstrap(cluster: LocalCluster, door: FrontDoor, messages: int) -> dict[str, Any]:
     cfg = GatewayConfig.model_validate({"pools": [{"model": load.MODEL, "replicas": [{"url": r.url, "gpu": r.gpu}
                                                                                      for r in cluster.replicas]}]})
@@ -115,47 +141,74 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system
 
 
-async def measure(cluster: LocalCluster, workdir: Path, messages: int, calls: int, rounds: int) -> dict[str, Any]:
+def _spread(config: dict[str, Any], epp_ports: list[int]) -> dict[str, Any]:
+    """The picker cluster with one endpoint per trivial picker process (Envoy balances the
+    ext_proc streams over them)."""
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == EPP_CLUSTER:
+            cluster["load_assignment"]["endpoints"] = [
+                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+                                  for p in epp_ports]}]
+    return config
+
+
+async def measure(cluster: LocalCluster, workdir: Path, messages: int, calls: int, rounds: int,
+                  pickers: int = 1) -> dict[str, Any]:
     endpoints = [r.url.split("://", 1)[1] for r in cluster.replicas]
-    epp_port, port = free_port(), load.stable_port()
-    picker = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve", str(epp_port), ",".join(endpoints))
+    epp_ports, port = [free_port() for _ in range(pickers)], load.stable_port()
+    procs = [await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve", str(p), ",".join(endpoints))
+             for p in epp_ports]
     envoy = None
     try:
-        await _listening(epp_port)
-        door = FrontDoor(host="127.0.0.1", port=port, epp_port=epp_port, app_port=free_port(), admin_port=free_port(),
+        for p in epp_ports:
+            await _listening(p)
+        door = FrontDoor(host="127.0.0.1", port=port, epp_port=epp_ports[0], app_port=free_port(), admin_port=free_port(),
                          endpoints_file=workdir / "eds" / "replicas.json")
         write_endpoints(door.endpoints_file, endpoints)
-        envoy = EnvoyProcess(_bootstrap(cluster, door, messages), workdir / "envoy", door.admin_port)
+        config = _bare(door, endpoints) if messages == 0 else _spread(_bootstrap(cluster, door, messages), epp_ports)
+        envoy = EnvoyProcess(config, workdir / "envoy", door.admin_port)
         await envoy.start()
         urls, headers = [f"http://127.0.0.1:{port}/v1/chat/completions"], {"X-Taskplane-Tenant": "load"}
+        direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
         await load.run_phase("warmup", urls, 50, 32, 300, headers)
+        await load.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
         me = psutil.Process()
         envoy_proc = next(c for c in me.children(recursive=True) if "envoy" in c.name())
-        picker_proc = psutil.Process(picker.pid)
-        e0, p0 = _cpu(envoy_proc), _cpu(picker_proc)
-        errors, samples = 0, set[str]()
+        picker_procs = [psutil.Process(p.pid) for p in procs]
+        errors, samples, ratios = 0, set[str](), []
+        picker_s = envoy_s = 0.0
         for _ in range(rounds):
+            direct, _ = await load.run_phase("direct", direct_urls, calls, 32, 300, headers)
+            e0, p0 = _cpu(envoy_proc), sum(_cpu(p) for p in picker_procs)
             stats, _ = await load.run_phase("floor", urls, calls, 32, 300, headers)
+            envoy_s += _cpu(envoy_proc) - e0
+            picker_s += sum(_cpu(p) for p in picker_procs) - p0
             errors += stats.errors
             samples |= set(stats.error_samples)
+            ratios.append({q: round(stats.ttft_ms[q] / direct.ttft_ms[q], 3) for q in ("p50", "p99")}
+                          | {"direct_p50_ms": round(direct.ttft_ms["p50"], 1)})
         n = calls * rounds
-        return {"messages": messages, "picker_ms_per_call": round((_cpu(picker_proc) - p0) * 1000 / n, 3),
-                "envoy_ms_per_call": round((_cpu(envoy_proc) - e0) * 1000 / n, 3), "errors": errors,
-                "error_samples": sorted(samples)[:3],
+        return {"messages": messages, "pickers": pickers, "picker_ms_per_call": round(picker_s * 1000 / n, 3),
+                "envoy_ms_per_call": round(envoy_s * 1000 / n, 3), "errors": errors,
+                "error_samples": sorted(samples)[:3], "ttft_ratio_rounds": ratios,
+                "ttft_ratio_median": {q: statistics.median(r[q] for r in ratios) for q in ("p50", "p99")},
                 "load_average_1m": round(os.getloadavg()[0], 2)}
     finally:
         if envoy is not None:
             await envoy.stop()
-        picker.terminate()
-        await picker.wait()
+        for p in procs:
+            p.terminate()
+            await p.wait()
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--messages", type=int, choices=(1, 2, 3), default=3, help="ext_proc messages per call")
+    p.add_argument("--messages", type=int, choices=(0, 1, 2, 3), default=3,
+                   help="ext_proc messages per call (0: Envoy alone, round robin, no picker)")
     p.add_argument("--calls", type=int, default=200, help="concurrent streamed calls per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--pickers", type=int, default=1, help="trivial picker processes Envoy balances its streams over")
     p.add_argument("--serve", nargs=2, metavar=("PORT", "ENDPOINTS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -166,7 +219,7 @@ def main() -> int:
         cluster = load.pin_ports(LocalCluster(Path(tmp), replicas=args.replicas, speed=20.0, kv_blocks=8192))
         cluster.start_gateway = lambda: None  # type: ignore[method-assign]  # replicas only: the picker is the trivial one
         with cluster:
-            print(asyncio.run(measure(cluster, Path(tmp), args.messages, args.calls, args.rounds)))
+            print(asyncio.run(measure(cluster, Path(tmp), args.messages, args.calls, args.rounds, args.pickers)))
     return 0
 
 
