@@ -166,7 +166,7 @@ async def measure(cluster: LocalCluster, workdir: Path, messages: int, calls: in
                          endpoints_file=workdir / "eds" / "replicas.json")
         write_endpoints(door.endpoints_file, endpoints)
         config = _bare(door, endpoints) if messages == 0 else _spread(_bootstrap(cluster, door, messages), epp_ports)
-        envoy = EnvoyProcess(config, workdir / "envoy", door.admin_port)
+        envoy = EnvoyProcess(config, workdir / "envoy", door.admin_port, concurrency=int(os.environ.get("FLOOR_ENVOY_CONCURRENCY", "2")))
         await envoy.start()
         urls, headers = [f"http://127.0.0.1:{port}/v1/chat/completions"], {"X-Taskplane-Tenant": "load"}
         direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
