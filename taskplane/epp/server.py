@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import structlog
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -334,7 +335,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         call = picked.call
         listed = [e for e in (self.book.endpoint(r.name) for r in picked.order) if e]
         endpoints = ",".join(listed)
-        body = json.dumps(upstream_body(call, picked.model), separators=(",", ":")).encode()
+        body = msgspec.json.encode(upstream_body(call, picked.model))
         remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k == "authorization"]
         headers = {DEST_HEADER: endpoints, "content-length": str(len(body)), "content-type": "application/json"}
         if listed:  # Envoy retries the listed replicas only: past the list's end its fallback policy
