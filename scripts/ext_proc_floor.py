@@ -1,24 +1,29 @@
-"""The floor of the Envoy + ext_proc transport (docs/benchmarks.md, issue 19): a trivial
-picker (a fixed endpoint per call: no intake, no placement, no rows) in its own process
-behind taskplane's own Envoy bootstrap, the same streamed load as ``gateway_load``; prints
-the CPU per call of the picker process and of Envoy.
+"""The floors under taskplane's data plane (docs/benchmarks.md, issue 19), beside it in one
+run: the same streamed burst as ``gateway_load`` straight to the replicas, through Envoy
+alone (round robin: no picker, no Lua, no access log), through taskplane's own Envoy
+bootstrap in front of a trivial picker (a fixed endpoint per call: no intake, no
+placement, no rows; in its own process, or several), and through taskplane's front door
+as it runs. Every round runs the direct phase, then each plane; each round's TTFT ratio
+to its own direct phase, the medians, and the CPU per call of each plane's processes.
 
-    .venv/bin/python scripts/ext_proc_floor.py --messages 3    # request headers, body, response headers (lua-3msg)
-    .venv/bin/python scripts/ext_proc_floor.py --messages 2    # no response headers (lua-2msg)
-    .venv/bin/python scripts/ext_proc_floor.py --messages 1    # the body only, headers as CEL attributes (lua-1msg)
+    .venv/bin/python scripts/ext_proc_floor.py --calls 200 --rounds 6                 # bare, trivial (1 message), taskplane
+    .venv/bin/python scripts/ext_proc_floor.py --planes trivial --messages 2 --pickers 2   # lua-2msg, two trivial pickers
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import json
 import os
 import signal
 import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,63 +157,118 @@ def _spread(config: dict[str, Any], epp_ports: list[int]) -> dict[str, Any]:
     return config
 
 
-async def measure(cluster: LocalCluster, workdir: Path, messages: int, calls: int, rounds: int,
-                  pickers: int = 1) -> dict[str, Any]:
+@dataclass
+class Plane:
+    """One data plane under the load: where clients send, and the processes whose CPU it costs."""
+
+    name: str
+    url: str
+    processes: dict[str, list[psutil.Process]]
+
+
+async def _floor_plane(cluster: LocalCluster, workdir: Path, stack: contextlib.AsyncExitStack, messages: int,
+                       pickers: int) -> Plane:
+    """Envoy alone (``messages`` 0), or taskplane's bootstrap in front of ``pickers`` trivial pickers."""
     endpoints = [r.url.split("://", 1)[1] for r in cluster.replicas]
     epp_ports, port = [free_port() for _ in range(pickers)], load.stable_port()
-    procs = [await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve", str(p), ",".join(endpoints))
-             for p in epp_ports]
-    envoy = None
-    try:
+    procs = []
+    if messages:
         for p in epp_ports:
+            proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve", str(p), ",".join(endpoints))
+            stack.push_async_callback(_terminate, proc)
+            procs.append(psutil.Process(proc.pid))
             await _listening(p)
-        door = FrontDoor(host="127.0.0.1", port=port, epp_port=epp_ports[0], app_port=free_port(), admin_port=free_port(),
-                         endpoints_file=workdir / "eds" / "replicas.json")
-        write_endpoints(door.endpoints_file, endpoints)
-        config = _bare(door, endpoints) if messages == 0 else _spread(_bootstrap(cluster, door, messages), epp_ports)
-        envoy = EnvoyProcess(config, workdir / "envoy", door.admin_port, concurrency=int(os.environ.get("FLOOR_ENVOY_CONCURRENCY", "2")))
-        await envoy.start()
-        urls, headers = [f"http://127.0.0.1:{port}/v1/chat/completions"], {"X-Taskplane-Tenant": "load"}
+    name = "envoy-alone" if messages == 0 else f"trivial-picker-{messages}msg" + (f"-x{pickers}" if pickers > 1 else "")
+    door = FrontDoor(host="127.0.0.1", port=port, epp_port=epp_ports[0], app_port=free_port(), admin_port=free_port(),
+                     endpoints_file=workdir / name / "eds" / "replicas.json")
+    write_endpoints(door.endpoints_file, endpoints)
+    config = _bare(door, endpoints) if messages == 0 else _spread(_bootstrap(cluster, door, messages), epp_ports)
+    envoy = EnvoyProcess(config, workdir / name / "envoy", door.admin_port,
+                         concurrency=int(os.environ.get("FLOOR_ENVOY_CONCURRENCY", "2")))
+    await envoy.start()
+    stack.push_async_callback(envoy.stop)
+    assert envoy.proc is not None
+    return Plane(name, f"http://127.0.0.1:{port}", {"envoy": [psutil.Process(envoy.proc.pid)], "picker": procs})
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    proc.terminate()
+    await proc.wait()
+
+
+def _taskplane_plane(cluster: LocalCluster) -> Plane:
+    """taskplane's own front door (Envoy + the endpoint picker), as ``taskplane gateway`` runs it."""
+    assert cluster.gateway_pid is not None
+    door = psutil.Process(cluster.gateway_pid)
+    envoys = [c for c in door.children(recursive=True) if "envoy" in c.name()]
+    return Plane("taskplane", cluster.gateway_url, {"envoy": envoys, "picker": [door]})
+
+
+def _cpu_of(plane: Plane) -> dict[str, float]:
+    return {k: sum(_cpu(p) for p in ps) for k, ps in plane.processes.items()}
+
+
+async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], messages: int, calls: int, rounds: int,
+                  pickers: int = 1) -> dict[str, Any]:
+    """``rounds`` times: the direct phase, then each plane's (in reverse order every other
+    round); each round's TTFT ratio to its own direct phase, their medians, CPU per call."""
+    headers = {"X-Taskplane-Tenant": "load"}
+    async with contextlib.AsyncExitStack() as stack:
+        running: list[Plane] = []
+        for name in planes:
+            if name == "taskplane":
+                running.append(_taskplane_plane(cluster))
+            else:
+                running.append(await _floor_plane(cluster, workdir, stack, 0 if name == "bare" else messages, pickers))
         direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
-        await load.run_phase("warmup", urls, 50, 32, 300, headers)
         await load.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
-        me = psutil.Process()
-        envoy_proc = next(c for c in me.children(recursive=True) if "envoy" in c.name())
-        picker_procs = [psutil.Process(p.pid) for p in procs]
-        errors, samples, ratios = 0, set[str](), []
-        picker_s = envoy_s = 0.0
-        for _ in range(rounds):
+        for plane in running:
+            await load.run_phase(f"warmup-{plane.name}", [f"{plane.url}/v1/chat/completions"], 50, 32, 300, headers)
+        out: dict[str, Any] = {p.name: {"errors": 0, "rounds": [], "cpu_s": {}} for p in running}
+        direct_p50 = []
+        for i in range(rounds):
             direct, _ = await load.run_phase("direct", direct_urls, calls, 32, 300, headers)
-            e0, p0 = _cpu(envoy_proc), sum(_cpu(p) for p in picker_procs)
-            stats, _ = await load.run_phase("floor", urls, calls, 32, 300, headers)
-            envoy_s += _cpu(envoy_proc) - e0
-            picker_s += sum(_cpu(p) for p in picker_procs) - p0
-            errors += stats.errors
-            samples |= set(stats.error_samples)
-            ratios.append({q: round(stats.ttft_ms[q] / direct.ttft_ms[q], 3) for q in ("p50", "p99")}
-                          | {"direct_p50_ms": round(direct.ttft_ms["p50"], 1)})
+            direct_p50.append(round(direct.ttft_ms["p50"], 1))
+            for plane in running[::-1 if i % 2 else 1]:
+                cpu0 = _cpu_of(plane)
+                stats, _ = await load.run_phase(plane.name, [f"{plane.url}/v1/chat/completions"], calls, 32, 300, headers)
+                fig = out[plane.name]
+                for k, v in _cpu_of(plane).items():
+                    fig["cpu_s"][k] = fig["cpu_s"].get(k, 0.0) + v - cpu0[k]
+                fig["errors"] += stats.errors
+                fig["rounds"].append({q: round(stats.ttft_ms[q] / direct.ttft_ms[q], 3) for q in ("p50", "p99")})
         n = calls * rounds
-        return {"messages": messages, "pickers": pickers, "picker_ms_per_call": round(picker_s * 1000 / n, 3),
-                "envoy_ms_per_call": round(envoy_s * 1000 / n, 3), "errors": errors,
-                "error_samples": sorted(samples)[:3], "ttft_ratio_rounds": ratios,
-                "ttft_ratio_median": {q: statistics.median(r[q] for r in ratios) for q in ("p50", "p99")},
-                "load_average_1m": round(os.getloadavg()[0], 2)}
-    finally:
-        if envoy is not None:
-            await envoy.stop()
-        for p in procs:
-            p.terminate()
-            await p.wait()
+        return {"calls": calls, "rounds": rounds, "direct_ttft_p50_ms": direct_p50,
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                "planes": {name: {"ttft_ratio_median": {q: statistics.median(r[q] for r in fig["rounds"]) for q in ("p50", "p99")},
+                                  "ttft_ratio_rounds": fig["rounds"], "errors": fig["errors"],
+                                  "cpu_ms_per_call": {k: round(v * 1000 / n, 3) for k, v in fig["cpu_s"].items()}}
+                           for name, fig in out.items()}}
+
+
+def render(res: dict[str, Any]) -> str:
+    lines = [f"{res['calls']} concurrent streams, {res['rounds']} rounds; direct TTFT p50 by round "
+             f"{res['direct_ttft_p50_ms']} ms; load average {res['load_average_1m']}",
+             "| plane | TTFT ratio to direct p50 / p99 (median of rounds) | rounds p50 | CPU ms per call | errors |",
+             "|---|---|---|---|---|"]
+    for name, fig in res["planes"].items():
+        med, cpu = fig["ttft_ratio_median"], fig["cpu_ms_per_call"]
+        lines.append(f"| {name} | {med['p50']:.2f}x / {med['p99']:.2f}x | {', '.join(str(r['p50']) for r in fig['ttft_ratio_rounds'])} | "
+                     + ", ".join(f"{k} {v}" for k, v in cpu.items() if v) + f" | {fig['errors']} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--messages", type=int, choices=(0, 1, 2, 3), default=3,
-                   help="ext_proc messages per call (0: Envoy alone, round robin, no picker)")
+    p.add_argument("--planes", default="bare,trivial,taskplane",
+                   help="comma-separated: bare (Envoy alone, round robin: no picker, no Lua, no access log), trivial "
+                        "(taskplane's bootstrap in front of a trivial picker), taskplane (the front door as it runs)")
+    p.add_argument("--messages", type=int, choices=(1, 2, 3), default=1, help="ext_proc messages per call (trivial)")
     p.add_argument("--calls", type=int, default=200, help="concurrent streamed calls per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--pickers", type=int, default=1, help="trivial picker processes Envoy balances its streams over")
+    p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.add_argument("--serve", nargs=2, metavar=("PORT", "ENDPOINTS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -216,10 +276,17 @@ def main() -> int:
         return 0
     load._raise_fd_limit(4 * args.calls + 1024)
     with tempfile.TemporaryDirectory(prefix="tp-floor-") as tmp:
-        cluster = load.pin_ports(LocalCluster(Path(tmp), replicas=args.replicas, speed=20.0, kv_blocks=8192))
-        cluster.start_gateway = lambda: None  # type: ignore[method-assign]  # replicas only: the picker is the trivial one
+        cluster = load.pin_ports(LocalCluster(Path(tmp), replicas=args.replicas, speed=20.0, kv_blocks=8192,
+                                                config_overrides=load.load_config(args.calls)))
+        planes = args.planes.split(",")
+        unknown = set(planes) - {"bare", "trivial", "taskplane"}
+        if unknown:
+            p.error(f"unknown plane(s) {sorted(unknown)}")
+        if "taskplane" not in planes:
+            cluster.start_gateway = lambda: None  # type: ignore[method-assign]  # replicas only
         with cluster:
-            print(asyncio.run(measure(cluster, Path(tmp), args.messages, args.calls, args.rounds, args.pickers)))
+            res = asyncio.run(measure(cluster, Path(tmp), planes, args.messages, args.calls, args.rounds, args.pickers))
+            print(json.dumps(res, indent=1) if args.json else render(res))
     return 0
 
 
