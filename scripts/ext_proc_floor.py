@@ -204,6 +204,13 @@ def _taskplane_plane(cluster: LocalCluster) -> Plane:
     return Plane("taskplane", cluster.gateway_url, {"envoy": envoys, "picker": [door]})
 
 
+def _busy(before: Any, after: Any) -> float:
+    """The share of the machine's CPU time (all cores) that was not idle between two readings."""
+    total = sum(after) - sum(before)
+    idle = (after.idle + after.iowait) - (before.idle + before.iowait)
+    return round(1.0 - idle / total, 3) if total > 0 else 0.0
+
+
 def _cpu_of(plane: Plane) -> dict[str, float]:
     return {k: sum(_cpu(p) for p in ps) for k, ps in plane.processes.items()}
 
@@ -224,24 +231,30 @@ async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], messa
         await load.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
         for plane in running:
             await load.run_phase(f"warmup-{plane.name}", [f"{plane.url}/v1/chat/completions"], 50, 32, 300, headers)
-        out: dict[str, Any] = {p.name: {"errors": 0, "rounds": [], "cpu_s": {}} for p in running}
-        direct_p50 = []
+        out: dict[str, Any] = {p.name: {"errors": 0, "rounds": [], "cpu_s": {}, "busy": []} for p in running}
+        direct_p50: list[float] = []
+        direct_busy: list[float] = []
         for i in range(rounds):
+            machine0 = psutil.cpu_times()
             direct, _ = await load.run_phase("direct", direct_urls, calls, 32, 300, headers)
+            direct_busy.append(_busy(machine0, psutil.cpu_times()))
             direct_p50.append(round(direct.ttft_ms["p50"], 1))
             for plane in running[::-1 if i % 2 else 1]:
-                cpu0 = _cpu_of(plane)
+                cpu0, machine0 = _cpu_of(plane), psutil.cpu_times()
                 stats, _ = await load.run_phase(plane.name, [f"{plane.url}/v1/chat/completions"], calls, 32, 300, headers)
                 fig = out[plane.name]
+                fig["busy"].append(_busy(machine0, psutil.cpu_times()))
                 for k, v in _cpu_of(plane).items():
                     fig["cpu_s"][k] = fig["cpu_s"].get(k, 0.0) + v - cpu0[k]
                 fig["errors"] += stats.errors
                 fig["rounds"].append({q: round(stats.ttft_ms[q] / direct.ttft_ms[q], 3) for q in ("p50", "p99")})
         n = calls * rounds
         return {"calls": calls, "rounds": rounds, "direct_ttft_p50_ms": direct_p50,
+                "direct_machine_busy": statistics.median(direct_busy),
                 "load_average_1m": round(os.getloadavg()[0], 2),
                 "planes": {name: {"ttft_ratio_median": {q: statistics.median(r[q] for r in fig["rounds"]) for q in ("p50", "p99")},
                                   "ttft_ratio_rounds": fig["rounds"], "errors": fig["errors"],
+                                  "machine_busy": statistics.median(fig["busy"]),
                                   "cpu_ms_per_call": {k: round(v * 1000 / n, 3) for k, v in fig["cpu_s"].items()}}
                            for name, fig in out.items()}}
 
@@ -249,12 +262,13 @@ async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], messa
 def render(res: dict[str, Any]) -> str:
     lines = [f"{res['calls']} concurrent streams, {res['rounds']} rounds; direct TTFT p50 by round "
              f"{res['direct_ttft_p50_ms']} ms; load average {res['load_average_1m']}",
-             "| plane | TTFT ratio to direct p50 / p99 (median of rounds) | rounds p50 | CPU ms per call | errors |",
-             "|---|---|---|---|---|"]
+             f"the machine's cores busy during the direct phases (median): {res['direct_machine_busy']:.0%}",
+             "| plane | TTFT ratio to direct p50 / p99 (median of rounds) | rounds p50 | CPU ms per call | cores busy | errors |",
+             "|---|---|---|---|---|---|"]
     for name, fig in res["planes"].items():
         med, cpu = fig["ttft_ratio_median"], fig["cpu_ms_per_call"]
         lines.append(f"| {name} | {med['p50']:.2f}x / {med['p99']:.2f}x | {', '.join(str(r['p50']) for r in fig['ttft_ratio_rounds'])} | "
-                     + ", ".join(f"{k} {v}" for k, v in cpu.items() if v) + f" | {fig['errors']} |")
+                     + ", ".join(f"{k} {v}" for k, v in cpu.items() if v) + f" | {fig['machine_busy']:.0%} | {fig['errors']} |")
     return "\n".join(lines)
 
 
