@@ -3,7 +3,8 @@
     python -m taskplane.epp.decisions --replicas 256 --calls 5000
 
 Drives the real ``Picker`` (intake, admission, the taskplane scheduler, the attempt
-lifecycle with a no-op row sink, the response's settling) with ext_proc messages as
+lifecycle with a row sink that journals each attempt as the cost writer
+does and stores nothing, the response's settling) with ext_proc messages as
 Envoy sends them, over a registry of N replicas that report free KV room; no network
 and no Envoy, so the figure is the picker's own work per call (the gRPC transport adds
 its cost on top; docs/benchmarks.md reports both). The messages are built and
@@ -148,6 +149,19 @@ async def _one(message: als.StreamAccessLogsMessage) -> AsyncIterator[als.Stream
     yield message
 
 
+class JournalingSink(AttemptSink):
+    """A row sink that journals attempts as the cost writer does (each note built and queued
+    for a group commit) and stores nothing: the picker's work per call as with a database."""
+
+    async def open_attempt(self, attempt_key: str, note: str) -> None:
+        return None
+
+    def open_attempt_soon(self, attempt_key: str, note: str) -> asyncio.Future[None]:
+        queued: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queued.set_result(None)  # committed at once: the group commit (one per batch of notes) is left out
+        return queued
+
+
 async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any]:
     """``messages``: 0, unary calls (the GIE-style stream: four messages); 3, 2 or 1, streamed
     calls as taskplane's Envoy sends them with the ``lua-3msg``, ``lua-2msg`` or
@@ -158,7 +172,7 @@ async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any
     for s in registry.replicas.values():
         s.kv_blocks_total, s.block_size = 8192, 16
     placer = build_placer(config, registry)
-    gw = Gateway(config, registry, placer, AttemptSink(), GatewayMetrics())
+    gw = Gateway(config, registry, placer, JournalingSink(), GatewayMetrics())
     book = EndpointBook(registry)
     book.refresh()
     streams = StreamBook()

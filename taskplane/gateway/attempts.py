@@ -55,8 +55,14 @@ class AttemptSink:
         return None
 
     async def open_attempt(self, attempt_key: str, note: str) -> None:  # pragma: no cover - interface
-        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note."""
+        """Note an attempt as in flight before it is sent; its ``record_attempt`` closes the note.
+        A sink that leaves this as it is keeps no in-flight journal (nothing is noted)."""
         return None
+
+    def open_attempt_soon(self, attempt_key: str, note: str) -> asyncio.Future[None]:
+        """``open_attempt`` started now, not awaited: what to await for the note (a sink may
+        queue it without a task, as the cost writer does)."""
+        return asyncio.ensure_future(self.open_attempt(attempt_key, note))
 
 
 @dataclass
@@ -133,7 +139,9 @@ class AttemptLedger:
         self.request_timeout_s = request_timeout_s
         self._notes_failing = False
         self._notes: dict[str, asyncio.Future[None]] = {}  # attempt key -> its note being committed
-        self.journal = os.environ.get("TASKPLANE_INFLIGHT_JOURNAL", "1") not in ("0", "false", "no")
+        # a sink with no ``open_attempt`` of its own (no database, no outbox) has no journal to note in
+        self.journal = (os.environ.get("TASKPLANE_INFLIGHT_JOURNAL", "1") not in ("0", "false", "no")
+                        and type(sink).open_attempt is not AttemptSink.open_attempt)
 
     def note_open(self, a: Attempt) -> None:
         """Journal the attempt (fsynced) as it is sent, so a SIGKILL mid-attempt still leaves
@@ -149,16 +157,19 @@ class AttemptLedger:
                          started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms)
         note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
                                 price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
-        self._notes[rec.attempt_key] = asyncio.ensure_future(self._write_note(rec.attempt_key, note.model_dump_json()))
+        key = rec.attempt_key
+        noted = self.sink.open_attempt_soon(key, note.model_dump_json())
+        noted.add_done_callback(lambda f: self._noted(key, f))
+        self._notes[key] = noted
 
-    async def _write_note(self, key: str, payload: str) -> None:
-        try:
-            await self.sink.open_attempt(key, payload)
-        except Exception as exc:
-            if not self._notes_failing:  # once per outage, not once per attempt
+    def _noted(self, key: str, noted: asyncio.Future[None]) -> None:
+        """The note is committed, or could not be: say so once per outage, not once per attempt."""
+        exc = None if noted.cancelled() else noted.exception()
+        if exc is not None:
+            if not self._notes_failing:
                 log.warning("inflight_note_failed", attempt_key=key, error=str(exc)[:200])
             self._notes_failing = True
-        else:
+        elif not noted.cancelled():
             self._notes_failing = False
 
     async def write(self, rec: AttemptRecord) -> None:

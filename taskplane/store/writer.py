@@ -310,12 +310,15 @@ class CostWriter:
     async def open_attempt(self, attempt_key: str, note: str) -> None:
         """Note an attempt as in flight (fsynced on return); its ``record_attempt`` closes the
         note. Call just before the request goes to the replica."""
+        await asyncio.shield(self.open_attempt_soon(attempt_key, note))
+
+    def open_attempt_soon(self, attempt_key: str, note: str) -> asyncio.Future[None]:
+        """``open_attempt`` without waiting: the note joins the next group commit, and the
+        future is done once it is fsynced (no task per note: this runs for every attempt)."""
         self._open.add(attempt_key)
-        try:
-            await self._append(OPEN, attempt_key, note)
-        except Exception:
-            self._open.discard(attempt_key)  # not noted (disk full?): nothing to keep alive for
-            raise
+        committed = self._enqueue(OPEN, attempt_key, note)
+        committed.add_done_callback(lambda f: self._open.discard(attempt_key) if not f.cancelled() and f.exception() else None)
+        return committed
 
     def orphaned_attempts(self) -> list[inflight.Orphan]:
         """Attempts the previous process on this outbox left open (it died mid-attempt).
@@ -413,15 +416,20 @@ class CostWriter:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _append(self, kind: str, key: str, payload: str) -> None:
-        if self._sender is None or self._closing:
-            raise RuntimeError("CostWriter is not started (call `await writer.start()` first)")
+        await asyncio.shield(self._enqueue(kind, key, payload))
+
+    def _enqueue(self, kind: str, key: str, payload: str) -> asyncio.Future[None]:
+        """Queue one entry for the next group commit; the future is done once it is fsynced."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._sender is None or self._closing:
+            fut.set_exception(RuntimeError("CostWriter is not started (call `await writer.start()` first)"))
+            return fut
         self._waiting.append((kind, key, payload, fut))
         if kind != OPEN:
             self._pending += 1
         if self._appender is None or self._appender.done():
             self._appender = asyncio.create_task(self._drain_appends())
-        await asyncio.shield(fut)
+        return fut
 
     async def _drain_appends(self) -> None:
         """Group commit: everything that arrived while the last fsync ran goes in the next one."""
