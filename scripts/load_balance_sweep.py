@@ -8,10 +8,12 @@ of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's 
 ``gate=off`` (the preset without the prefill gate, ``AdmissionSettings.serial_prefill``),
 ``drop=off`` (without its KV lifetimes: a replayed session's blocks are not dropped at its end),
 ``seventh=off`` (both: issue 18's sixth pass),
-``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
+``gatemin=N`` (the prefill gate holding only calls with at least N prompt tokens to
+compute, ``AdmissionSettings.serial_prefill_min_tokens``), ``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
 at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,backlog=MS][,after]`` or ``prefill=off`` (the
 preset with the ``prefill-finish`` filter at ``min_uncached_tokens`` N, or without it), or another preset's name (``llm-d-scorers``). Mooncake runs on 16 x H100, the agents on
-4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured).
+4 x H100 at L times 0.835 tasks/s (the GPU-only capacity the agents bench measured; ``--replicas N``:
+N x H100 at N / 4 times that).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def policy(variant: str, seed: int, tenants: Any) -> tuple[Any, str]:
                 "taskplane" if variant == "gate=off" else "taskplane-without-lifetimes")
     if variant in PRESETS:
         return build_policy(variant, seed=seed, tenants=tenants, metrics=False), variant
+    if variant.startswith("gatemin="):
+        settings = AdmissionSettings(serial_prefill_min_tokens=int(variant.removeprefix("gatemin=")))
+        return build_policy("taskplane", seed=seed, tenants=tenants, metrics=False, admission=settings), "taskplane"
     if variant.startswith("backlog="):
         value = variant.removeprefix("backlog=")
         settings = AdmissionSettings(max_prefill_backlog_ms=None if value == "off" else float(value))
@@ -94,19 +99,20 @@ def sweep_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-kv-gb", type=float, default=0.0)
     ap.add_argument("--load", type=float, default=1.3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=4, help="agents: the fleet's H100s (the load scales with them)")
     ap.add_argument("--trace", type=Path, default=None, help="a trace in the Mooncake format (default: ../shared/traces/mooncake_conversation_trace.jsonl)")
     return ap
 
 
 def sweep_setup(a: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """(workload, tenants, cluster): a trace on 16 x H100, or the agent mix at ``--load`` on 4."""
+    """(workload, tenants, cluster): a trace on 16 x H100, or the agent mix at ``--load`` on ``--replicas``."""
     if a.workload == "mooncake":
         wl, tenants = mooncake_workload(a.trace, duration_s=a.duration_s), None
         cluster, _ = build_cluster(16, None, TierSpec(host_kv_gb=a.host_kv_gb))
     else:
-        rate = a.load * AGENTS_CAPACITY
+        rate = a.load * AGENTS_CAPACITY * a.replicas / 4
         wl, tenants = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed), agent_tenants()
-        cluster, _ = build_cluster(4, None, TierSpec(host_kv_gb=a.host_kv_gb))
+        cluster, _ = build_cluster(a.replicas, None, TierSpec(host_kv_gb=a.host_kv_gb))
     return wl, tenants, cluster
 
 

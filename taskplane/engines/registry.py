@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import httpx
@@ -50,7 +50,7 @@ DEFAULT_PRICE_PER_HOUR = {
 #: The fields ``ReplicaState.view`` reads: setting one makes the replica's view stale.
 VIEW_FIELDS = frozenset({
     "config", "pool", "healthy", "down_until", "kv_blocks_total", "kv_usage", "block_size", "num_running",
-    "num_waiting", "inflight", "inflight_prompt_tokens", "inflight_decode_tokens", "kv_events_live",
+    "num_waiting", "inflight", "inflight_prompt_tokens", "unstarted_prompt_tokens", "inflight_decode_tokens", "kv_events_live",
 })
 
 
@@ -72,6 +72,9 @@ class ReplicaState:
     prefix_hits: float = 0.0
     inflight: int = 0
     inflight_prompt_tokens: int = 0
+    #: Of those, the tokens of prompts whose prefill the replica's KV events have not shown
+    #: begun (``Lease.started``): what the prefill gate waits for.
+    unstarted_prompt_tokens: int = 0
     inflight_decode_tokens: int = 0
     last_scrape: float = 0.0
     kv_events_live: bool = False
@@ -83,6 +86,9 @@ class ReplicaState:
     probe_failures: int = 0
     progress_tokens: float = -1.0
     progress_at: float = field(default_factory=time.monotonic)
+    #: Leases whose prefill has not begun, by the hash of the last prompt block each must
+    #: compute (``Lease``, ``ReplicaRegistry.blocks_stored``).
+    prefilling: dict[int, list[Lease]] = field(default_factory=dict, repr=False)
     #: Called with the state after a field in ``VIEW_FIELDS`` was set (the registry's
     #: stale set); None while the state belongs to no registry.
     on_change: Callable[[ReplicaState], None] | None = field(default=None, repr=False)
@@ -146,6 +152,7 @@ class ReplicaState:
             num_waiting=waiting,
             max_num_seqs=self.config.max_num_seqs,
             inflight_prefill_tokens=self.inflight_prompt_tokens,
+            unstarted_prefill_tokens=self.unstarted_prompt_tokens if self.kv_events_live else None,
             inflight_decode_tokens=self.inflight_decode_tokens,
             has_kv_events=self.kv_events_live,
         )
@@ -161,11 +168,21 @@ class Lease:
     returns the same batch size every time, so every exit path (success, failure,
     cancellation, a bug) may call it; the lease is also a context manager that releases.
     Obtain one from ``ReplicaRegistry.acquire``.
+
+    Its prefill ends at the first token. It has begun once the replica's KV events report
+    ``last_block``, the last prompt block it must compute, stored (an engine publishes a
+    block as it schedules its computation): taskplane's Envoy reports a stream's first
+    token only in the call's access-log entry, when the stream is over, so the prefill
+    gate, which only needs to know that a prompt is no longer waiting for its engine step,
+    goes by ``started``. A lease with no such block (nothing but a partial block to compute,
+    or hashes of text, not of the engine's tokens) counts as begun from the start.
     """
 
-    __slots__ = ("_batch_end", "_prefilling", "batch_start", "decode_tokens", "prefill_tokens", "replica")
+    __slots__ = ("_batch_end", "_last_block", "_prefilling", "_unstarted", "batch_start", "decode_tokens",
+                 "prefill_tokens", "replica")
 
-    def __init__(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> None:
+    def __init__(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int,
+                 last_block: int | None = None) -> None:
         self.replica = replica
         self.prefill_tokens = max(prefill_tokens, 0)
         self.decode_tokens = max(decode_tokens, 0)
@@ -175,13 +192,33 @@ class Lease:
         self.batch_start = replica.inflight  # calls in flight once this one was added
         self._prefilling = True
         self._batch_end: int | None = None
+        self._last_block = last_block if self.prefill_tokens > 0 else None
+        self._unstarted = self._last_block is not None
+        if self._last_block is not None:
+            replica.unstarted_prompt_tokens += self.prefill_tokens
+            replica.prefilling.setdefault(self._last_block, []).append(self)
 
     @property
     def released(self) -> bool:
         return self._batch_end is not None
 
+    def started(self) -> None:
+        """The replica stored the last prompt block this call must compute: its prefill has
+        begun (the prefill gate's signal; the prompt still counts as in flight)."""
+        if not self._unstarted:
+            return
+        self._unstarted = False
+        self.replica.unstarted_prompt_tokens -= self.prefill_tokens
+        assert self._last_block is not None
+        waiting = self.replica.prefilling.get(self._last_block, [])
+        if self in waiting:
+            waiting.remove(self)
+        if not waiting:
+            self.replica.prefilling.pop(self._last_block, None)
+
     def prefilled(self) -> None:
         """The first token came back: the replica no longer has this call's prompt to compute."""
+        self.started()
         if self._prefilling:
             self._prefilling = False
             self.replica.inflight_prompt_tokens -= self.prefill_tokens
@@ -345,11 +382,33 @@ class ReplicaRegistry:
                 out.append(self.replicas[view.name])
         return out
 
-    def acquire(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int) -> Lease:
+    def acquire(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int,
+                last_block: int | None = None) -> Lease:
         """Count a call as in flight on ``replica`` until the returned lease is released.
         ``prefill_tokens``: the prompt tokens it must compute (not those in the prefix cache),
-        queued until its first token; ``decode_tokens``: the most it may generate."""
-        return Lease(replica, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens)
+        queued until its first token, and not begun until the replica reports ``last_block``
+        (the hash of the last full prompt block it must compute) stored; ``decode_tokens``:
+        the most it may generate."""
+        return Lease(replica, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens, last_block=last_block)
+
+    def blocks_stored(self, name: str, blocks: Iterable[int]) -> int:
+        """The replica stored these prompt blocks in GPU memory (its KV events, the blocks
+        named as the KV index names them): the leases whose last prompt block is among them
+        have begun their prefill (``Lease.started``). How many."""
+        replica = self.replicas.get(name)
+        if replica is None or not replica.prefilling:
+            return 0
+        begun = 0
+        for block in blocks:
+            for lease in list(replica.prefilling.get(block, ())):
+                lease.started()
+                begun += 1
+        return begun
+
+    def prefilling(self, name: str) -> bool:
+        """Some lease on the replica waits for its last prompt block to be stored (its prefill to begin)."""
+        replica = self.replicas.get(name)
+        return replica is not None and bool(replica.prefilling)
 
     def note_served(self, replica: ReplicaState, tokens: int) -> None:
         """A served attempt's prompt and completion tokens, for the replica's running total."""

@@ -214,8 +214,12 @@ class AttemptLifecycle:
         cache, until the first token shows it done (as the simulator and the scheduler count
         it: whole prompts of calls already decoding made a busy replica look seconds behind)."""
         block = replica.config.block_size or replica.block_size or call.request.block_size
+        hashes = call.request.block_hashes
+        # the replica's KV event for the last prompt block it computes ends the prefill too
+        # (hashes of the engine's own tokens only; a prompt it holds whole has none to compute)
+        last_block = hashes[-1] if call.request.tokenized and decision.cached_blocks < len(hashes) else None
         lease = self.registry.acquire(replica, prefill_tokens=call.prompt_tokens - decision.cached_blocks * block,
-                                      decode_tokens=call.max_tokens)
+                                      decode_tokens=call.max_tokens, last_block=last_block)
         attempt = Attempt(call=call, decision=decision, replica=replica, lease=lease, try_index=try_index,
                           queue_ms=queue_ms, model=decision.model or call.pool.model, started=datetime.now(UTC),
                           t0=CLOCK.now())

@@ -201,6 +201,10 @@ class ScheduledPlacer:
         rs = self.registry.replicas.get(replica)
         if rs is not None:
             rs.kv_events_live = True
+        stored_blocks = getattr(self.scheduler, "stored_blocks", None)
+        if stored_blocks is not None and self.registry.prefilling(replica):
+            if self.registry.blocks_stored(replica, stored_blocks(replica, events)) and self._waiting:
+                self.pump()  # a prefill ended: calls held for it (the prefill gate) may go
 
     async def on_resync(self, replica: str) -> None:
         self.scheduler.clear_replica(replica)

@@ -219,6 +219,11 @@ class Scheduler:
             return None
         return self.handle.kv_index.apply_batch(replica, seq, events)
 
+    def stored_blocks(self, replica: str, events: Iterable[Any]) -> list[int]:
+        """The block hashes (ours) of the GPU blocks a batch of KV events, already fed,
+        stored on ``replica``: the gateway ends the prefill of calls whose last block is there."""
+        return self.handle.kv_index.stored_blocks(replica, events)
+
     def clear_replica(self, replica: str) -> None:
         """Missed KV events that cannot be replayed: forget what the replica holds."""
         self.handle.kv_index.clear_replica(replica)

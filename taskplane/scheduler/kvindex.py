@@ -56,6 +56,10 @@ class KVIndex:
     def apply_events(self, replica: str, events: Iterable[Any]) -> None:
         self.precise.apply_events(replica, events)
 
+    def stored_blocks(self, replica: str, events: Iterable[Any]) -> list[int]:
+        """Our hashes of the GPU blocks these applied events stored (``PreciseIndex.stored_blocks``)."""
+        return self.precise.stored_blocks(replica, events)
+
     def clear_replica(self, replica: str) -> None:
         self.precise.clear_replica(replica)
 

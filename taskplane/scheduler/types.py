@@ -26,6 +26,9 @@ class ReplicaView:
     num_running: int = 0
     num_waiting: int = 0
     inflight_prefill_tokens: int = 0  # prompt tokens queued/being prefilled (gateway's own count)
+    # of those, tokens of prompts whose prefill has not begun, by the replica's KV events
+    # (what the prefill gate waits for); None: not known, the gate goes by the count above
+    unstarted_prefill_tokens: int | None = None
     inflight_decode_tokens: int = 0  # completion tokens still to generate
     has_kv_events: bool = False
     max_num_seqs: int = 256  # the engine's batch limit (vLLM --max-num-seqs)

@@ -131,3 +131,42 @@ async def test_a_sleeping_replica_answers_health_yet_leaves_placement_until_it_w
             assert _row(registry, "r0").healthy and not registry.replicas["r0"].sleeping
         finally:
             await registry.close()
+
+
+def test_a_stored_last_block_begins_a_leases_prefill_and_only_its_own() -> None:
+    """taskplane's Envoy reports a stream's first token only when the stream is over, so the
+    replica's KV event storing the last prompt block a lease must compute tells the prefill
+    gate that the prompt is no longer waiting for its step; it stays in flight until then."""
+    registry = ReplicaRegistry(_config("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    r0 = registry.replicas["r0"]
+    r0.kv_events_live = True
+    a = registry.acquire(r0, prefill_tokens=120, decode_tokens=30, last_block=111)
+    b = registry.acquire(r0, prefill_tokens=80, decode_tokens=30, last_block=222)
+    same = registry.acquire(r0, prefill_tokens=40, decode_tokens=30, last_block=111)  # the same prompt twice
+    tail = registry.acquire(r0, prefill_tokens=10, decode_tokens=30)  # no full block to compute
+    assert registry.prefilling("r0") and not registry.prefilling("r1")
+    assert registry.blocks_stored("r1", [111]) == 0  # another replica's block: not these leases
+    view = _row(registry, "r0")
+    assert (view.inflight_prefill_tokens, view.unstarted_prefill_tokens) == (250, 240)
+    assert registry.blocks_stored("r0", [5, 111]) == 2
+    view = _row(registry, "r0")
+    assert (view.inflight_prefill_tokens, view.unstarted_prefill_tokens) == (250, 80)  # begun, not done
+    assert registry.blocks_stored("r0", [111]) == 0  # once
+    a.prefilled()
+    assert _row(registry, "r0").inflight_prefill_tokens == 130
+    b.release()  # a lease that ends before its block is reported leaves nothing behind
+    assert not registry.prefilling("r0") and r0.unstarted_prompt_tokens == 0
+    assert registry.blocks_stored("r0", [222]) == 0
+    for lease in (a, same, tail):
+        lease.release()
+    assert (r0.inflight, r0.inflight_prompt_tokens, r0.unstarted_prompt_tokens) == (0, 0, 0)
+
+
+def test_without_kv_events_the_view_does_not_say_what_has_begun() -> None:
+    registry = ReplicaRegistry(_config("http://127.0.0.1:1"))
+    r0 = registry.replicas["r0"]
+    lease = registry.acquire(r0, prefill_tokens=0, decode_tokens=3, last_block=7)
+    assert not registry.prefilling("r0")  # nothing to prefill: nothing to wait for
+    registry.acquire(r0, prefill_tokens=64, decode_tokens=3, last_block=8)
+    assert _row(registry, "r0").unstarted_prefill_tokens is None  # the gate then goes by the in-flight count
+    lease.release()

@@ -200,3 +200,20 @@ def test_without_metrics_the_counters_stay_put() -> None:
     assert idx.match(chain_hashes(toks, BS), ["a"]) == {"a": 4}
     KVIndex().apply_events("a", engine_store_events(toks)[0])
     assert stored_total() > before
+
+
+def test_stored_blocks_names_an_events_blocks_with_our_hashes() -> None:
+    """What the gateway matches a call's last prompt block against (its prefill is done)."""
+    idx = KVIndex()
+    toks = tokens(1, 4)
+    first, eng = engine_store_events(toks[: 2 * BS])
+    idx.apply_events("a", first)
+    child = [stored([111, 222], eng[-1], toks[2 * BS :])]
+    idx.apply_events("a", child)
+    ours = chain_hashes(toks, BS)
+    assert idx.stored_blocks("a", first) == ours[:2]
+    assert idx.stored_blocks("a", child) == ours[2:]
+    assert idx.stored_blocks("b", child) == []  # a replica the index never heard of
+    orphan = [stored([333], 999, tokens(5, 1))]  # its parent was never stored: not indexed
+    idx.apply_events("a", orphan)
+    assert idx.stored_blocks("a", orphan) == []

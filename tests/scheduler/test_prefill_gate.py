@@ -13,7 +13,7 @@ from taskplane.sim.cluster import ClusterSpec, simulate
 from taskplane.sim.results import Outcome
 from taskplane.sim.workloads.base import CallSpec, TaskSpec, Workload
 
-GATE = AdmissionSettings(serial_prefill_min_replicas=1)  # these fleets are small
+GATE = AdmissionSettings(serial_prefill_min_replicas=1, serial_prefill_min_tokens=0)  # small fleets, tiny prompts
 
 
 def pinned(s: object, session: str, convo: list[int]) -> str:
@@ -54,6 +54,42 @@ def test_a_prefill_that_never_clears_holds_its_line_at_most_the_bound() -> None:
     out = s.release(stuck, 4.0)  # held 2 s with the prefill still in flight: dispatched all the same
     assert [(r.call_id, d.action, d.replica) for r, d in out] == [("s1", Action.PLACE, home)]
     assert s.queued == 0
+
+
+def test_a_call_with_little_to_prefill_is_not_held() -> None:
+    """A hold costs the held call a turn of the live control loop: not worth it for a prefill
+    shorter than ``serial_prefill_min_tokens``, which shares the engine's step cheaply."""
+    floor = AdmissionSettings(serial_prefill_min_replicas=1)
+    assert floor.serial_prefill_min_tokens == 128
+    convo = tokens(1, 4)
+    for new_blocks, held in ((1, False), (7, False), (8, True)):  # 16, 112 new tokens: placed; 128: held
+        s = build_policy("taskplane", metrics=False, admission=floor)
+        home = pinned(s, "s", convo)
+        busy = [replica(home, inflight_prefill_tokens=3_000), replica("r1" if home == "r0" else "r0")]
+        nxt = request(convo + tokens(1, new_blocks, start=len(convo)), session_id="s", step=1, call_id="s1", steps_remaining=2)
+        d = s.decide(nxt, busy, 2.0)
+        assert (d.action is Action.QUEUE) is held, (new_blocks, d)
+        if not held:
+            assert d.action is Action.PLACE and d.replica == home
+
+
+def test_where_kv_events_tell_a_begun_prefill_holds_nobody() -> None:
+    """The gateway's view says which prompts the replica has begun (its KV events): the gate
+    waits for the unbegun ones only, and a held call goes once they have begun."""
+    s = build_policy("taskplane", metrics=False, admission=GATE)
+    convo = tokens(1, 4)
+    home = pinned(s, "s", convo)
+    other = "r1" if home == "r0" else "r0"
+    nxt = request(convo + tokens(1, 1, start=len(convo)), session_id="s", step=1, call_id="s1", steps_remaining=2)
+    begun = [replica(home, inflight_prefill_tokens=3_000, unstarted_prefill_tokens=0), replica(other)]
+    assert s.decide(nxt, begun, 2.0).action is Action.PLACE
+    s2 = build_policy("taskplane", metrics=False, admission=GATE)
+    home2 = pinned(s2, "s", convo)
+    other2 = "r1" if home2 == "r0" else "r0"
+    waiting = [replica(home2, inflight_prefill_tokens=3_000, unstarted_prefill_tokens=3_000), replica(other2)]
+    assert s2.decide(nxt, waiting, 2.0).action is Action.QUEUE
+    out = s2.release([replica(home2, inflight_prefill_tokens=3_000, unstarted_prefill_tokens=0), replica(other2)], 2.1)
+    assert [(r.call_id, d.replica) for r, d in out] == [("s1", home2)]
 
 
 def test_a_pool_smaller_than_the_minimum_is_not_gated() -> None:

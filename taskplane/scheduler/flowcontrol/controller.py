@@ -33,7 +33,7 @@ import numpy as np
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.assembly import assemble_from_config
 from taskplane.scheduler.flowcontrol.backlog import below_backlog
-from taskplane.scheduler.flowcontrol.gate import PrefillGate
+from taskplane.scheduler.flowcontrol.gate import PrefillGate, waiting_prefill
 from taskplane.scheduler.flowcontrol.queue import AdmissionQueue
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings, band_rank
 from taskplane.scheduler.flowcontrol.workingset import working_set_on
@@ -190,8 +190,10 @@ class FlowControl:
             return decision
         if len(replicas.pool(decision.model or req.model)) < settings.serial_prefill_min_replicas:
             return decision
+        if req.prompt_tokens - decision.cached_blocks * req.block_size < settings.serial_prefill_min_tokens:
+            return decision  # a short prefill shares the engine's step at little cost
         view = replicas.get(name)
-        if view is None or (view.inflight_prefill_tokens <= 0 and not self._gate.holds(name)):
+        if view is None or (waiting_prefill(view) <= 0 and not self._gate.holds(name)):
             return decision
         self._gate.hold(req, decision, now)
         if self.metrics:
@@ -519,6 +521,10 @@ class FlowControl:
         """Feed one batch of a replica's KV events (``seq``: the ZMQ sequence number)."""
         return self.pipeline.on_kv_events(replica, events, seq)
 
+    def stored_blocks(self, replica: str, events: Iterable[Any]) -> list[int]:
+        """The block hashes (ours) of the GPU blocks a fed batch of KV events stored."""
+        return self.pipeline.stored_blocks(replica, events)
+
     def clear_replica(self, replica: str) -> None:
         """Missed KV events that cannot be replayed: forget what the replica holds."""
         self.pipeline.clear_replica(replica)
@@ -565,3 +571,4 @@ def _reflect(
         inflight_prefill_tokens=r.inflight_prefill_tokens + uncached_tokens,
         inflight_decode_tokens=r.inflight_decode_tokens + req.max_tokens,
     )
+

@@ -16,7 +16,12 @@ third of the later turns near the median, losing 17 ms each (issue 18, seventh p
 The gate holds such calls per replica while the replica has prompt tokens in flight
 (dispatched, not yet prefilled); flow control's ``release`` hands out the head of a
 replica's line once its in-flight prefill is done: the most urgent priority band first,
-then first come first served (a critical call never waits behind batch calls).
+then first come first served (a critical call never waits behind batch calls). Where the
+replica's KV events tell (the gateway, ``ReplicaView.unstarted_prefill_tokens``), "done"
+is "begun": an engine publishes a prompt's blocks as it schedules them, and a prompt that
+arrives while that step runs cannot join it anyway, so the held call goes then, sparing
+it the rest of the step and (on taskplane's Envoy, which reports a first token only when
+the stream ends) the stream.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from dataclasses import dataclass
 
 from taskplane.scheduler.flowcontrol.settings import band_rank
 from taskplane.scheduler.table import ReplicaTable
-from taskplane.scheduler.types import CallRequest, Decision
+from taskplane.scheduler.types import CallRequest, Decision, ReplicaView
+
+
+def waiting_prefill(view: ReplicaView) -> int:
+    """Prompt tokens dispatched to the replica whose prefill has not begun (what the gate
+    waits for): the replica's KV events say, else every prompt not yet prefilled counts."""
+    unstarted = view.unstarted_prefill_tokens
+    return view.inflight_prefill_tokens if unstarted is None else unstarted
 
 
 @dataclass(slots=True)
@@ -70,7 +82,7 @@ class PrefillGate:
                 continue
             row = table.row_of(name)
             overdue = [g for g in line if now_s - g.since_s >= max_hold_s]
-            if row is None or table.views[row].inflight_prefill_tokens <= 0:
+            if row is None or waiting_prefill(table.views[row]) <= 0:
                 head = min(line, key=lambda g: g.order)
                 overdue = [head, *(g for g in overdue if g is not head)]
             for g in overdue:

@@ -290,6 +290,22 @@ class PreciseIndex:
                     KV_EVENTS_CLEARED.inc(n_cleared)
                 KV_BLOCKS_PRECISE.set(len(self.owners))
 
+    def stored_blocks(self, name: str, events: Iterable[Any]) -> list[int]:
+        """Our hashes of the GPU blocks that these events, already applied, stored on
+        replica ``name`` (the engine's own hashes translated; blocks not indexed are left out)."""
+        rep = self._replicas.get(name)
+        if rep is None:
+            return []
+        out: list[int] = []
+        for raw in events:
+            if type(raw) is BlockStored:
+                hashes = raw.block_hashes if stored_indexable(raw) else ()
+            else:
+                ev = normalize_event(raw)
+                hashes = ev.block_hashes if isinstance(ev, Stored) and ev.indexable else ()
+            out.extend(ours for eng in hashes or () if (ours := rep.eng2ours.get(eng)) is not None)
+        return out
+
     def _stored(
         self,
         rep: _PreciseReplica,
