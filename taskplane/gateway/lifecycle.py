@@ -215,8 +215,8 @@ class AttemptLifecycle:
         it: whole prompts of calls already decoding made a busy replica look seconds behind)."""
         block = replica.config.block_size or replica.block_size or call.request.block_size
         hashes = call.request.block_hashes
-        # the replica's KV event for the last prompt block it computes ends the prefill too
-        # (hashes of the engine's own tokens only; a prompt it holds whole has none to compute)
+        # the replica's KV event for the last prompt block it computes says the prefill has
+        # begun (hashes of the engine's own tokens only; a prompt it holds whole has none)
         last_block = hashes[-1] if call.request.tokenized and decision.cached_blocks < len(hashes) else None
         lease = self.registry.acquire(replica, prefill_tokens=call.prompt_tokens - decision.cached_blocks * block,
                                       decode_tokens=call.max_tokens, last_block=last_block)

@@ -204,7 +204,7 @@ class ScheduledPlacer:
         stored_blocks = getattr(self.scheduler, "stored_blocks", None)
         if stored_blocks is not None and self.registry.prefilling(replica):
             if self.registry.blocks_stored(replica, stored_blocks(replica, events)) and self._waiting:
-                self.pump()  # a prefill ended: calls held for it (the prefill gate) may go
+                self.pump()  # a prefill began: calls held for it (the prefill gate) may go
 
     async def on_resync(self, replica: str) -> None:
         self.scheduler.clear_replica(replica)

@@ -221,7 +221,7 @@ class Scheduler:
 
     def stored_blocks(self, replica: str, events: Iterable[Any]) -> list[int]:
         """The block hashes (ours) of the GPU blocks a batch of KV events, already fed,
-        stored on ``replica``: the gateway ends the prefill of calls whose last block is there."""
+        stored on ``replica``: the gateway marks begun the prefill of calls whose last block is there."""
         return self.handle.kv_index.stored_blocks(replica, events)
 
     def clear_replica(self, replica: str) -> None:
