@@ -99,12 +99,15 @@ async def serve(port: int, endpoints: list[str]) -> None:
 _BOOTSTRAPS = {1: "lua-1msg", 2: "lua-2msg", 3: "lua-3msg"}
 
 
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
 def _bare(door: FrontDoor, endpoints: list[str]) -> dict[str, Any]:
-    """Envoy alone (``--messages 0``): the listener, the router and the replicas round robin,
-    no picker, no Lua, no access log: what the proxy itself costs."""
+    """Envoy alone (the ``bare`` plane): the listener, the router and the replicas round
+    robin, no picker, no Lua, no access log: what the proxy itself costs."""
     t = "type.googleapis.com/"
-    hosts = [{"endpoint": {"address": {"socket_address": {"address": e.rsplit(":", 1)[0], "port_value": int(e.rsplit(":", 1)[1])}}}}
-             for e in endpoints]
+    hosts = [{"endpoint": {"address": _address(host, int(port))}} for host, port in (e.rsplit(":", 1) for e in endpoints)]
     hcm = {"@type": t + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
            "stat_prefix": "bare", "codec_type": "AUTO",
            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
@@ -112,9 +115,9 @@ def _bare(door: FrontDoor, endpoints: list[str]) -> dict[str, Any]:
            "http_filters": [{"name": "envoy.filters.http.router",
                              "typed_config": {"@type": t + "envoy.extensions.filters.http.router.v3.Router"}}]}
     big = 1_000_000
-    return {"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": door.admin_port}}},
+    return {"admin": {"address": _address("127.0.0.1", door.admin_port)},
             "static_resources": {
-                "listeners": [{"name": "bare", "address": {"socket_address": {"address": door.host, "port_value": door.port}},
+                "listeners": [{"name": "bare", "address": _address(door.host, door.port),
                                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                                "typed_config": hcm}]}]}],
                 "clusters": [{"name": "replicas", "type": "STATIC", "connect_timeout": "2s", "lb_policy": "ROUND_ROBIN",
@@ -152,8 +155,7 @@ def _spread(config: dict[str, Any], epp_ports: list[int]) -> dict[str, Any]:
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == EPP_CLUSTER:
             cluster["load_assignment"]["endpoints"] = [
-                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
-                                  for p in epp_ports]}]
+                {"lb_endpoints": [{"endpoint": {"address": _address("127.0.0.1", p)}} for p in epp_ports]}]
     return config
 
 

@@ -178,8 +178,7 @@ class Lease:
     or hashes of text, not of the engine's tokens) counts as begun from the start.
     """
 
-    __slots__ = ("_batch_end", "_last_block", "_prefilling", "_unstarted", "batch_start", "decode_tokens",
-                 "prefill_tokens", "replica")
+    __slots__ = ("_batch_end", "_last_block", "_prefilling", "batch_start", "decode_tokens", "prefill_tokens", "replica")
 
     def __init__(self, replica: ReplicaState, *, prefill_tokens: int, decode_tokens: int,
                  last_block: int | None = None) -> None:
@@ -192,8 +191,7 @@ class Lease:
         self.batch_start = replica.inflight  # calls in flight once this one was added
         self._prefilling = True
         self._batch_end: int | None = None
-        self._last_block = last_block if self.prefill_tokens > 0 else None
-        self._unstarted = self._last_block is not None
+        self._last_block = last_block if self.prefill_tokens > 0 else None  # None once begun
         if self._last_block is not None:
             replica.unstarted_prompt_tokens += self.prefill_tokens
             replica.prefilling.setdefault(self._last_block, []).append(self)
@@ -205,16 +203,15 @@ class Lease:
     def started(self) -> None:
         """The replica stored the last prompt block this call must compute: its prefill has
         begun (the prefill gate's signal; the prompt still counts as in flight)."""
-        if not self._unstarted:
+        block, self._last_block = self._last_block, None
+        if block is None:
             return
-        self._unstarted = False
         self.replica.unstarted_prompt_tokens -= self.prefill_tokens
-        assert self._last_block is not None
-        waiting = self.replica.prefilling.get(self._last_block, [])
+        waiting = self.replica.prefilling.get(block, [])
         if self in waiting:
             waiting.remove(self)
         if not waiting:
-            self.replica.prefilling.pop(self._last_block, None)
+            self.replica.prefilling.pop(block, None)
 
     def prefilled(self) -> None:
         """The first token came back: the replica no longer has this call's prompt to compute."""

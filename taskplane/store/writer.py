@@ -317,8 +317,13 @@ class CostWriter:
         future is done once it is fsynced (no task per note: this runs for every attempt)."""
         self._open.add(attempt_key)
         committed = self._enqueue(OPEN, attempt_key, note)
-        committed.add_done_callback(lambda f: self._open.discard(attempt_key) if not f.cancelled() and f.exception() else None)
+        committed.add_done_callback(lambda f: self._unless_noted(attempt_key, f))
         return committed
+
+    def _unless_noted(self, attempt_key: str, committed: asyncio.Future[None]) -> None:
+        """A note that could not be written (disk full?) leaves nothing to keep alive for."""
+        if not committed.cancelled() and committed.exception() is not None:
+            self._open.discard(attempt_key)
 
     def orphaned_attempts(self) -> list[inflight.Orphan]:
         """Attempts the previous process on this outbox left open (it died mid-attempt).

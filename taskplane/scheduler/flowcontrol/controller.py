@@ -571,4 +571,3 @@ def _reflect(
         inflight_prefill_tokens=r.inflight_prefill_tokens + uncached_tokens,
         inflight_decode_tokens=r.inflight_decode_tokens + req.max_tokens,
     )
-
