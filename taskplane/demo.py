@@ -142,3 +142,5 @@ def run_demo(state_dir: Path, *, tasks: int = 24, engine: str = "sim", base_port
     run_report(since=started.isoformat(), until=None, group_by="tenant", fmt="table", out=None, tenant=None,
                database_url=info["database_url"], state_dir=state_dir)
     console.print(f"Temporal UI: {info.get('temporal_ui_url')}  (try the filter: TaskplaneTenant = 'acme')")
+    console.print(f"The stack stays up for the UI and `taskplane report`; stop it with "
+                  f"`taskplane dev down --state-dir {state_dir}`.")
