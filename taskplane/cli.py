@@ -305,9 +305,17 @@ def bench(
     cells: Annotated[int, typer.Option(min=1, help="scale: split fleet and tasks into cells, one scheduler and process each")] = 1,
     host_kv_gb: Annotated[float, typer.Option("--host-kv-gb", help="a host (CPU) KV tier of G GB per replica, vLLM CPU offloading (sim)")] = 0.0,
     remote_kv_gb: Annotated[float, typer.Option("--remote-kv-gb", help="a remote KV store of R GB shared by the fleet (sim)")] = 0.0,
+    matrix: Annotated[bool, typer.Option("--matrix", help="every decision family over held-out variations (seeds, fleet sizes, cold starts, hints, a second trace): one ratio per cell")] = False,
+    matrix_cells: Annotated[str | None, typer.Option("--matrix-cells", help="with --matrix: only the cells whose name contains this text")] = None,
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
+
+    if matrix:
+        from taskplane.bench.matrix import run_matrix
+
+        run_matrix(out, only=matrix_cells)
+        return
 
     run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
               time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,

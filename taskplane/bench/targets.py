@@ -17,7 +17,8 @@ from taskplane.bench.real_workload import WORKLOAD_NAME as REAL_WORKLOAD
 OURS = "taskplane"
 
 
-def _best(policies: dict[str, dict[str, Any]], key: str, lower_is_better: bool) -> tuple[str, float] | None:
+def best_baseline(policies: dict[str, dict[str, Any]], key: str, lower_is_better: bool) -> tuple[str, float] | None:
+    """The best figure any entry but taskplane reached on ``key``: (its name, the figure)."""
     vals = [(name, m[key]) for name, m in policies.items() if name != OURS and m.get(key) is not None]
     if not vals:
         return None
@@ -28,7 +29,7 @@ def _check(
     policies: dict[str, dict[str, Any]], key: str, *, lower_is_better: bool, limit: float, what: str
 ) -> dict[str, Any] | None:
     ours = policies.get(OURS, {}).get(key)
-    best = _best(policies, key, lower_is_better)
+    best = best_baseline(policies, key, lower_is_better)
     if ours is None or best is None:
         return None
     name, value = best
