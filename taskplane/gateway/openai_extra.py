@@ -74,7 +74,8 @@ def prompt_tokens(typed: BaseModel) -> Sequence[int]:
     if isinstance(typed, ChatRequest):
         return chat_token_string(message_dicts(typed))
     if isinstance(typed, CompletionRequest):
-        return token_string(typed.prompt_text)
+        text = typed.prompt_text
+        return token_string(text) if text is not None else typed.prompt_ids or []
     if isinstance(typed, ResponsesRequest):
         return chat_token_string(typed.messages())
     assert isinstance(typed, EmbeddingsRequest)

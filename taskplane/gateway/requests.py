@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -51,18 +51,37 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] = Field(min_length=1)
+    """A completion; the prompt is text or, as OpenAI and vLLM accept, token ids (one prompt)."""
+
+    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] = Field(
+        min_length=1)
 
     @field_validator("prompt")
     @classmethod
-    def _single(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and len(v) != 1:
+    def _single(cls, v: str | list[str] | list[int] | list[list[int]]) -> str | list[str] | list[int] | list[list[int]]:
+        if isinstance(v, list) and v and not isinstance(v[0], int) and len(v) != 1:
             raise ValueError("exactly one prompt per request is supported")
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) and not v[0]:
+            raise ValueError("the prompt's token ids must not be empty")
         return v
 
     @property
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_text(self) -> str | None:
+        """The prompt's text, or None when it came as token ids."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        first = self.prompt[0]
+        return first if isinstance(first, str) else None
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids, or None when it came as text."""
+        p = self.prompt
+        if isinstance(p, str):
+            return None
+        if all(isinstance(t, int) for t in p):
+            return [t for t in p if isinstance(t, int)]
+        return list(p[0]) if isinstance(p[0], list) else None
 
 
 def _explain(exc: ValidationError) -> str:

@@ -34,3 +34,20 @@ def test_a_sessions_steps_and_another_tenants_same_session_id() -> None:
     assert second[: len(first) - 1] == first[:-1] and len(second) > len(first)
     _call(chains, "globex", [{"role": "user", "content": "something else entirely " * 10}])
     assert len(chains._last) == 2  # one memo per (tenant, session)
+
+
+def test_a_completion_prompt_as_token_ids_hashes_like_its_text() -> None:
+    """OpenAI clients (and load generators such as ``vllm bench serve``) send completion
+    prompts as token ids; the same prompt as text or as its byte-level ids lands on the
+    same KV blocks."""
+    text = "You triage tickets. " * 20
+
+    def hashes(prompt: object) -> list[int]:
+        body = json.dumps({"model": "m", "max_tokens": 4, "prompt": prompt}).encode()
+        call = prepare_call(CONFIG, ReplicaRegistry(CONFIG), "completions", body, {}, has_response_cache=False,
+                            chains=SessionChains())
+        return call.request.block_hashes
+
+    by_text = hashes(text)
+    assert by_text and hashes(list(text.encode())) == by_text == hashes([list(text.encode())])
+    assert hashes(list(text.encode())[::-1]) != by_text
