@@ -215,7 +215,7 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
 def bench(*, scenarios: Sequence[str] = SCENARIOS, sessions: int = 72, replicas: int = 3, rounds: int = 2,
           seed: int = 1, rate_per_s: float = 3.0, burst_prompts: int = 300, concurrency: int = 64,
-          console: Console | None = None) -> dict[str, Any]:
+          admission: bool = True, console: Console | None = None) -> dict[str, Any]:
     """Start the replicas, taskplane's gateway and the round-robin Envoy once; run every
     scenario against both targets ``rounds`` times; stop everything; return the figures."""
     console = console or Console(stderr=True)
@@ -228,7 +228,7 @@ def bench(*, scenarios: Sequence[str] = SCENARIOS, sessions: int = 72, replicas:
         trace.write_text("".join(json.dumps(line) + "\n" for line in timed_trace(wl)))
         gen = Generator(tokenizer=write_model_dir(wd / "tokenizer"), workdir=wd)
         cluster = start_cluster(LocalCluster(wd, replicas=replicas, speed=1.0, kv_blocks=4096, model=MODEL,
-                                             config_overrides=gateway_config(sessions)))
+                                             config_overrides=gateway_config(sessions, admission)))
         stack.callback(cluster.stop)
         rr_url = stack.enter_context(round_robin_envoy(wd, cluster.replicas))
         urls = {"round-robin": rr_url, "taskplane": cluster.gateway_url}
@@ -248,7 +248,8 @@ def bench(*, scenarios: Sequence[str] = SCENARIOS, sessions: int = 72, replicas:
                         console.print(f"round {rnd + 1} {scenario} {target}: {run[target]}")
                     results[scenario].append({"runs": run, "ratios": ratios(run)})
     return {"sessions": len(wl.tasks), "calls": wl.num_calls, "replicas": replicas, "rounds": rounds, "seed": seed,
-            "burst_prompts": burst_prompts, "concurrency": concurrency, "generator": "vllm bench serve",
+            "burst_prompts": burst_prompts, "concurrency": concurrency, "admission": admission,
+            "generator": "vllm bench serve",
             "cpu_count": os.cpu_count(), "load_average_1m": [round(x, 2) for x in loads], "scenarios": results}
 
 
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-prompts", type=int, default=300)
     p.add_argument("--concurrency", type=int, default=64, help="the burst's open requests at once")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-admission", action="store_true", help="the gateway without admission control")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = p.parse_args(argv)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -285,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
     res = bench(scenarios=scenarios, sessions=args.sessions, replicas=args.replicas, rounds=args.rounds,
-                seed=args.seed, rate_per_s=args.rate, burst_prompts=args.burst_prompts, concurrency=args.concurrency)
+                seed=args.seed, rate_per_s=args.rate, burst_prompts=args.burst_prompts, concurrency=args.concurrency,
+                admission=not args.no_admission)
     Console(width=200).print(render_table(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
