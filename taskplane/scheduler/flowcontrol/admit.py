@@ -117,7 +117,7 @@ class Admission:
         max_hold_s = math.inf
         backlog = self.flow.backlog
         if backlog is not None and backlog.on:
-            free, n_free, max_hold_s = backlog.bind(state, free, n_free, queued=False)
+            free, n_free, max_hold_s = backlog.late_bind(state, free, n_free, queued=False)
         if n_free and not queue.has_at_or_above(band):
             state.narrow(free, n_free)
             return None
@@ -267,7 +267,7 @@ class Admission:
                 n_free = int(np.count_nonzero(free))
                 found_room = room_queue and room is not None
             if backlog is not None and backlog.on:
-                free, n_free, _ = backlog.bind(state, free, n_free, queued=True, held_s=held_s,
+                free, n_free, _ = backlog.late_bind(state, free, n_free, queued=True, held_s=held_s,
                                                max_hold_s=head.max_hold_s)
             if not n_free:
                 break  # the head of the line waits for capacity

@@ -51,7 +51,7 @@ class PrefillBacklog(FlowPlugin):
     def on(self) -> bool:
         return self.params.max_prefill_backlog_ms is not None
 
-    def bind(self, state: CycleState, free: np.ndarray, n_free: int, *, queued: bool,
+    def late_bind(self, state: CycleState, free: np.ndarray, n_free: int, *, queued: bool,
              held_s: float = 0.0, max_hold_s: float = math.inf) -> tuple[np.ndarray, int, float]:
         """``free`` (a mask over the candidates) less the replicas past the backlog, with
         how long the call may be held for it (inf: no cap).
