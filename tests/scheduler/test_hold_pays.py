@@ -17,7 +17,8 @@ from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
 BS = 16
-FIXED = AdmissionSettings(hold_pays=False, working_set_short_queue_ms=None)
+FIXED = AdmissionSettings(hold_pays=False, working_set_short_queue_ms=None)  # the default
+PAYS = AdmissionSettings(hold_pays=True, working_set_short_queue_ms=500.0)
 
 
 def _view(name: str = "r0", *, running: int = 0, waiting: int = 0, inflight: int = 0) -> ReplicaView:
@@ -44,16 +45,16 @@ def _second_task(settings: AdmissionSettings | None, fleet: list[ReplicaView]) -
 def test_a_first_call_is_not_held_for_room_while_the_fleet_queues_are_short() -> None:
     # the live symptom: an idle fleet, a session's first call held for working-set room
     assert _second_task(FIXED, [_view()])[1] is Action.QUEUE
-    assert _second_task(None, [_view()])[1] is Action.PLACE
+    assert _second_task(PAYS, [_view()])[1] is Action.PLACE
     # short means no engine queue and little queued prefill: 200 ms of it is still short
-    assert _second_task(None, [_view(inflight=2400)])[1] is Action.PLACE
+    assert _second_task(PAYS, [_view(inflight=2400)])[1] is Action.PLACE
 
 
 def test_a_room_hold_lasts_no_longer_than_the_slowdown_it_spares() -> None:
     # 30 calls share r0 and one waits: admitting B pushes 800 pinned tokens (~67 ms of
     # prefill at the H100 prior) out, which costs the 31 of them ~2.1 s in all
     busy = [_view(running=30, waiting=1)]
-    sched, action = _second_task(None, busy)
+    sched, action = _second_task(PAYS, busy)
     assert action is Action.QUEUE  # its expected wait (~0.05 s) is well below that
     assert sched.release(busy, 2.5) == []  # held 1 s: within the cap
     out = sched.release(busy, 3.7)  # held 2.2 s: admitted past the rule
@@ -67,7 +68,7 @@ def test_a_first_call_whose_wait_exceeds_what_the_hold_spares_is_admitted() -> N
     # one waiting call and nothing running: the eviction costs ~67 ms, the wait ~1 s
     one = [_view(waiting=1)]
     assert _second_task(FIXED, one)[1] is Action.QUEUE
-    assert _second_task(None, one)[1] is Action.PLACE
+    assert _second_task(PAYS, one)[1] is Action.PLACE
 
 
 DEEP = 24_000  # ~2 s of queued prefill at the H100 prior
@@ -77,12 +78,12 @@ def test_late_binding_holds_only_what_pays_and_no_longer() -> None:
     deep = [replica("r0", inflight_prefill_tokens=DEEP), replica("r1", inflight_prefill_tokens=DEEP)]
     small = request(call_id="small")  # 64 tokens: ~5 ms of prefill, against a ~1 s wait
     assert build_policy("taskplane", metrics=False, admission=FIXED).decide(small, deep, 0.0).action is Action.QUEUE
-    assert build_policy("taskplane", metrics=False).decide(small, deep, 0.0).action is Action.PLACE
+    assert build_policy("taskplane", metrics=False, admission=PAYS).decide(small, deep, 0.0).action is Action.PLACE
     # 4,096 tokens next to 30 running calls each: ~10 s of slowdown against a ~1 s wait
     crowded = [replica("r0", inflight_prefill_tokens=DEEP, num_running=30),
                replica("r1", inflight_prefill_tokens=DEEP, num_running=30)]
     big = request(tokens(3, 256), call_id="big")
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=PAYS)
     assert s.decide(big, crowded, 0.0).action is Action.QUEUE
     assert s.release(crowded, 5.0) == []  # the backlog has not drained: still held
     out = s.release(crowded, 10.5)  # past ~10.2 s: placed although no replica drained

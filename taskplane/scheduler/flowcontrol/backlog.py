@@ -40,7 +40,7 @@ class PrefillBacklog(FlowPlugin):
             1000.0, "a call is not dispatched to a replica with more queued prefill than this (ms, by the "
             "latency model); null: off")
         pays: bool = param(
-            True, "hold only while the expected wait is below the slowdown the call's prefill would cause "
+            False, "hold only while the expected wait is below the slowdown the call's prefill would cause "
             "the calls sharing the replica now, and never longer (false: hold until a replica drains)")
 
         def validate(self) -> None:

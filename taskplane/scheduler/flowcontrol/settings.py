@@ -109,10 +109,10 @@ class AdmissionSettings:
     # Holds must pay (flowcontrol/holdcost.py): working-set room and late binding hold a
     # call only while its expected wait is below the slowdown its admission would cause the
     # others, and never longer. False: the fixed holds above, whatever they cost.
-    hold_pays: bool = True
+    hold_pays: bool = False  # opt-in: on by default it cost the 1.3x agent mix (docs/benchmarks/flowcontrol.md)
     # A task's first call is not held for working-set room while some replica that can take
     # it has no engine-queued call and at most this much queued prefill (ms). None: off.
-    working_set_short_queue_ms: float | None = 500.0
+    working_set_short_queue_ms: float | None = None  # opt-in (500 ms was measured)
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))

@@ -61,10 +61,10 @@ class WorkingSetRoom(FlowPlugin):
         host_share: float = param(
             0.0, "what a host-tier (CPU) KV block counts for in room against a GPU block (0: GPU room only)")
         short_queue_ms: float | None = param(
-            500.0, "queues are short when a replica that can take the call has no engine-queued call and at "
+            None, "queues are short when a replica that can take the call has no engine-queued call and at "
             "most this much queued prefill (ms, by the latency model): a first call is then not held; null: off")
         pays: bool = param(
-            True, "hold only while the expected wait is below the slowdown admission would cause the others, "
+            False, "hold only while the expected wait is below the slowdown admission would cause the others, "
             "and never longer (false: hold up to hold_s whatever it costs)")
 
         def validate(self) -> None:
