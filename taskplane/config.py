@@ -168,6 +168,11 @@ class SchedulerConfig(_Strict):
     scorers: list[PluginConfig] | None = Field(default=None, description="override the preset's scorers")
     seed: int = Field(default=0, description="tie-break seed of the picker")
     admission: bool = Field(default=True, description="priority admission queue and shedding")
+    flow_control: list[PluginConfig] | None = Field(
+        default=None,
+        description="replace the preset's flow-control plugins role by role (ordering, fairness, shedding, "
+        "working-set room, late binding, prefill gate); see docs/scheduler.md",
+    )
     response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")
 
 

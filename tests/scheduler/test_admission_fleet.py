@@ -60,8 +60,13 @@ def _task_call(task: str, tokens: int = 900) -> CallRequest:
                        step=0, steps_remaining=2, call_id=f"{task}:0", block_size=BS, agent="a")
 
 
+#: the working-set rule as a fixed hold (no pricing of the hold, no short-queue exemption):
+#: what the hold itself does; when it is worth doing: test_hold_pays.py
+FIXED = AdmissionSettings(hold_pays=False, working_set_short_queue_ms=None)
+
+
 def test_a_new_task_without_room_is_held_then_placed_when_room_frees() -> None:
-    sched = build_policy("taskplane", seed=1, metrics=False)
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=FIXED)
     fleet = [_view("r0"), _view("r1")]
     for t in ("A", "B"):  # one 1,000-token task per 1,600-token replica fills 75 %
         d = sched.decide(_task_call(t), fleet, 0.0)
@@ -80,7 +85,7 @@ def test_a_new_task_without_room_is_held_then_placed_when_room_frees() -> None:
 
 
 def test_a_held_new_task_is_refused_once_its_hold_runs_out() -> None:
-    sched = build_policy("taskplane", seed=1, metrics=False)
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=FIXED)
     fleet = [_view("r0")]
     d = sched.decide(_task_call("A"), fleet, 0.0)
     sched.observe_completion(_task_call("A"), CallOutcome(replica=d.replica or "", completion_tokens=100), 1.0)
@@ -90,7 +95,8 @@ def test_a_held_new_task_is_refused_once_its_hold_runs_out() -> None:
     out = sched.release(fleet, 1.0 + hold + 0.1)
     assert [(r.task_id, d.action, d.retry_after_s) for r, d in out] == [("B", Action.SHED, 30.0)]
     # with no hold, the refusal is immediate (as before)
-    now = build_policy("taskplane", seed=1, metrics=False, admission=AdmissionSettings(working_set_hold_s=0))
+    now = build_policy("taskplane", seed=1, metrics=False,
+                       admission=AdmissionSettings(working_set_hold_s=0, working_set_short_queue_ms=None))
     d = now.decide(_task_call("A"), fleet, 0.0)
     now.observe_completion(_task_call("A"), CallOutcome(replica=d.replica or "", completion_tokens=100), 1.0)
     assert now.decide(_task_call("B"), fleet, 1.0).action == Action.SHED

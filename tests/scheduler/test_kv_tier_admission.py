@@ -26,7 +26,8 @@ def _first(task: str, tokens: int = 900) -> CallRequest:
 def _second_task_after_one_in_flight(share: float, host: int) -> Action:
     """Task A's context fills 1,000 of the replica's 1,600 GPU tokens; what happens to B?"""
     sched = build_policy("taskplane", seed=1, metrics=False,
-                         admission=AdmissionSettings(working_set_host_share=share))
+                         admission=AdmissionSettings(working_set_host_share=share, hold_pays=False,
+                                                     working_set_short_queue_ms=None))
     fleet = [_view("r0", host=host)]
     d = sched.decide(_first("A"), fleet, 0.0)
     assert d.action == Action.PLACE

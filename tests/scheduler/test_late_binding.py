@@ -22,7 +22,7 @@ def deep(name: str, **kw: object) -> ReplicaView:
 
 
 def test_the_backlog_is_the_latency_models_queue_without_cold_start() -> None:
-    pipe = build_policy("taskplane", metrics=False).pipeline
+    pipe = build_policy("taskplane", metrics=False, admission=FIXED).pipeline
     table = as_table([deep("r0"), deep("r1", model_loaded=False), replica("r2")])
     ms = queued_prefill_ms(pipe.state(request(), table, pipe.pool(table, "m", ()), 0.0, "m"))
     assert 1500 < ms[0] < 2500  # 24k tokens at ~12k tokens/s
@@ -30,30 +30,33 @@ def test_the_backlog_is_the_latency_models_queue_without_cold_start() -> None:
     assert ms[2] == 0.0
 
 
-NO_GATE = AdmissionSettings(serial_prefill=False)  # late binding alone (the prefill gate: test_prefill_gate.py)
+# late binding alone (the prefill gate: test_prefill_gate.py), as a fixed hold: these tests
+# show what the hold does; when it pays (a small call on deep queues does not): test_hold_pays.py
+NO_GATE = AdmissionSettings(serial_prefill=False, hold_pays=False, working_set_short_queue_ms=None)
+FIXED = AdmissionSettings(hold_pays=False, working_set_short_queue_ms=None)
 
 
 def test_held_while_every_replica_is_past_the_backlog_and_placed_when_off() -> None:
-    on = build_policy("taskplane", metrics=False)
+    on = build_policy("taskplane", metrics=False, admission=FIXED)
     assert AdmissionSettings().max_prefill_backlog_ms == 1000.0
     pool = [deep("r0"), deep("r1")]
     d = on.decide(request(call_id="c"), pool, 0.0)
     assert d.action is Action.QUEUE
     assert on.queued == 1
     off = build_scheduler(policy="taskplane", metrics=False,
-                          admission=AdmissionSettings(max_prefill_backlog_ms=None, serial_prefill=False))
+                          admission=AdmissionSettings(max_prefill_backlog_ms=None, serial_prefill=False, hold_pays=False))
     assert off.decide(request(call_id="c"), pool, 0.0).action is Action.PLACE
     # one replica below the threshold: placed at once (on it: the other's queue is longer)
     mixed = [deep("r0"), replica("r1")]
     d = on.decide(request(call_id="c2", budget_ms=None), mixed, 0.0)
     assert d.action is Action.QUEUE  # behind the held call of its band: no overtaking
-    fresh = build_policy("taskplane", metrics=False)
+    fresh = build_policy("taskplane", metrics=False, admission=FIXED)
     d = fresh.decide(request(call_id="c3"), mixed, 0.0)
     assert d.action is Action.PLACE and d.replica == "r1"
 
 
 def test_released_to_the_first_replica_that_drains_below() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=FIXED)
     held = [request(tokens(i, 4), call_id=f"h{i}") for i in range(3)]
     for r in held:
         assert s.decide(r, [deep("r0"), deep("r1")], 0.0).action is Action.QUEUE
@@ -68,7 +71,7 @@ def test_released_to_the_first_replica_that_drains_below() -> None:
 def test_a_release_pass_counts_the_prefill_it_commits() -> None:
     """Calls released in one pass add their own prefill: a replica that drained a little takes
     only what keeps it near the threshold; the rest wait for the next drain."""
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=FIXED)
     big = [request(tokens(i, 400), call_id=f"b{i}") for i in range(3)]  # 6,400 tokens: ~530 ms each
     for r in big:
         assert s.decide(r, [deep("r0")], 0.0).action is Action.QUEUE
@@ -80,7 +83,7 @@ def test_a_release_pass_counts_the_prefill_it_commits() -> None:
 
 
 def test_a_held_call_whose_deadline_cannot_be_met_is_refused_not_held() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=FIXED)
     r = request(call_id="due", budget_ms=5_000)
     assert s.decide(r, [deep("r0"), deep("r1")], 0.0).action is Action.QUEUE
     assert s.release([deep("r0"), deep("r1")], 2.0) == []
@@ -91,7 +94,7 @@ def test_a_held_call_whose_deadline_cannot_be_met_is_refused_not_held() -> None:
 
 
 def test_no_starvation_across_tenants_and_bands() -> None:
-    s = build_policy("taskplane", metrics=False)
+    s = build_policy("taskplane", metrics=False, admission=FIXED)
     pool = [deep("r0"), deep("r1")]
     calls = [request(tokens(i, 4), call_id=f"{t}{i}", tenant=t) for i in range(3) for t in ("a", "b")]
     calls.append(request(tokens(50, 4), call_id="batch", priority="batch"))

@@ -14,8 +14,8 @@ from taskplane.scheduler import filters as _filters  # noqa: F401  (registers th
 from taskplane.scheduler import pickers as _pickers  # noqa: F401
 from taskplane.scheduler import scorers as _scorers  # noqa: F401
 from taskplane.scheduler.core import Scheduler
+from taskplane.scheduler.flowcontrol.flowset import flow_from_settings
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
-from taskplane.scheduler.flowcontrol.workingset import admission_load
 from taskplane.scheduler.framework.plugin import Filter, Kind, Picker, Scorer
 from taskplane.scheduler.framework.registry import REGISTRY
 from taskplane.scheduler.kv.lifetimes import LifetimePlanner
@@ -39,9 +39,11 @@ def assemble(
     pools: Iterable[Any] | None = None,
     name: str | None = None,
     metrics: bool = True,
+    flow_control: Iterable[Any] | None = None,
 ) -> dict[str, Any]:
-    """A preset's pipeline (with optional plugin overrides) and the flow-control settings
-    around it, as the keyword arguments of ``FlowControl``."""
+    """A preset's pipeline (with optional plugin overrides) and the flow-control plugins
+    around it (the preset's, each of ``flow_control`` replacing the plugin of its role), as
+    the keyword arguments of ``FlowControl``."""
     preset = PRESETS.get(policy)
     if preset is None:
         raise ConfigError(
@@ -57,6 +59,7 @@ def assemble(
         settings = AdmissionSettings() if preset.admission else None
     else:
         settings = AdmissionSettings() if (admission and preset.admission) else None
+    flow = flow_from_settings(settings, flow_control, policy=label)
     pipeline = Scheduler(
         name=label,
         filters=built_filters,
@@ -64,7 +67,7 @@ def assemble(
         picker=built_picker,
         seed=seed,
         tenants=tenants,
-        load=admission_load(settings),
+        load=flow.load() if flow is not None else None,
         sticky=preset.sticky,
         metrics=metrics,
         lifetimes=LifetimePlanner() if preset.kv_lifetimes else None,
@@ -72,7 +75,7 @@ def assemble(
     fallbacks = {p.model: p.fallback for p in (pools or ()) if getattr(p, "fallback", None)}
     return {
         "pipeline": pipeline,
-        "admission": settings,
+        "flow": flow,
         "fallbacks": fallbacks,
         "response_cache_entries": response_cache_entries,
     }
@@ -91,7 +94,8 @@ def assemble_from_config(
 
     ``admission: true`` keeps a preset's admission control (only "taskplane" has it);
     ``false`` turns it off. Baseline presets never gain admission control, so they stay
-    faithful to the systems they reproduce.
+    faithful to the systems they reproduce. ``flow_control`` replaces the preset's
+    flow-control plugins role by role (ignored without admission control).
     """
     if isinstance(config, Mapping):
         try:
@@ -110,4 +114,5 @@ def assemble_from_config(
         pools=pools,
         name=name,
         metrics=metrics,
+        flow_control=getattr(config, "flow_control", None),
     )

@@ -1,4 +1,4 @@
-"""One prefill at a time on a session's replica (``AdmissionSettings.serial_prefill``).
+"""One prefill at a time on a session's replica (``prefill-gate``).
 
 An engine step takes every waiting prompt its token budget fits (vLLM's chunked prefill,
 the simulated engine alike), and each of them gets its first token only when the shared
@@ -28,9 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taskplane.scheduler.flowcontrol.settings import band_rank
+from taskplane.scheduler.flowcontrol.base import FlowPlugin
+from taskplane.scheduler.framework.plugin import param
+from taskplane.scheduler.framework.registry import register
 from taskplane.scheduler.table import ReplicaTable
-from taskplane.scheduler.types import CallRequest, Decision, ReplicaView
+from taskplane.scheduler.types import CallRequest, Decision, Priority, ReplicaView
+
+band_rank = Priority.rank_of
 
 
 def waiting_prefill(view: ReplicaView) -> int:
@@ -109,3 +113,39 @@ class PrefillGate:
                 bands = out.setdefault(g.call.model, {})
                 bands[g.call.priority] = bands.get(g.call.priority, 0) + 1
         return out
+
+
+@register("prefill-gate")
+class PrefillGatePlugin(FlowPlugin):
+    """Hold a placement on a replica with prompt tokens in flight until that prefill is
+    done, so two prompts never share one engine step's wait for their first tokens."""
+
+    role = "gate"
+
+    @dataclass(slots=True)
+    class Params:
+        enabled: bool = param(True, "false: a placement is dispatched at once")
+        min_replicas: int = param(
+            8, "only in pools of at least this many replicas (smaller pools measured worse with the gate)")
+        max_hold_ms: float = param(
+            2000.0, "the longest a call is held: a replica whose prefill never clears holds no line for ever")
+        min_tokens: int = param(
+            128, "only a call with at least this many prompt tokens to compute (shorter prefills share a step "
+            "at less cost than one turn of the control loop)")
+
+    def __init__(self, params: Params, **kw: object) -> None:
+        super().__init__(params, **kw)  # type: ignore[arg-type]
+        self.gate = PrefillGate()
+
+    def applies(self, pool_size: int) -> bool:
+        return self.params.enabled and pool_size >= self.params.min_replicas
+
+    def holds_call(self, req: CallRequest, decision: Decision, view: ReplicaView | None, pool_size: int) -> bool:
+        """Should this placement wait in its replica's line? (then it is held)"""
+        if decision.replica is None or not self.applies(pool_size):
+            return False
+        if req.prompt_tokens - decision.cached_blocks * req.block_size < self.params.min_tokens:
+            return False
+        if view is None or (waiting_prefill(view) <= 0 and not self.gate.holds(decision.replica)):
+            return False
+        return True

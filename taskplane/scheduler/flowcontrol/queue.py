@@ -45,6 +45,9 @@ class QueuedCall:
     cost: float  # fair-share units
     service_s: float  # best predicted service time on an idle replica
     live: bool = True
+    # how long a hold may last before the call is admitted past the rule that held it
+    # (the slowdown the hold spares the others: flowcontrol/holdcost.py); inf: no cap
+    max_hold_s: float = math.inf
 
     @property
     def key(self) -> tuple[float, float, int]:
@@ -68,8 +71,10 @@ class AdmissionQueue:
         *,
         weight_of: Callable[[str], float] | Mapping[str, float] | None = None,
         fair_unit: str = "tokens",
+        edf: bool = True,
     ) -> None:
         self.pool = pool
+        self.edf = edf
         if weight_of is None:
             self._weight: Callable[[str], float] = lambda _t: 1.0
         elif isinstance(weight_of, Mapping):
@@ -109,7 +114,7 @@ class AdmissionQueue:
         heap = b.heaps.get(call.tenant)
         if heap is None:
             heap = b.heaps[call.tenant] = []
-        heapq.heappush(heap, (deadline, -entry.value, entry.seq, entry))
+        heapq.heappush(heap, (deadline if self.edf else math.inf, -entry.value, entry.seq, entry))
         b.size += 1
         self._entries[id(call)] = entry
         return entry

@@ -1,9 +1,16 @@
-"""How admission control behaves, and the priority cap a tenant's calls are held to."""
+"""Flow control's settings as one flat record (the Python API the benches and tests use),
+and the priority cap a tenant's calls are held to.
+
+Each field is a parameter of one flow-control plugin (:data:`FIELDS` says which);
+``plugin_specs`` turns the record into the plugins' specs and ``from_plugins`` reads it
+back, so a YAML ``scheduler.flow_control`` list and this record configure the same thing."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from taskplane.scheduler.types import Priority
 
@@ -99,6 +106,60 @@ class AdmissionSettings:
     # latency model's prediction: live, a prediction calibrated on a slow first call held
     # 70-token calls.
     serial_prefill_min_tokens: int = 128
+    # Holds must pay (flowcontrol/holdcost.py): working-set room and late binding hold a
+    # call only while its expected wait is below the slowdown its admission would cause the
+    # others, and never longer. False: the fixed holds above, whatever they cost.
+    hold_pays: bool = False  # opt-in: on by default it cost the 1.3x agent mix (docs/benchmarks/flowcontrol.md)
+    # A task's first call is not held for working-set room while some replica that can take
+    # it has no engine-queued call and at most this much queued prefill (ms). None: off.
+    working_set_short_queue_ms: float | None = None  # opt-in (500 ms was measured)
 
     def retry_after(self, wait_s: float) -> float:
         return float(min(max(math.ceil(wait_s), self.min_retry_after_s), self.max_retry_after_s))
+
+    def plugin_specs(self) -> list[dict[str, Any]]:
+        """The flow-control plugins these settings configure, as registry specs."""
+        params: dict[str, dict[str, Any]] = {t: {} for t in PLUGIN_TYPES}
+        for name, (type_name, key) in FIELDS.items():
+            value = getattr(self, name)
+            params[type_name][key] = value
+        params["prefill-backlog"]["pays"] = self.hold_pays
+        return [{"type": t, "params": params[t]} for t in PLUGIN_TYPES]
+
+    @classmethod
+    def from_plugins(cls, plugins: Iterable[Any]) -> AdmissionSettings:
+        """The flat record of built flow-control plugins (``type_name`` and ``params``)."""
+        out = cls()
+        by_type = {p.type_name: p for p in plugins}
+        for name, (type_name, key) in FIELDS.items():
+            plugin = by_type.get(type_name)
+            if plugin is not None:
+                value = getattr(plugin.params, key)
+                setattr(out, name, tuple(value) if name == "shed_bands" else value)
+        return out
+
+
+#: the flow-control plugin types, in the order flow control applies them
+PLUGIN_TYPES = ("priority-edf", "weighted-fair-share", "shed", "working-set-room", "prefill-backlog", "prefill-gate")
+
+#: each ``AdmissionSettings`` field: (plugin type, parameter)
+FIELDS: dict[str, tuple[str, str]] = {
+    "max_waiting_per_replica": ("shed", "max_waiting_per_replica"),
+    "max_queue": ("shed", "max_queue"),
+    "shed_bands": ("shed", "shed_bands"),
+    "min_retry_after_s": ("shed", "min_retry_after_s"),
+    "max_retry_after_s": ("shed", "max_retry_after_s"),
+    "fair_unit": ("weighted-fair-share", "fair_unit"),
+    "working_set_limits": ("working-set-room", "limits"),
+    "working_set_retry_after_s": ("working-set-room", "retry_after_s"),
+    "working_set_hold_s": ("working-set-room", "hold_s"),
+    "working_set_min_budget_retries": ("working-set-room", "min_budget_retries"),
+    "working_set_host_share": ("working-set-room", "host_share"),
+    "working_set_short_queue_ms": ("working-set-room", "short_queue_ms"),
+    "hold_pays": ("working-set-room", "pays"),
+    "max_prefill_backlog_ms": ("prefill-backlog", "max_prefill_backlog_ms"),
+    "serial_prefill": ("prefill-gate", "enabled"),
+    "serial_prefill_min_replicas": ("prefill-gate", "min_replicas"),
+    "serial_prefill_max_hold_ms": ("prefill-gate", "max_hold_ms"),
+    "serial_prefill_min_tokens": ("prefill-gate", "min_tokens"),
+}

@@ -1,57 +1,142 @@
-"""KV working-set admission: how flow control tells the pipeline's per-decision state which
-replicas are saturated (see ``AdmissionSettings.working_set_limits``).
+"""KV working-set room (``working-set-room``): a task's first call is admitted on a replica
+only while the contexts of the sessions pinned there, plus the blocks it would allocate
+there, fit in its priority band's share of the KV cache. Without it, new tasks evict the
+contexts of tasks paused on a tool call and every later step re-prefills its whole context.
 
-A task's first call is admitted on a replica only while the contexts of the sessions
-pinned there, plus the blocks it would allocate there, fit in its priority band's share of
-the KV cache; the state computes that room from the session view, with the limit this rule
-gives. A replica's host (CPU) KV tier can count too, at ``working_set_host_share`` of a GPU
-block (a session parked there during a tool gap is reloaded, not recomputed; 0 by default,
-as measured). A call without a task or session (a plain OpenAI client) is never held for
-room: it has no later steps whose context a refusal would protect.
+The rule holds a first call only where holding pays (flowcontrol/holdcost.py): never while
+the fleet's queues are short (a replica that can take it has no engine queue and little
+queued prefill, so any re-prefill is absorbed), never when its expected wait for room is
+at least the slowdown its admission would cause the others (the pinned context it would
+push out, priced at the replica's prefill rate, times the calls sharing that replica), and
+never longer than that slowdown: past it the call is admitted where capacity allows. The
+expected wait is learned online (the waits of the calls room was found for), and before
+any the queue-drain estimate. A hold that reaches ``hold_s`` with the slowdown still
+larger refuses the call (it has spent nothing) with ``retry_after_s``.
+
+A call without a task or session (a plain OpenAI client) is never held for room: it has no
+later steps whose context a refusal would protect.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
-from taskplane.scheduler.framework.handle import Load
+import numpy as np
+
+from taskplane.scheduler.flowcontrol.base import FlowPlugin
+from taskplane.scheduler.flowcontrol.holdcost import queues_short, slowdown_ms
+from taskplane.scheduler.framework.normalise import any_true
+from taskplane.scheduler.framework.plugin import param
+from taskplane.scheduler.framework.registry import register
+from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.types import CallRequest
 
 
-class WorkingSetLimit:
-    """The share of a replica's KV cache a task's first call may fill with pinned
-    contexts, or None when working-set admission does not apply to the call."""
+class Room(enum.Enum):
+    ADMIT = "admit"  # place over the replicas with capacity, room aside
+    HOLD = "hold"
+    REFUSE = "refuse"
 
-    def __init__(self, settings: AdmissionSettings) -> None:
-        self.settings = settings
 
-    def __call__(self, request: CallRequest, starts_task: Callable[[], bool]) -> float | None:
+@register("working-set-room")
+class WorkingSetRoom(FlowPlugin):
+    """Hold a task's first call while no replica has KV room for its context next to the
+    sessions in flight, where and as long as the hold pays."""
+
+    role = "room"
+
+    @dataclass(slots=True)
+    class Params:
+        limits: dict[str, float] = param(  # noqa: RUF009 (param copies a mutable default per instance)
+            {"interactive": 0.8, "standard": 0.75, "batch": 0.7},
+            "per priority band, the share of a replica's KV cache the pinned contexts plus the new task's may "
+            "fill (a band not listed is never held); empty: the rule is off")
+        retry_after_s: float = param(30.0, "Retry-After of a first call refused for room")
+        hold_s: float = param(30.0, "the longest a first call is held for room before it is refused; 0: refuse at once")
+        min_budget_retries: float = param(
+            2.0, "a task whose deadline budget is shorter than this many Retry-Afters is never held or refused "
+            "for room (the wait alone would cost it its deadline)")
+        host_share: float = param(
+            0.0, "what a host-tier (CPU) KV block counts for in room against a GPU block (0: GPU room only)")
+        short_queue_ms: float | None = param(
+            None, "queues are short when a replica that can take the call has no engine-queued call and at "
+            "most this much queued prefill (ms, by the latency model): a first call is then not held; null: off")
+        pays: bool = param(
+            False, "hold only while the expected wait is below the slowdown admission would cause the others, "
+            "and never longer (false: hold up to hold_s whatever it costs)")
+
+        def validate(self) -> None:
+            for band, share in self.limits.items():
+                if not 0.0 < float(share) <= 1.0:
+                    raise ValueError(f"limits[{band!r}] must be in (0, 1], got {share}")
+            if self.hold_s < 0 or self.retry_after_s <= 0 or self.host_share < 0:
+                raise ValueError("hold_s >= 0, retry_after_s > 0 and host_share >= 0 are required")
+
+    def __init__(self, params: Params, **kw: object) -> None:
+        super().__init__(params, **kw)  # type: ignore[arg-type]
+        self._wait_s = 0.0  # EWMA of the waits of held calls that room was found for
+        self._waits = 0
+
+    @property
+    def on(self) -> bool:
+        return bool(self.params.limits)
+
+    def limit(self, request: CallRequest, starts_task: Callable[[], bool]) -> float | None:
+        """The room share for ``request`` (the pipeline's ``Load.room_limit``), or None when
+        the rule does not apply to it."""
+        p = self.params
         if request.session_id is None and request.task_id is None:
-            return None  # a plain client: no session whose later steps a refusal would protect
+            return None
         if not starts_task():
             return None
-        settings = self.settings
         budget = request.budget_ms
-        if budget is not None and budget < (
-            settings.working_set_min_budget_retries * settings.working_set_retry_after_s * 1000.0
-        ):
-            return None  # too short a budget to wait out a refusal
-        return settings.working_set_limits.get(request.priority)
+        if budget is not None and budget < p.min_budget_retries * p.retry_after_s * 1000.0:
+            return None
+        return p.limits.get(request.priority)
+
+    def blocks(self, state: CycleState) -> bool:
+        """Does the rule keep the call off every candidate?"""
+        room = state.room
+        return room is not None and not any_true(state.c(room))
+
+    def judge(self, state: CycleState, drain_wait_s: float, held_s: float = 0.0) -> tuple[Room, float]:
+        """For a call :meth:`blocks` keeps off: admit it past the rule, hold it (and for how
+        long at most), or refuse it. ``drain_wait_s``: the queue-drain estimate of its wait."""
+        p = self.params
+        if p.hold_s <= 0:
+            return Room.REFUSE, 0.0
+        free = ~state.c(state.busy)
+        if not p.pays or not any_true(free):
+            return (Room.REFUSE, 0.0) if held_s >= p.hold_s else (Room.HOLD, p.hold_s)
+        if queues_short(state, free, p.short_queue_ms):
+            return Room.ADMIT, 0.0
+        overflow = state.room_overflow
+        assert overflow is not None
+        spared_s = float(state.c(slowdown_ms(state, overflow))[free].min()) / 1000.0
+        wait_s = self._wait_s if self._waits else drain_wait_s
+        if held_s == 0.0 and wait_s >= spared_s:
+            return Room.ADMIT, 0.0
+        if held_s >= min(spared_s, p.hold_s):
+            return (Room.ADMIT, 0.0) if spared_s < p.hold_s else (Room.REFUSE, 0.0)
+        return Room.HOLD, min(spared_s, p.hold_s)
+
+    def observe_wait(self, held_s: float) -> None:
+        """A held first call found room after ``held_s``."""
+        self._waits += 1
+        a = 1.0 / min(self._waits, 20)
+        self._wait_s += a * (held_s - self._wait_s)
+
+    @staticmethod
+    def admit_past(state: CycleState) -> tuple[np.ndarray, int]:
+        """The candidates with capacity, the room rule aside."""
+        free = ~state.c(state.busy)
+        return free, int(np.count_nonzero(free))
 
 
-def admission_load(settings: AdmissionSettings | None) -> Load:
-    """The saturation rule of a pipeline composed by flow control with ``settings``."""
-    if settings is None:
-        return Load()
-    return Load(
-        max_waiting=settings.max_waiting_per_replica,
-        holds_calls=True,
-        room_limit=WorkingSetLimit(settings) if settings.working_set_limits else None,
-        room_host_share=max(settings.working_set_host_share, 0.0),
-    )
+def no_limit(_request: CallRequest, _starts_task: Callable[[], bool]) -> float | None:
+    return None
 
 
-def working_set_on(settings: AdmissionSettings | None) -> bool:
-    """Is working-set admission on?"""
-    return settings is not None and bool(settings.working_set_limits)
+__all__ = ["Room", "WorkingSetRoom", "no_limit"]

@@ -50,6 +50,7 @@ class Kind(enum.StrEnum):
     FILTER = "filter"
     SCORER = "scorer"
     PICKER = "picker"
+    FLOW = "flow"  # flow control: ordering, fairness, shedding, working-set room, late binding, prefill gate
 
 
 class Plugin:

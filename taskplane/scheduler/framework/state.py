@@ -63,6 +63,8 @@ class CycleState:
         self._prediction: Prediction | None = None
         self._saturated: np.ndarray | None = None
         self._room: np.ndarray | bool | None = False  # False: not computed yet
+        self._busy: np.ndarray | None = None
+        self._overflow: np.ndarray | None = None
         self._needed: np.ndarray | None = None
         self._pinned = -2  # -2: not looked up yet
         self.pinned_name: str | None = None
@@ -224,14 +226,31 @@ class CycleState:
         For the first call of a task, also the replicas without working-set room for it
         (see :attr:`room`)."""
         if self._saturated is None:
-            sat = (
+            sat = self.busy
+            room = self.room
+            self._saturated = sat if room is None else sat | ~room
+        return self._saturated
+
+    @property
+    def busy(self) -> np.ndarray:
+        """Replicas saturated for capacity alone (engine queue, batch, free KV blocks), the
+        working-set room aside: where flow control may still place a call it decides not
+        to hold for room."""
+        if self._busy is None:
+            self._busy = (
                 (self.waiting >= self.saturation_waiting)
                 | (self.running >= self.max_seqs)
                 | (self.free < self.new_blocks_needed())
             )
-            room = self.room
-            self._saturated = sat if room is None else sat | ~room
-        return self._saturated
+        return self._busy
+
+    @property
+    def room_overflow(self) -> np.ndarray | None:
+        """With :attr:`room` in force: per pool replica, the pinned context tokens that
+        admitting this call there would push past the room limit (0 where it fits)."""
+        if self.room is None:
+            return None
+        return self._overflow
 
     @property
     def starts_task(self) -> bool:
@@ -254,8 +273,9 @@ class CycleState:
                 pins.sweep(self.now_s)
                 ws = pins.working_sets_of_rows(self.table, self.rows)
                 need = self.request.prompt_tokens + self.completion_tokens
-                self._room = ws + need <= self.handle.load.room_tokens(limit, self.total, self.host_total,
-                                                                       self.block_size)
+                allowed = self.handle.load.room_tokens(limit, self.total, self.host_total, self.block_size)
+                self._room = ws + need <= allowed
+                self._overflow = np.maximum(ws + need - allowed, 0.0)
         return self._room  # type: ignore[return-value]
 
     @property
