@@ -8,11 +8,20 @@ Simulated only: vLLM has no API to prefetch a session from its CPU offload store
 evict chosen blocks; against real vLLM only the placement part (sending the call where its
 KV is, GPU or host) applies.
 
-A replayed trace (open-loop calls) has no tool gaps, but its tasks know their remaining
-turns like any other: when a session's last call ends, its private blocks -- past the
-leading blocks it shares with another session (:func:`shared_leading_blocks`, what a
-control plane knows as the shared system prompt) -- leave the GPU too. LRU would keep them
-longest (they were just used) and evict the contexts of sessions that will come back.
+What the plans know of the future comes from the planner's prediction layer
+(:mod:`taskplane.scheduler.predict`), fed here with what a live control plane sees: calls
+as they arrive (with the SDK's steps hint under the cluster's hints mode), tool gaps as
+they end, and an SDK task's end when it reports it (its last call succeeded).
+
+A replayed trace (open-loop calls) has no tool gaps and no end: a chat conversation never
+says it is over. When a session's call ends and the predicted chance that it was its last
+is high enough (:meth:`LifetimePlanner.ends`; the learned share of conversations that
+stopped at this turn), its private blocks -- past the leading blocks it shares with
+another session (:func:`shared_leading_blocks`, what a control plane knows as the shared
+system prompt) -- leave the GPU. LRU would keep them longest (they were just used) and
+evict the contexts of sessions that will come back; a wrong guess costs a reload from the
+host tier, which holds them still. With ``exact`` hints (the oracle) the true last turn
+decides instead: a bound.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ from dataclasses import dataclass
 from taskplane.scheduler.kv.lifetimes import Lifetime, LifetimePlanner, ToolHint
 from taskplane.sim.calls import SimCall, TaskState
 from taskplane.sim.events import Event, EventQueue
+from taskplane.sim.hints import HintMode, steps_hint
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.tokens import RepeatedBlocks
 from taskplane.sim.workloads.base import TaskSpec
+from taskplane.store.records import TaskStatus
 
 
 def shared_leading_blocks(tasks: Iterable[TaskSpec]) -> dict[str, int]:
@@ -69,22 +80,27 @@ class Lifetimes:
     """Applies a :class:`LifetimePlanner`'s plans in the cluster simulator."""
 
     def __init__(self, planner: LifetimePlanner, fleet: SimReplicas, events: EventQueue, block_size: int,
-                 with_tokens: bool, tasks: Iterable[TaskSpec] = ()) -> None:
+                 with_tokens: bool, tasks: Iterable[TaskSpec] = (), hints: HintMode = HintMode.EXACT) -> None:
         self.planner = planner
         self.fleet = fleet
         self.events = events
         self.bs = block_size
         self.with_tokens = with_tokens
         self.counts = LifetimeCounts()
+        self.hints = hints
+        self.predictor = planner.predictor
         self._arrived: dict[str, int] = {}  # task id -> the last step that arrived
         self._shared = shared_leading_blocks(tasks)  # open-loop task id -> its shared leading blocks
 
-    def arrived(self, task: TaskState, k: int) -> None:
-        """Call ``k`` of a closed-loop task arrives: the tool gap before it is history now."""
-        self._arrived[task.spec.task_id] = k
-        if k > 0 and not task.spec.open_loop:
-            c = task.spec.calls[k]
-            self.planner.observe_gap(task.spec.agent, c.tool, c.gap_s)
+    def arrived(self, task: TaskState, k: int, t: float) -> None:
+        """Call ``k`` of a task arrives at ``t``: the tool gap before it is history now."""
+        spec = task.spec
+        self._arrived[spec.task_id] = k
+        self.predictor.observe_call(spec.session_id or spec.task_id, agent=spec.agent, tenant=spec.tenant, step=k,
+                                    now_s=t, hint=steps_hint(spec, k, self.hints))
+        if k > 0 and not spec.open_loop:
+            c = spec.calls[k]
+            self.planner.observe_gap(spec.agent, c.tool, c.gap_s)
 
     def call_ended(self, call: SimCall, i: int, t: float) -> None:
         """A call succeeded on replica ``i`` at ``t``: plan its session's KV for the gap."""
@@ -93,12 +109,26 @@ class Lifetimes:
         if eng.tiers is None:
             return
         k = call.step + 1
-        steps_left = len(spec.calls) - k
-        if spec.open_loop:
-            if steps_left <= 0:  # no tool gap to plan: only the end of the session
+        session = spec.session_id or spec.task_id
+        if spec.open_loop:  # no tool gap to plan: only whether the conversation is over
+            if self.hints.oracle:
+                over = k >= len(spec.calls)
+            else:
+                hint = call.request.steps_remaining if call.request is not None else None
+                over = self.planner.ends(self.predictor.session_end(spec.agent, spec.tenant, call.step, hint))
+            if over:
                 self._drop(call, i, t, self._shared.get(spec.task_id, 0))
             return
-        tool = spec.calls[k].tool if steps_left > 0 else None
+        if self.hints.oracle:
+            steps_left = len(spec.calls) - k
+        elif task.status is TaskStatus.SUCCEEDED:  # the task reported its end
+            steps_left = 0
+        else:  # it goes into a tool (the SDK's hint); how many calls follow only the prediction says
+            hint = call.request.steps_remaining if call.request is not None else None
+            steps_left = max(1, round(self.predictor.steps_left(spec.agent, spec.tenant, call.step, hint).value))
+        if task.status is not None:
+            self.predictor.task_ended(session, calls=k)
+        tool = spec.calls[k].tool if k < len(spec.calls) else None
         slack = None if task.deadline_abs is None else task.deadline_abs - t
         hashes = list(call.hashes[: call.n_total_blocks])
         load_s = len(hashes) * eng.tiers.block_bytes / eng.tiers.pcie_bw

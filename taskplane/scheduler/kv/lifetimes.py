@@ -20,8 +20,9 @@ the plan out.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
+
+from taskplane.scheduler.predict import GapModel, Prediction, Predictor
 
 
 class Lifetime(enum.StrEnum):
@@ -49,47 +50,37 @@ class LifetimePlan:
     expected_gap_s: float = 0.0
 
 
-@dataclass(slots=True)
-class _GapStats:
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, x: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
-
-
 class LifetimePlanner:
-    """Per-session KV lifetimes across tool gaps, from learned gap distributions."""
+    """Per-session KV lifetimes across tool gaps, from the prediction layer's gap model.
+
+    ``predictor``: where gaps (and, for :meth:`ends`, session ends) are learned; a
+    session is taken as over only when the predicted chance that its last call just ended
+    is at least ``end_p`` at confidence ``min_confidence`` or more (else its KV is left to
+    the cache, as with no context)."""
 
     def __init__(self, *, keep_gap_s: float = 0.5, kv_pressure: float = 0.9, lead_std: float = 1.0,
-                 default_gap_s: float = 2.0, min_samples: int = 3) -> None:
+                 default_gap_s: float = 2.0, min_samples: int = 3, predictor: Predictor | None = None,
+                 end_p: float = 0.5, min_confidence: float = 0.5) -> None:
         self.keep_gap_s = keep_gap_s  # gaps expected shorter than this stay on GPU ...
         self.kv_pressure = kv_pressure  # ... unless the replica's KV is fuller than this
         self.lead_std = lead_std  # prefetch this many standard deviations before the mean gap
-        self.default_gap_s = default_gap_s
-        self.min_samples = min_samples
-        self._gaps: dict[tuple[str, str | None], _GapStats] = {}
-        self._by_agent: dict[str, _GapStats] = {}
+        self.min_samples = min_samples  # a gap level's history before it answers
+        self.predictor = predictor or Predictor(gaps=GapModel(default_s=default_gap_s, min_samples=min_samples))
+        self.end_p = end_p
+        self.min_confidence = min_confidence
 
     def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
         """A tool gap that just ended (history the next plans learn from)."""
-        self._gaps.setdefault((agent, tool), _GapStats()).add(gap_s)
-        self._by_agent.setdefault(agent, _GapStats()).add(gap_s)
+        self.predictor.observe_gap(agent, tool, gap_s)
 
     def expected_gap(self, agent: str, tool: str | None) -> tuple[float, float]:
         """(mean, standard deviation) of the gap: the tool's, else the agent's, else a default."""
-        for stats in (self._gaps.get((agent, tool)), self._by_agent.get(agent)):
-            if stats is not None and stats.n >= self.min_samples:
-                return stats.mean, stats.std
-        return self.default_gap_s, self.default_gap_s
+        p = self.predictor.tool_gap(agent, tool)
+        return p.value, p.spread
+
+    def ends(self, p: Prediction) -> bool:
+        """Whether a session-end prediction is sure enough to drop the session's KV."""
+        return p.usable(self.min_confidence) and p.value >= self.end_p
 
     def plan(self, hint: ToolHint, *, kv_usage: float, load_s: float) -> LifetimePlan:
         """The session's lifetime for this gap; ``load_s``: what bringing it back from host
