@@ -136,6 +136,9 @@ class ClusterSim:
                         self._schedule_wake(i)
                 case Event.CONTROL:
                     self._control(payload, t)
+                case Event.DEMOTE:
+                    if self.lifetimes is not None:
+                        self.lifetimes.demote(payload)
         return ClusterResult(
             calls=self.records, tasks=[task_result(task) for task in self.tasks], replicas=self.fleet.results(),
             end_s=self._now, decision_ns=self.policy.decision_ns, policy_calls=len(self.policy.decision_ns),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from taskplane.scheduler.predict import GapModel, Prediction, Predictor
+from taskplane.scheduler.predict import GapModel, Predictor
 
 
 class Lifetime(enum.StrEnum):
@@ -53,20 +53,20 @@ class LifetimePlan:
 class LifetimePlanner:
     """Per-session KV lifetimes across tool gaps, from the prediction layer's gap model.
 
-    ``predictor``: where gaps (and, for :meth:`ends`, session ends) are learned; a
-    session is taken as over only when the predicted chance that its last call just ended
-    is at least ``end_p`` at confidence ``min_confidence`` or more (else its KV is left to
-    the cache, as with no context)."""
+    ``predictor``: where gaps (and session ends) are learned. A conversation that never
+    says it is over has its KV let go (:meth:`let_go_in`) once the predicted chance that it
+    comes back has fallen below ``return_chance``, if that prediction has confidence
+    ``min_confidence`` or more (else its KV is left to the cache, as with no context)."""
 
     def __init__(self, *, keep_gap_s: float = 0.5, kv_pressure: float = 0.9, lead_std: float = 1.0,
                  default_gap_s: float = 2.0, min_samples: int = 3, predictor: Predictor | None = None,
-                 end_p: float = 0.5, min_confidence: float = 0.5) -> None:
+                 return_chance: float = 0.2, min_confidence: float = 0.5) -> None:
         self.keep_gap_s = keep_gap_s  # gaps expected shorter than this stay on GPU ...
         self.kv_pressure = kv_pressure  # ... unless the replica's KV is fuller than this
         self.lead_std = lead_std  # prefetch this many standard deviations before the mean gap
         self.min_samples = min_samples  # a gap level's history before it answers
         self.predictor = predictor or Predictor(gaps=GapModel(default_s=default_gap_s, min_samples=min_samples))
-        self.end_p = end_p
+        self.return_chance = return_chance
         self.min_confidence = min_confidence
 
     def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
@@ -78,9 +78,13 @@ class LifetimePlanner:
         p = self.predictor.tool_gap(agent, tool)
         return p.value, p.spread
 
-    def ends(self, p: Prediction) -> bool:
-        """Whether a session-end prediction is sure enough to drop the session's KV."""
-        return p.usable(self.min_confidence) and p.value >= self.end_p
+    def let_go_in(self, agent: str, tenant: str, step: int, hint: int | None) -> float | None:
+        """Seconds after call ``step`` ended at which its session's KV should go first when
+        room is needed; None: keep it as the cache would (unsure, or it will likely return)."""
+        p = self.predictor.unlikely_after(agent, tenant, step, self.return_chance, hint)
+        if not p.usable(self.min_confidence) or p.value == float("inf"):
+            return None
+        return p.value
 
     def plan(self, hint: ToolHint, *, kv_usage: float, load_s: float) -> LifetimePlan:
         """The session's lifetime for this gap; ``load_s``: what bringing it back from host

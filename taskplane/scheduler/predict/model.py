@@ -138,6 +138,30 @@ class Predictor:
     def output_tokens(self, agent: str, tool: str | None = None, cap: int | None = None) -> Prediction:
         return self.outputs.predict(agent, tool, cap)
 
+    def returns(self, agent: str, tenant: str, step: int, idle_s: float, hint: int | None = None) -> Prediction:
+        """The chance that a session whose call ``step`` ended ``idle_s`` ago makes another:
+        it had not ended there (1 - the hazard) and its gap lasts longer than that."""
+        end = self.session_end(agent, tenant, step, hint)
+        longer = self.gaps.longer_than(agent, None, idle_s)
+        go_on = (1.0 - end.value) * longer.value
+        value = go_on / (end.value + go_on) if end.value + go_on > 0 else 0.0
+        return Prediction(value, min(end.confidence, longer.confidence), min(end.samples, longer.samples), "learned")
+
+    def unlikely_after(self, agent: str, tenant: str, step: int, chance: float, hint: int | None = None) -> Prediction:
+        """How long after call ``step`` ended its session's chance of another call falls below
+        ``chance`` (``inf``: never, by this history; 0: already)."""
+        end = self.session_end(agent, tenant, step, hint)
+        if end.value >= 1.0:
+            return Prediction(0.0, end.confidence, end.samples, end.source)
+        if end.value <= 0.0:
+            return Prediction(float("inf"), end.confidence, end.samples, end.source)
+        # (1 - h) S / (h + (1 - h) S) < c  <=>  S < c h / ((1 - c)(1 - h))
+        longer = chance * end.value / ((1.0 - chance) * (1.0 - end.value))
+        if longer >= 1.0:
+            return Prediction(0.0, end.confidence, end.samples, end.source)
+        gap = self.gaps.quantile(agent, None, 1.0 - longer)
+        return Prediction(gap.value, min(end.confidence, gap.confidence), min(end.samples, gap.samples), "learned")
+
     def remaining_work(self, agent: str, tenant: str, step: int, hint: int | None = None, *,
                        tokens_per_call: float) -> Prediction:
         """Tokens a task still has to process: calls left times ``tokens_per_call`` (the
