@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -142,3 +143,37 @@ def test_remaining_work_scales_steps_left() -> None:
         pr.steps.observe_total("a", "x", 6)
     w = pr.remaining_work("a", "x", 1, tokens_per_call=1000.0)
     assert w.value == pytest.approx(4000.0) and w.confidence > 0.5
+
+
+def _scorer(predict_end: bool) -> Any:
+    import numpy as np
+
+    from taskplane.scheduler.framework.handle import Handle
+    from taskplane.scheduler.kvindex import KVIndex
+    from taskplane.scheduler.latency import LatencyModel
+    from taskplane.scheduler.scorers.session import SessionAffinityParams, SessionAffinityScorer
+
+    scorer = SessionAffinityScorer(SessionAffinityParams(predict_end=predict_end), policy="t")
+    handle = Handle(kv_index=KVIndex(metrics=False), latency=LatencyModel(), tenants={}, rng=np.random.default_rng(0),
+                    metrics=False)
+    scorer.bind(handle)
+    handle.predictor.seed(TaskHistory("coder", "acme", calls=3) for _ in range(40))  # coder tasks make 3 calls
+    return scorer
+
+
+def _ended(scorer: Any, step: int, hint: int | None) -> bool:
+    from taskplane.scheduler.types import CallOutcome, CallRequest
+
+    scorer.pins.placed("s1", "r1", 0.0, "coder", tokens=100, calls=1.0)
+    req = CallRequest(model="m", prompt_tokens=100, max_tokens=10, session_id="s1", task_id="s1", agent="coder",
+                      tenant="acme", step=step, steps_remaining=hint, call_id=f"c{step}")
+    scorer.completed(req, CallOutcome(replica="r1"), 1.0)
+    return scorer.pins.get("s1", 1.0) is None
+
+
+def test_pins_end_where_the_prediction_says_not_where_the_hint_says() -> None:
+    # the author's "5 steps" hint says 2 left after call 2; history says coder tasks end there
+    assert _ended(_scorer(predict_end=True), 2, hint=2)
+    assert not _ended(_scorer(predict_end=False), 2, hint=2)  # the hint alone keeps the pin
+    assert not _ended(_scorer(predict_end=True), 1, hint=None)  # call 1 is never the last
+    assert _ended(_scorer(predict_end=False), 1, hint=0)  # a hint of 0 ends it, right or wrong
