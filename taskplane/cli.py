@@ -307,6 +307,7 @@ def bench(
     remote_kv_gb: Annotated[float, typer.Option("--remote-kv-gb", help="a remote KV store of R GB shared by the fleet (sim)")] = 0.0,
     matrix: Annotated[bool, typer.Option("--matrix", help="every decision family over held-out variations (seeds, fleet sizes, cold starts, hints, a second trace): one ratio per cell")] = False,
     matrix_cells: Annotated[str | None, typer.Option("--matrix-cells", help="with --matrix: only the cells whose name contains this text")] = None,
+    hints: Annotated[str, typer.Option(help="sim: the steps hints the SDK sends: author (a fixed @agent(steps=N) per agent), none, noisy, or exact (the true count: an oracle, an upper bound)")] = "author",
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
@@ -319,7 +320,7 @@ def bench(
 
     run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
               time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
-              cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb)
+              cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints)
 
 
 @app.command()

@@ -81,10 +81,11 @@ def parse_loads(spec: str | None) -> list[float]:
     return sorted(set(loads))
 
 
-def build_cluster(replicas: int, fleet: str | None, tiers: TierSpec | None = None) -> tuple[ClusterSpec, str]:
+def build_cluster(replicas: int, fleet: str | None, tiers: TierSpec | None = None,
+                  hints: str = "author") -> tuple[ClusterSpec, str]:
     spec = fleet or f"h100:{replicas}"
     try:
-        cluster = ClusterSpec.fleet(spec)
+        cluster = ClusterSpec.fleet(spec, hints=hints)
         if tiers is not None:
             cluster.tiers = tiers
     except ValueError as exc:
@@ -265,6 +266,9 @@ def run_suite(
         "policies": policies,
         "targets": evaluate(workload, head.policies),
         "workload_info": info,
+        # what the simulated SDK told the policies of the future; "exact" is an oracle: a bound
+        "hints": cluster.hints.value,
+        "oracle": cluster.hints.oracle,
     }
     if cluster.tiers.enabled:
         results["kv_tiers"] = {"host_kv_gb": cluster.tiers.host_kv_gb, "remote_kv_gb": cluster.tiers.remote_kv_gb,
@@ -361,6 +365,7 @@ def run_bench(
     cells: int = 1,
     host_kv_gb: float = 0.0,
     remote_kv_gb: float = 0.0,
+    hints: str = "author",
 ) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
     if workload not in (*WORKLOADS, "scale", "diurnal"):
@@ -397,7 +402,8 @@ def run_bench(
     loads = parse_loads(load) if workload == "agents" else []
     if host_kv_gb < 0 or remote_kv_gb < 0:
         raise UserError("--host-kv-gb and --remote-kv-gb must be >= 0")
-    cluster, fleet_spec = build_cluster(replicas, fleet, TierSpec(host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb))
+    cluster, fleet_spec = build_cluster(replicas, fleet, TierSpec(host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb),
+                                        hints)
     tenants = agent_tenants() if workload == "agents" else None
     factories = preset_factories(names, seed, tenants)
 

@@ -72,6 +72,9 @@ def cells(second_trace: Path) -> list[Cell]:
     out.append(Cell(KV_TIERS, "conversation trace", {}))
     out.append(Cell(KV_TIERS, "4 replicas", {"replicas": 4}))
     out.append(Cell(KV_TIERS, "tool-agent trace", {"trace": second_trace}))
+    for hints in ("none", "noisy", "exact"):  # the default is the author's hints; exact is the oracle bound
+        out.append(Cell(PLACEMENT, f"hints {hints}", {"hints": hints}))
+        out.append(Cell(KV_TIERS, f"hints {hints}", {"hints": hints}))
     for seed in (1, 2, 3):
         out.append(Cell(AUTOSCALE, f"seed {seed}", {"seed": seed}))
     out.append(Cell(AUTOSCALE, "16 replicas", {"replicas": 16}))

@@ -135,6 +135,7 @@ def build_app(
             build_placer,
             build_response_cache,
             build_sink,
+            seed_predictions,
             start_discovery,
             start_kv_subscriptions,
         )
@@ -142,6 +143,7 @@ def build_app(
         install_accept_guard(asyncio.get_running_loop())
         sink: AttemptSink = await build_sink(config, database_url, outbox_dir)
         placer = placer_factory(registry) if placer_factory else build_placer(config, registry)
+        await seed_predictions(placer, database_url)
         gw = Gateway(config, registry, placer, sink, metrics, build_response_cache(config))
         state["gateway"] = gw
         state["sink"] = sink

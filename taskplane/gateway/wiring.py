@@ -44,6 +44,28 @@ async def build_sink(config: GatewayConfig, database_url: str | None, outbox_dir
     return writer  # type: ignore[return-value]
 
 
+async def seed_predictions(placer: Any, database_url: str | None) -> int:
+    """Teach the scheduler's prediction layer the store's recent task history, so it
+    predicts from the first call after a restart; 0 without a database or when it is away."""
+    pipeline = getattr(getattr(placer, "scheduler", None), "pipeline", None)
+    predictor = getattr(getattr(pipeline, "handle", None), "predictor", None)
+    if not database_url or predictor is None:
+        return 0
+    from taskplane.store import db
+    from taskplane.store.predict_history import seed_predictor
+
+    engine = db.create_engine(database_url)
+    try:
+        n = await seed_predictor(predictor, engine)
+    except Exception as exc:  # Postgres away: learn from the live stream alone
+        log.warning("prediction_history_failed", error=str(exc)[:200])
+        return 0
+    finally:
+        await engine.dispose()
+    log.info("prediction_history_loaded", tasks=n)
+    return n
+
+
 class Subscriptions:
     """The KV-event subscribers of every replica that publishes events, kept in step
     with the fleet as replicas join and leave."""

@@ -212,6 +212,10 @@ class Scheduler:
         for hook in self.hooks:
             hook.completed(request, outcome, now_s)
 
+    def task_ended(self, session: str, calls: int | None = None) -> None:
+        """A task reported its end (the SDK's workflow finished): its length is history now."""
+        self.handle.predictor.task_ended(session, calls=calls)
+
     def on_kv_events(self, replica: str, events: Iterable[Any], seq: int | None = None) -> BatchResult | None:
         """Feed one batch of a replica's KV events (``seq``: the ZMQ sequence number)."""
         if seq is None:

@@ -102,7 +102,7 @@ PRESETS: dict[str, Preset] = {
             filters=("healthy", "tenant-gpu", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
             scorers=(
                 _s("tiered-prefix", 3.0),
-                _s("session-affinity", 2.0),
+                _s("session-affinity", 2.0, predict_end=True),
                 _s("latency", 2.0),
                 _s("memory-headroom", 1.0),
                 _s("weight-warmth", 1.0),

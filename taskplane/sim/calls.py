@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from taskplane.scheduler.types import CallRequest
 from taskplane.sim.blocks import extend_hashes
+from taskplane.sim.hints import HintMode, steps_hint
 from taskplane.sim.requests import Finished, SimRequest
 from taskplane.sim.results import CallRecord, TaskResult
 from taskplane.sim.tokens import RepeatedBlocks
@@ -84,8 +85,10 @@ def new_call(task: TaskState, k: int, block_size: int) -> SimCall:
                    hashes=hashes, contents=contents)
 
 
-def call_request(call: SimCall, t: float, block_size: int) -> CallRequest:
-    """The call as the scheduler sees it at ``t`` (deadline budget left, cost sunk so far)."""
+def call_request(call: SimCall, t: float, block_size: int, hints: HintMode = HintMode.EXACT) -> CallRequest:
+    """The call as the scheduler sees it at ``t`` (deadline budget left, cost sunk so far);
+    its steps remaining are what the SDK would send under ``hints``
+    (:mod:`taskplane.sim.hints`)."""
     task, spec = call.task, call.task.spec
     budget = None if task.deadline_abs is None else (task.deadline_abs - t) * 1000.0
     if not spec.headers:  # a plain client: nothing but the prompt
@@ -98,7 +101,7 @@ def call_request(call: SimCall, t: float, block_size: int) -> CallRequest:
         model=spec.model, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens,
         block_hashes=call.hashes[: call.n_prompt_blocks], tenant=spec.tenant, priority=spec.priority,
         session_id=spec.session_id or spec.task_id, task_id=spec.task_id, step=call.step,
-        steps_remaining=len(spec.calls) - call.step - 1, budget_ms=budget, sunk_cost_usd=task.cost,
+        steps_remaining=steps_hint(spec, call.step, hints), budget_ms=budget, sunk_cost_usd=task.cost,
         allow_fallback=spec.allow_fallback, now_s=t, agent=spec.agent, call_id=call.key, block_size=block_size,
         tokenized=True, avoid_replicas=call.avoid,
         tool=spec.calls[call.step].tool if call.step > 0 else None,  # the SDK's hint: the tool that ran

@@ -91,7 +91,7 @@ class ClusterSim:
         self.events = EventQueue(self._initial_events(), len(self.fleet))
         # the control plane's KV lifetimes across tool gaps (only with KV tiers)
         self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None,
-                                    workload.tasks)
+                                    workload.tasks, cluster.hints)
                           if kv_lifetimes is not None and cluster.tiers.enabled else None)
         self.lifecycle = Lifecycle(self.events, max_attempts)
         self.records: list[CallRecord] = []
@@ -136,6 +136,9 @@ class ClusterSim:
                         self._schedule_wake(i)
                 case Event.CONTROL:
                     self._control(payload, t)
+                case Event.DEMOTE:
+                    if self.lifetimes is not None:
+                        self.lifetimes.demote(payload)
         return ClusterResult(
             calls=self.records, tasks=[task_result(task) for task in self.tasks], replicas=self.fleet.results(),
             end_s=self._now, decision_ns=self.policy.decision_ns, policy_calls=len(self.policy.decision_ns),
@@ -176,7 +179,7 @@ class ClusterSim:
         """Call ``k`` of a task arrives."""
         if task.status is None:
             if self.lifetimes is not None:
-                self.lifetimes.arrived(task, k)
+                self.lifetimes.arrived(task, k, t)
             self._offer(new_call(task, k, self.bs), t)
 
     def _offer(self, call: SimCall, t: float) -> None:
@@ -184,7 +187,7 @@ class ClusterSim:
         if call.task.status is not None:
             return
         call.offered_s = t
-        call.request = call_request(call, t, self.bs)
+        call.request = call_request(call, t, self.bs, self.cluster.hints)
         self._apply(call, self.policy.decide(call.request, self.fleet.for_policy(), t), t)
 
     def _apply(self, call: SimCall, d: Decision, t: float) -> None:
@@ -262,6 +265,9 @@ class ClusterSim:
             self.policy.observe(call.request, outcome, ev.time)
         if ok:
             self.lifecycle.call_succeeded(call, ev.time)
+            task = call.task
+            if task.status is TaskStatus.SUCCEEDED and not task.spec.open_loop and self.policy.task_ended is not None:
+                self.policy.task_ended(task.spec.session_id or task.spec.task_id, task.done_calls)
             if self.lifetimes is not None:
                 self.lifetimes.call_ended(call, i, ev.time)
         else:
@@ -316,7 +322,7 @@ class ClusterSim:
                 self._record(call, t, Outcome.TIMEOUT, "deadline_exceeded")
                 fail_call(call, t, "deadline_exceeded")
                 continue
-            call.request = call_request(call, t, self.bs)
+            call.request = call_request(call, t, self.bs, self.cluster.hints)
             d = policy.decide(call.request, self.fleet.for_policy(), t)
             if d.action == Action.QUEUE:
                 self._hold(call)

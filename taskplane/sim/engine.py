@@ -286,6 +286,11 @@ class SimEngine:
         self._flush_kv(now)
         return n
 
+    def demote(self, hashes: list[int]) -> list[int]:
+        """Let these blocks be the first evicted when room is needed (a session likely
+        over); empty the returned list to take it back."""
+        return self.kv.demote(hashes)
+
     def advance(self, now: float) -> list[EngineEvent]:
         """Run the engine up to ``now``; return the events that happened by then, in order."""
         self._run_until(now)

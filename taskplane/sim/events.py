@@ -25,6 +25,7 @@ class Event(enum.IntEnum):
     TICK = 3  # offer queued calls again
     PREFETCH = 4  # bring a session's KV back from the host tier (payload: lifetimes.Prefetch)
     CONTROL = 5  # a subclass's own event (taskplane.sim.elastic: autoscaler ticks, replicas ready)
+    DEMOTE = 6  # a session's KV goes first when room is needed from now (payload: lifetimes.Demotion)
 
 
 Entry = tuple[float, Event, int, Any]  # (time, kind, push order, payload)

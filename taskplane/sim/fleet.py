@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskplane.sim.gpus import gpu_profile
+from taskplane.sim.hints import HintMode
 from taskplane.sim.hosttier import TierSpec
 
 
@@ -27,10 +28,16 @@ class ReplicaSpec:
 class ClusterSpec:
     replicas: list[ReplicaSpec]
     tiers: TierSpec = field(default_factory=TierSpec)  # KV below GPU memory; default none
+    # what the SDK tells the policies about the future (taskplane.sim.hints): "author" (an
+    # author's fixed estimate), "none", "noisy", or "exact" (the truth: an oracle, a bound)
+    hints: HintMode = HintMode.AUTHOR
+
+    def __post_init__(self) -> None:
+        self.hints = HintMode.parse(self.hints)
 
     @classmethod
     def fleet(cls, spec: str = "h100:16", *, model: str = "llama-3.1-8b", kv_blocks: int | None = None,
-              **kw: Any) -> ClusterSpec:
+              hints: str = HintMode.AUTHOR, **kw: Any) -> ClusterSpec:
         """``"h100:8,l40s:8"`` -> 16 replicas named ``h100-0``.. ``l40s-7``."""
         reps: list[ReplicaSpec] = []
         for part in spec.split(","):
@@ -38,4 +45,4 @@ class ClusterSpec:
             gpu_profile(gpu)  # validate
             for i in range(int(count or 1)):
                 reps.append(ReplicaSpec(name=f"{gpu}-{i}", gpu=gpu, model=model, kv_blocks=kv_blocks, **kw))
-        return cls(reps)
+        return cls(reps, hints=HintMode.parse(hints))

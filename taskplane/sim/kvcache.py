@@ -32,6 +32,7 @@ blocks are its own without touching their ``ref`` entries. Stamps are otherwise 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
@@ -57,7 +58,7 @@ class Holding:
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("_active", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
+    __slots__ = ("_active", "_demoted", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
                  "n_evictable", "num_blocks", "ref", "removed_per_block", "spill", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
@@ -80,6 +81,9 @@ class KVCache:
         self._runs: dict[int, list[int]] = {}
         self._live: dict[int, int] = {}  # stamp -> how many of its run's entries are live
         self._head = (0, 0)  # (stamp, entries at the end of that run eviction walked past)
+        # blocks the control plane expects no use of (a session likely over): evicted before
+        # any other when room is needed; a list emptied by its owner no longer counts
+        self._demoted: deque[list[int]] = deque()
         self._stamp = 0
         # match's last run found: (version, stamp, owned from, run length); see _match_run
         self._plan = (-1, 0, 0, 0)
@@ -223,6 +227,8 @@ class KVCache:
             return
         ref, runs, live = self.ref, self._runs, self._live
         removed: list[int] = []
+        if self._demoted:
+            n = self._evict_demoted(n, removed)
         head, pos = self._head
         while n:
             stamp = next(iter(runs))  # the oldest run
@@ -398,6 +404,41 @@ class KVCache:
                 self.events.append(BlockRemoved(block_hashes=removed))
         return len(removed)
 
+    def demote(self, hashes: list[int]) -> list[int]:
+        """Let these cached blocks go first when room is needed (a session the control plane
+        expects not to come back), in the list's order from its end; returns the list the
+        cache keeps: the caller empties it to take the demotion back (the session returned)."""
+        kept = list(hashes)
+        if kept:
+            self._demoted.append(kept)
+        return kept
+
+    def _evict_demoted(self, n: int, removed: list[int]) -> int:
+        """Evict up to ``n`` demoted blocks still unreferenced, into ``removed``; returns
+        how many more are needed."""
+        ref, active, live = self.ref, self._active, self._live
+        while n and self._demoted:
+            hashes = self._demoted[0]
+            while hashes and n:
+                h = hashes.pop()
+                c = ref.get(h)
+                if c is None or c > 0 or -c in active:
+                    continue
+                stamp = -c
+                del ref[h]
+                removed.append(h)
+                n -= 1
+                left = live[stamp] - 1
+                if left:
+                    live[stamp] = left
+                else:
+                    del live[stamp], self._runs[stamp]
+                    if self._head[0] == stamp:
+                        self._head = (0, 0)
+            if not hashes:
+                self._demoted.popleft()
+        return n
+
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
         block is in use, as vLLM refuses."""
@@ -413,6 +454,7 @@ class KVCache:
         self._runs.clear()
         self._live.clear()
         self._active.clear()
+        self._demoted.clear()
         self._head, self.n_evictable = (0, 0), 0
         self.free_uncached = self.num_blocks
         if self.emit:

@@ -2,17 +2,27 @@
 (:mod:`taskplane.scheduler.kv.lifetimes`): when a call ends and its task goes into a tool,
 the planner is told (the SDK's "in a tool" hint) and its plan is applied to the replica the
 session lives on: nothing (keep), a prefetch from the host tier shortly before the next
-call is expected, or the finished session's private blocks evicted at once (drop).
+call is expected, or the finished task's private blocks evicted at once (drop).
 
 Simulated only: vLLM has no API to prefetch a session from its CPU offload store or to
 evict chosen blocks; against real vLLM only the placement part (sending the call where its
 KV is, GPU or host) applies.
 
-A replayed trace (open-loop calls) has no tool gaps, but its tasks know their remaining
-turns like any other: when a session's last call ends, its private blocks -- past the
-leading blocks it shares with another session (:func:`shared_leading_blocks`, what a
-control plane knows as the shared system prompt) -- leave the GPU too. LRU would keep them
-longest (they were just used) and evict the contexts of sessions that will come back.
+What the plans know of the future comes from the planner's prediction layer
+(:mod:`taskplane.scheduler.predict`), fed here with what a live control plane sees: calls
+as they arrive (with the SDK's steps hint under the cluster's hints mode), tool gaps as
+they end, and an SDK task's end when it reports it (its last call succeeded).
+
+A replayed trace (open-loop calls) has no tool gaps and no end: a chat conversation never
+says it is over. When a session's call ends, the planner predicts how long until the chance
+that it comes back is low (:meth:`LifetimePlanner.let_go_in`: the learned share of
+conversations that stopped at this turn, and how long the others' gaps last). From then its
+private blocks -- past the leading blocks it shares with another session
+(:func:`shared_leading_blocks`, what a control plane knows as the shared system prompt) --
+are *demoted*: the first evicted when room is needed (LRU would keep them longest, they were
+just used, and evict the contexts of sessions that will come back), ordinary cache again if
+the conversation comes back. With ``exact`` hints (the oracle) the true last turn drops them
+at once instead: a bound.
 """
 
 from __future__ import annotations
@@ -24,9 +34,11 @@ from dataclasses import dataclass
 from taskplane.scheduler.kv.lifetimes import Lifetime, LifetimePlanner, ToolHint
 from taskplane.sim.calls import SimCall, TaskState
 from taskplane.sim.events import Event, EventQueue
+from taskplane.sim.hints import HintMode, steps_hint
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.tokens import RepeatedBlocks
 from taskplane.sim.workloads.base import TaskSpec
+from taskplane.store.records import TaskStatus
 
 
 def shared_leading_blocks(tasks: Iterable[TaskSpec]) -> dict[str, int]:
@@ -56,10 +68,22 @@ class Prefetch:
 
 
 @dataclass(slots=True)
+class Demotion:
+    """A session's blocks to let go first, once it has stayed away long enough."""
+
+    replica: int
+    task: TaskState
+    step: int  # the call that, had it come, would have shown the session goes on
+    hashes: list[int]
+
+
+@dataclass(slots=True)
 class LifetimeCounts:
     keep: int = 0
     host: int = 0
     drop: int = 0
+    demote: int = 0  # sessions predicted over: first to go when room is needed
+    demote_back: int = 0  # ... that came back (the demotion taken back)
     prefetches: int = 0  # carried out (blocks were loaded)
     prefetch_late: int = 0  # the call came first
     dropped_blocks: int = 0
@@ -69,22 +93,37 @@ class Lifetimes:
     """Applies a :class:`LifetimePlanner`'s plans in the cluster simulator."""
 
     def __init__(self, planner: LifetimePlanner, fleet: SimReplicas, events: EventQueue, block_size: int,
-                 with_tokens: bool, tasks: Iterable[TaskSpec] = ()) -> None:
+                 with_tokens: bool, tasks: Iterable[TaskSpec] = (), hints: HintMode = HintMode.EXACT) -> None:
         self.planner = planner
         self.fleet = fleet
         self.events = events
         self.bs = block_size
         self.with_tokens = with_tokens
         self.counts = LifetimeCounts()
+        self.hints = hints
+        self.predictor = planner.predictor
         self._arrived: dict[str, int] = {}  # task id -> the last step that arrived
         self._shared = shared_leading_blocks(tasks)  # open-loop task id -> its shared leading blocks
+        self._demoted: dict[str, list[int]] = {}  # task id -> the blocks it has demoted
+        self._ended_s: dict[str, float] = {}  # open-loop task id -> when its last call ended
 
-    def arrived(self, task: TaskState, k: int) -> None:
-        """Call ``k`` of a closed-loop task arrives: the tool gap before it is history now."""
-        self._arrived[task.spec.task_id] = k
-        if k > 0 and not task.spec.open_loop:
-            c = task.spec.calls[k]
-            self.planner.observe_gap(task.spec.agent, c.tool, c.gap_s)
+    def arrived(self, task: TaskState, k: int, t: float) -> None:
+        """Call ``k`` of a task arrives at ``t``: the tool gap before it is history now."""
+        spec = task.spec
+        self._arrived[spec.task_id] = k
+        demoted = self._demoted.pop(spec.task_id, None)
+        if demoted is not None:  # it was not over: its blocks are ordinary cache again
+            self.counts.demote_back += 1
+            demoted.clear()
+        self.predictor.observe_call(spec.session_id or spec.task_id, agent=spec.agent, tenant=spec.tenant, step=k,
+                                    now_s=t, hint=steps_hint(spec, k, self.hints))
+        if k > 0 and not spec.open_loop:
+            c = spec.calls[k]
+            self.planner.observe_gap(spec.agent, c.tool, c.gap_s)
+        elif spec.open_loop:
+            ended = self._ended_s.pop(spec.task_id, None)
+            if ended is not None and t >= ended:  # the user's gap between two turns
+                self.planner.observe_gap(spec.agent, None, t - ended)
 
     def call_ended(self, call: SimCall, i: int, t: float) -> None:
         """A call succeeded on replica ``i`` at ``t``: plan its session's KV for the gap."""
@@ -93,12 +132,29 @@ class Lifetimes:
         if eng.tiers is None:
             return
         k = call.step + 1
-        steps_left = len(spec.calls) - k
-        if spec.open_loop:
-            if steps_left <= 0:  # no tool gap to plan: only the end of the session
-                self._drop(call, i, t, self._shared.get(spec.task_id, 0))
+        session = spec.session_id or spec.task_id
+        if spec.open_loop:  # no tool gap to plan: only whether the conversation is over
+            shared = self._shared.get(spec.task_id, 0)
+            if self.hints.oracle:  # the bound: the true last turn
+                if k >= len(spec.calls):
+                    self._drop(call, i, t, shared)
+                return
+            self._ended_s[spec.task_id] = t
+            hint = call.request.steps_remaining if call.request is not None else None
+            after = self.planner.let_go_in(spec.agent, spec.tenant, call.step, hint)
+            if after is not None:  # likely over, not surely: its blocks go first when room is needed
+                self.events.push(t + after, Event.DEMOTE, Demotion(i, task, k, list(call.hashes[shared: call.n_total_blocks])))
             return
-        tool = spec.calls[k].tool if steps_left > 0 else None
+        if self.hints.oracle:
+            steps_left = len(spec.calls) - k
+        elif task.status is TaskStatus.SUCCEEDED:  # the task reported its end
+            steps_left = 0
+        else:  # it goes into a tool (the SDK's hint); how many calls follow only the prediction says
+            hint = call.request.steps_remaining if call.request is not None else None
+            steps_left = max(1, round(self.predictor.steps_left(spec.agent, spec.tenant, call.step, hint).value))
+        if task.status is not None:
+            self.predictor.task_ended(session, calls=k)
+        tool = spec.calls[k].tool if k < len(spec.calls) else None
         slack = None if task.deadline_abs is None else task.deadline_abs - t
         hashes = list(call.hashes[: call.n_total_blocks])
         load_s = len(hashes) * eng.tiers.block_bytes / eng.tiers.pcie_bw
@@ -121,6 +177,13 @@ class Lifetimes:
         self.counts.drop += 1
         self.counts.dropped_blocks += self.fleet.engines[i].drop(list(call.hashes[shared: call.n_total_blocks]), t)
         self.fleet.mark(i)
+
+    def demote(self, d: Demotion) -> None:
+        """Let a session's blocks go first when room is needed, unless it came back meanwhile."""
+        if self._arrived.get(d.task.spec.task_id, -1) >= d.step:
+            return
+        self.counts.demote += 1
+        self._demoted[d.task.spec.task_id] = self.fleet.engines[d.replica].demote(d.hashes)
 
     def prefetch(self, p: Prefetch, t: float) -> bool:
         """Carry out a prefetch unless its call already came (or the task ended)."""

@@ -54,6 +54,9 @@ class PolicyHooks:
             policy, "observe_completion", None)
         self.on_kv: Callable[[str, list[Any]], None] | None = getattr(policy, "on_kv_events", None)
         self.replica_failed: Callable[[str], None] | None = getattr(policy, "replica_failed", None)
+        # an SDK task's end, as its worker reports it (flow control wraps the pipeline that learns from it)
+        self.task_ended: Callable[[str, int | None], None] | None = getattr(
+            policy, "task_ended", None) or getattr(getattr(policy, "pipeline", None), "task_ended", None)
         self.decision_ns = array("q")
 
     def decide(self, request: CallRequest, replicas: Any, now: float) -> Decision:

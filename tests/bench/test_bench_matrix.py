@@ -55,6 +55,7 @@ def test_every_family_has_held_out_cells(tmp_path: Path) -> None:
         assert len(mine) >= 3, family.name
     assert any(c.args.get("trace") for c in every), "a second trace"
     assert {c.args.get("seed") for c in every} >= {1, 2, 3}
+    assert {c.args.get("hints") for c in every} >= {"none", "noisy", "exact"}
 
 
 def test_unknown_cell_is_a_clear_error(tmp_path: Path) -> None:

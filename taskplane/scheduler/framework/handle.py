@@ -16,6 +16,7 @@ import numpy as np
 
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
+from taskplane.scheduler.predict import Predictor
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
 from taskplane.scheduler.types import CallRequest
@@ -88,3 +89,5 @@ class Handle:
     load: Load = field(default_factory=Load)
     metrics: bool = True
     policy: str = "custom"
+    # what the pipeline has learned of the future (steps left, session ends, gaps, outputs)
+    predictor: Predictor = field(default_factory=Predictor)

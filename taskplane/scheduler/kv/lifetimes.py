@@ -20,8 +20,9 @@ the plan out.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
+
+from taskplane.scheduler.predict import GapModel, Predictor
 
 
 class Lifetime(enum.StrEnum):
@@ -49,47 +50,41 @@ class LifetimePlan:
     expected_gap_s: float = 0.0
 
 
-@dataclass(slots=True)
-class _GapStats:
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, x: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
-
-
 class LifetimePlanner:
-    """Per-session KV lifetimes across tool gaps, from learned gap distributions."""
+    """Per-session KV lifetimes across tool gaps, from the prediction layer's gap model.
+
+    ``predictor``: where gaps (and session ends) are learned. A conversation that never
+    says it is over has its KV let go (:meth:`let_go_in`) once the predicted chance that it
+    comes back has fallen below ``return_chance``, if that prediction has confidence
+    ``min_confidence`` or more (else its KV is left to the cache, as with no context)."""
 
     def __init__(self, *, keep_gap_s: float = 0.5, kv_pressure: float = 0.9, lead_std: float = 1.0,
-                 default_gap_s: float = 2.0, min_samples: int = 3) -> None:
+                 default_gap_s: float = 2.0, min_samples: int = 3, predictor: Predictor | None = None,
+                 return_chance: float = 0.2, min_confidence: float = 0.5) -> None:
         self.keep_gap_s = keep_gap_s  # gaps expected shorter than this stay on GPU ...
         self.kv_pressure = kv_pressure  # ... unless the replica's KV is fuller than this
         self.lead_std = lead_std  # prefetch this many standard deviations before the mean gap
-        self.default_gap_s = default_gap_s
-        self.min_samples = min_samples
-        self._gaps: dict[tuple[str, str | None], _GapStats] = {}
-        self._by_agent: dict[str, _GapStats] = {}
+        self.min_samples = min_samples  # a gap level's history before it answers
+        self.predictor = predictor or Predictor(gaps=GapModel(default_s=default_gap_s, min_samples=min_samples))
+        self.return_chance = return_chance
+        self.min_confidence = min_confidence
 
     def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
         """A tool gap that just ended (history the next plans learn from)."""
-        self._gaps.setdefault((agent, tool), _GapStats()).add(gap_s)
-        self._by_agent.setdefault(agent, _GapStats()).add(gap_s)
+        self.predictor.observe_gap(agent, tool, gap_s)
 
     def expected_gap(self, agent: str, tool: str | None) -> tuple[float, float]:
         """(mean, standard deviation) of the gap: the tool's, else the agent's, else a default."""
-        for stats in (self._gaps.get((agent, tool)), self._by_agent.get(agent)):
-            if stats is not None and stats.n >= self.min_samples:
-                return stats.mean, stats.std
-        return self.default_gap_s, self.default_gap_s
+        p = self.predictor.tool_gap(agent, tool)
+        return p.value, p.spread
+
+    def let_go_in(self, agent: str, tenant: str, step: int, hint: int | None) -> float | None:
+        """Seconds after call ``step`` ended at which its session's KV should go first when
+        room is needed; None: keep it as the cache would (unsure, or it will likely return)."""
+        p = self.predictor.unlikely_after(agent, tenant, step, self.return_chance, hint)
+        if not p.usable(self.min_confidence) or p.value == float("inf"):
+            return None
+        return p.value
 
     def plan(self, hint: ToolHint, *, kv_usage: float, load_s: float) -> LifetimePlan:
         """The session's lifetime for this gap; ``load_s``: what bringing it back from host

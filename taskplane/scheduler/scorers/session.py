@@ -19,6 +19,7 @@ from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Scorer, Stateful, param
 from taskplane.scheduler.framework.registry import register
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.predict import Predictor
 from taskplane.scheduler.sessions import SessionPins
 from taskplane.scheduler.types import CallOutcome, CallRequest, Decision, ReplicaView
 
@@ -28,6 +29,13 @@ class SessionAffinityParams:
     break_when_saturated: bool = param(
         True, "give the pinned replica no bonus when it is saturated, so the session moves to the best overlap"
     )
+    predict_end: bool = param(
+        False, "end a pin when the prediction layer says the session's last call ended (learned, with the SDK's "
+        "hint as one input); off: only when the call's steps-remaining hint is 0"
+    )
+    end_p: float = param(0.5, "with predict_end: the predicted chance of a last call at which the pin ends")
+    end_confidence: float = param(0.5, "with predict_end: the confidence the prediction needs; below it, "
+                                  "the pin stays until its TTL, as with no hint")
 
 
 @register("session-affinity")
@@ -46,10 +54,13 @@ class SessionAffinityScorer(Scorer, Stateful):
         self.pins = SessionPins(policy=self.policy)
         self.sessions = self.pins
         self._load = Load()
+        self._predictor = Predictor()
+        self._steps: dict[object, int] = {}  # call -> its step, as the predictor counted it
 
     def bind(self, handle: Handle) -> None:
         self.pins.metrics = handle.metrics
         self._load = handle.load
+        self._predictor = handle.predictor
 
     def score(self, state: CycleState) -> np.ndarray:
         out = np.zeros(len(state.sel))
@@ -77,8 +88,33 @@ class SessionAffinityScorer(Scorer, Stateful):
                 self.pins.break_pin(session, reason)
                 decision.session_moved = True
         tokens = int(req.prompt_tokens + state.completion_tokens)
-        calls = 1.0 + (req.steps_remaining or 0)
+        if self.params.predict_end:
+            calls = 1.0 + self._expected_left(req, session, state.now_s)
+        else:
+            calls = 1.0 + (req.steps_remaining or 0)
         self.pins.placed(session, view.name, state.now_s, req.agent, tokens=tokens, calls=calls)
+
+    def _expected_left(self, req: CallRequest, session: str, now_s: float) -> float:
+        """Calls the session still makes after this one (0 when the prediction is unsure)."""
+        agent, tenant = req.agent or "default", req.tenant or "default"
+        step = self._predictor.observe_call(session, agent=agent, tenant=tenant, step=req.step, now_s=now_s,
+                                            hint=req.steps_remaining)
+        if len(self._steps) >= 100_000:
+            self._steps.pop(next(iter(self._steps)))
+        self._steps[req.call_id or id(req)] = step
+        left = self._predictor.steps_left(agent, tenant, step, req.steps_remaining)
+        return left.value if left.usable(self.params.end_confidence) else 0.0
+
+    def _ends(self, request: CallRequest) -> bool:
+        """Whether the session's last call just ended: the hint, or the prediction layer's."""
+        if not self.params.predict_end:
+            return request.steps_remaining == 0
+        step = self._steps.pop(request.call_id or id(request), request.step)
+        if step is None:
+            return False
+        p = self._predictor.session_end(request.agent or "default", request.tenant or "default", step,
+                                        request.steps_remaining)
+        return p.usable(self.params.end_confidence) and p.value >= self.params.end_p
 
     def _left_because(self, state: CycleState, view: ReplicaView) -> str | None:
         """Why the session left its pinned replica for ``view``, or None if it did not."""
@@ -102,7 +138,7 @@ class SessionAffinityScorer(Scorer, Stateful):
             return
         if not outcome.ok:
             self.pins.break_pin(session, "failed")
-        elif request.steps_remaining == 0:
+        elif self._ends(request):
             self.pins.end(session)  # the task's last step: its context is done with
         else:
             self.pins.finished(session, now_s)

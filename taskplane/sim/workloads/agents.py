@@ -135,6 +135,7 @@ def generate_agent_tasks(cfg: AgentWorkloadConfig | None = None) -> Workload:
             task_id=f"task-{cfg.seed}-{i}", arrival_s=t, calls=_agent_calls(rng, cfg, agent, steps),
             agent=agent.name, tenant=tenant.name, priority=tenant.priority, deadline_s=deadline, model=cfg.model,
             prefix_key=keys[agent.name], prefix_tokens=agent.system_tokens, seed=rng.getrandbits(62),
+            expected_steps=(agent.steps_min + agent.steps_max) // 2,  # the author's one figure per agent
         ))
     return Workload(name="agents", tasks=tasks, block_size=cfg.block_size,
                     meta={"n_tasks": cfg.n_tasks, "rate": cfg.arrival_rate_per_s, "seed": cfg.seed})

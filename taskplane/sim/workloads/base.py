@@ -48,6 +48,9 @@ class TaskSpec:
     # False: a plain OpenAI client, without taskplane headers -- the scheduler sees no task,
     # session, step or deadline (the records still name the task, for the report)
     headers: bool = True
+    # the author's estimate of the task's calls (``@agent(steps=N)``), what the SDK sends
+    # as steps remaining in the simulator's ``author`` hints mode; None: the author gave none
+    expected_steps: int | None = None
 
     @property
     def open_loop(self) -> bool:
