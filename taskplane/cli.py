@@ -332,7 +332,7 @@ def run(
     state_dir: StateDir = Path(".taskplane"),
 ) -> None:
     """Run one agent task and print its result and cost."""
-    from taskplane.sdk.run_command import run_agent_command
+    from workflows.run_command import run_agent_command
 
     run_agent_command(target, arg or [], tenant=tenant, deadline_s=deadline_s, state_dir=state_dir)
 

@@ -213,8 +213,11 @@ class Scheduler:
             hook.completed(request, outcome, now_s)
 
     def task_ended(self, session: str, calls: int | None = None) -> None:
-        """A task reported its end (the SDK's workflow finished): its length is history now."""
+        """A task reported its end (the SDK's workflow finished): its length is history now,
+        and the context its session pins is done with."""
         self.handle.predictor.task_ended(session, calls=calls)
+        for hook in self.hooks:
+            hook.task_ended(session)
 
     def on_kv_events(self, replica: str, events: Iterable[Any], seq: int | None = None) -> BatchResult | None:
         """Feed one batch of a replica's KV events (``seq``: the ZMQ sequence number)."""

@@ -102,6 +102,19 @@ def test_a_held_new_task_is_refused_once_its_hold_runs_out() -> None:
     assert now.decide(_task_call("B"), fleet, 1.0).action == Action.SHED
 
 
+def test_a_first_call_whose_later_steps_nobody_knows_is_not_held_for_room() -> None:
+    # no hint and no history: a refusal would protect no known later step, so the call is
+    # placed like a plain client's; once the SDK says two steps follow, the same call waits
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=FIXED)
+    fleet = [_view("r0")]
+    d = sched.decide(_task_call("A"), fleet, 0.0)
+    sched.observe_completion(_task_call("A"), CallOutcome(replica=d.replica or "", completion_tokens=100), 1.0)
+    unknown = CallRequest(model="m", prompt_tokens=900, max_tokens=100, tenant="t", session_id="B", task_id="B",
+                          step=0, steps_remaining=None, call_id="B:0", block_size=BS, agent="a")
+    assert sched.decide(unknown, fleet, 1.0).action == Action.PLACE
+    assert sched.decide(_task_call("C"), fleet, 1.0).action == Action.QUEUE
+
+
 def test_ten_concurrent_tasks_on_three_replicas_spread_their_calls() -> None:
     wl = generate_agent_tasks(AgentWorkloadConfig(n_tasks=10, arrival_rate_per_s=2.0, seed=5))
     res = simulate(ClusterSpec.fleet("h100:3"), wl, build_policy("taskplane", seed=1, metrics=False))

@@ -39,6 +39,8 @@ class Admission:
         self.metrics = pipeline.metrics
         self.flow = flow
         if flow is not None:
+            for plugin in flow.plugins:
+                plugin.bind(pipeline.handle)
             pipeline.handle.load = flow.load()
         self._admission = flow.settings() if flow is not None else None
         self._queues: dict[str, AdmissionQueue] = {}

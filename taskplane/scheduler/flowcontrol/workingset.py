@@ -14,7 +14,9 @@ any the queue-drain estimate. A hold that reaches ``hold_s`` with the slowdown s
 larger refuses the call (it has spent nothing) with ``retry_after_s``.
 
 A call without a task or session (a plain OpenAI client) is never held for room: it has no
-later steps whose context a refusal would protect.
+later steps whose context a refusal would protect. Nor is a task's first call whose later
+steps the prediction layer cannot vouch for (no hint and no history, or a confident
+prediction of none): that call is treated as a plain client's.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import numpy as np
 
 from taskplane.scheduler.flowcontrol.base import FlowPlugin
 from taskplane.scheduler.flowcontrol.holdcost import queues_short, slowdown_ms
+from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.normalise import any_true
 from taskplane.scheduler.framework.plugin import param
 from taskplane.scheduler.framework.registry import register
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.predict.model import Predictor
 from taskplane.scheduler.types import CallRequest
 
 
@@ -63,6 +67,9 @@ class WorkingSetRoom(FlowPlugin):
         short_queue_ms: float | None = param(
             None, "queues are short when a replica that can take the call has no engine-queued call and at "
             "most this much queued prefill (ms, by the latency model): a first call is then not held; null: off")
+        min_steps_confidence: float = param(
+            0.3, "a first call is held only when the prediction layer expects its task to make later calls "
+            "with at least this confidence (the SDK's hint, or history); 0: hold whatever is known")
         pays: bool = param(
             False, "hold only while the expected wait is below the slowdown admission would cause the others, "
             "and never longer (false: hold up to hold_s whatever it costs)")
@@ -78,6 +85,19 @@ class WorkingSetRoom(FlowPlugin):
         super().__init__(params, **kw)  # type: ignore[arg-type]
         self._wait_s = 0.0  # EWMA of the waits of held calls that room was found for
         self._waits = 0
+        self._predictor = Predictor()
+
+    def bind(self, handle: Handle) -> None:
+        self._predictor = handle.predictor
+
+    def _expects_later_steps(self, request: CallRequest) -> bool:
+        """Whether the task is known (hinted, or learned) to make calls after this one."""
+        need = self.params.min_steps_confidence
+        if need <= 0:
+            return True
+        left = self._predictor.steps_left(request.agent or "default", request.tenant or "default",
+                                          request.step or 0, request.steps_remaining)
+        return left.usable(need) and left.value > 0
 
     @property
     def on(self) -> bool:
@@ -89,7 +109,7 @@ class WorkingSetRoom(FlowPlugin):
         p = self.params
         if request.session_id is None and request.task_id is None:
             return None
-        if not starts_task():
+        if not starts_task() or not self._expects_later_steps(request):
             return None
         budget = request.budget_ms
         if budget is not None and budget < p.min_budget_retries * p.retry_after_s * 1000.0:

@@ -139,6 +139,9 @@ class Stateful:
     def completed(self, request: CallRequest, outcome: CallOutcome, now_s: float) -> None:
         """A placed call ended."""
 
+    def task_ended(self, session: str) -> None:
+        """The task (or conversation) ``session`` reported its end: nothing more will come."""
+
     def replica_failed(self, replica: str) -> int:
         """A replica failed; returns how many of this plugin's entries it broke."""
         return 0

@@ -143,6 +143,9 @@ class SessionAffinityScorer(Scorer, Stateful):
         else:
             self.pins.finished(session, now_s)
 
+    def task_ended(self, session: str) -> None:
+        self.pins.end(session)
+
     def replica_failed(self, replica: str) -> int:
         return self.pins.drop_replica(replica, "failed")
 
