@@ -59,6 +59,7 @@ class FleetBook:
         self.closed: list[FleetInterval] = []
         self._kill_at: dict[str, float | None] = {}
         self._seq = 0
+        self.predrained: set[str] = set()  # ready, serving, but no new session (the next victim)
 
     # ---------------------------------------------------------------- adding
     def provision(self, gpu: str, now_s: float, *, name: str | None = None, ready: bool = False) -> str:
@@ -90,6 +91,8 @@ class FleetBook:
         acts = Actions()
         for gpu in plan.start:
             acts.start.append((self.provision(gpu, now_s), gpu))
+        if plan.predrain is not None:
+            self.predrained = set(plan.predrain)
         for name in plan.cordon:
             self._set(name, Phase.CORDONED, now_s, {Phase.READY})
         for name in plan.uncordon:
@@ -154,6 +157,10 @@ class FleetBook:
         """May take any new placement (new sessions included)."""
         r = self.replicas.get(name)
         return r is not None and r.phase is Phase.READY
+
+    def takes_new_sessions(self, name: str) -> bool:
+        """May have a new session pinned: ready and not pre-drained."""
+        return self.placeable(name) and name not in self.predrained
 
     def serving(self, name: str) -> bool:
         """May take its own pinned sessions' calls (ready or cordoned)."""

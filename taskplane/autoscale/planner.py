@@ -7,9 +7,12 @@ What only the control plane sees, and what it does with it:
   have to do over the next cold start is known before it reaches any queue;
 - new workflows' arrival rate, so demand that will arrive while a replica loads is covered;
 - deadline slack: workflows that cannot afford queueing count extra;
-- pinned working sets: on scale-in the replica whose loss re-prefills the fewest live
-  tokens is *cordoned* (no new sessions, its sessions finish their steps), then drained once
-  they are done, or after ``cordon_max_s`` moved deliberately; calls in flight always finish;
+- pinned working sets: on scale-in the replica whose pinned sessions are predicted to end
+  soonest is the victim. As soon as demand falls below the scale-in line it is *pre-drained*
+  (still serving, counted as capacity, but no new session is pinned there), then after the
+  delay *cordoned* (no new sessions, its sessions finish their steps) and drained once they
+  are done, or once waiting for them costs more GPU-seconds than re-prefilling their
+  context elsewhere (``cordon_max_s`` caps the wait); calls in flight always finish;
 - cold start and price per GPU generation: capacity is added early enough to be ready when
   needed, on the cheapest generation (price per unit of work) that meets the pool's SLO;
 - an idle pool goes to zero; a held call wakes it;
@@ -31,9 +34,10 @@ from taskplane.autoscale.types import (
     Phase,
     Plan,
     PoolSignals,
+    ReplicaState,
     WorkflowSignal,
 )
-from taskplane.autoscale.victims import fewest_reprefill
+from taskplane.autoscale.victims import drain_seconds, reprefill_gpu_seconds, soonest_drained
 
 
 @dataclass(slots=True)
@@ -44,6 +48,11 @@ class PlannerConfig:
     hysteresis: float = 0.85  # scale in only when demand < (replicas - 1) x this
     urgent_slack: float = 1.2  # a workflow whose budget < its expected time x this counts 1.5x
     cordon_max_s: float = 300.0  # then a cordoned replica's remaining sessions are moved
+    # a cordoned replica is drained once its sessions' predicted time left (GPU-seconds held
+    # idle) exceeds the GPU-seconds re-prefilling their context elsewhere costs
+    price_cordon: bool = True
+    # the next scale-in victim takes no new session from the moment demand falls below the line
+    predrain: bool = True
     idle_to_zero_s: float = 120.0  # no workflow, arrival or held call this long: the pool may go to 0
     sleep_max_s: float = 600.0  # a replica asleep this long is deleted (it holds its GPU: paid idle time)
     # live stacks: calls in flight + queued per replica above which capacity is short
@@ -61,6 +70,7 @@ class TaskplaneAutoscaler:
         self._last = -math.inf
         self._below_since: float | None = None
         self._busy_since = 0.0
+        self._predrained: str | None = None
         self.last_demand = 0.0  # GPU-seconds per second (reference GPU), for metrics
 
     # ---------------------------------------------------------------- demand
@@ -93,7 +103,8 @@ class TaskplaneAutoscaler:
         cfg = self.cfg
         active = s.active()
         plan = Plan(pool=s.pool, desired=len(active), grace_s=None)
-        plan.drain = self._cordoned_done(s) + self._sleepers_expired(s)
+        drain_s = drain_seconds(s.workflows, lambda w: self._profile(s, w))
+        plan.drain = self._cordoned_done(s, drain_s) + self._sleepers_expired(s)
         if s.now_s - self._last < cfg.interval_s and not (s.held_requests and not active):
             return plan
         self._last = s.now_s
@@ -116,7 +127,10 @@ class TaskplaneAutoscaler:
             self._below_since = None
             self._grow(s, plan, need - capacity, floor - len(active), gens)
         elif len(active) > floor:
-            self._shrink(s, plan, need, capacity, floor, idle)
+            self._shrink(s, plan, need, capacity, floor, idle, drain_s)
+        if self._below_since is None or plan.cordon:
+            self._predrained = None
+        plan.predrain = [self._predrained] if self._predrained is not None and cfg.predrain else []
         plan.desired = len(active) + len(plan.start) + len(plan.uncordon) + len(plan.wake) - len(plan.cordon)
         return plan
 
@@ -167,11 +181,22 @@ class TaskplaneAutoscaler:
                 f"demand {self.last_demand:.2f} work/s over capacity: start {','.join(plan.start) or '-'}"
                 f" uncordon {','.join(plan.uncordon) or '-'} wake {','.join(plan.wake) or '-'}")
 
-    def _shrink(self, s: PoolSignals, plan: Plan, need: float, capacity: float, floor: int, idle: bool) -> None:
+    def _victim(self, active: list[ReplicaState], drain_s: dict[str, float]) -> ReplicaState | None:
+        """The replica to give up next: the pre-drained one while it still serves (its
+        sessions have been thinning out), else the one expected to drain soonest."""
+        keep = next((r for r in active if r.name == self._predrained and r.phase is Phase.READY), None)
+        if keep is not None:
+            return keep
+        name = soonest_drained(active, 1, drain_s)
+        return next((r for r in active if name and r.name == name[0]), None)
+
+    def _shrink(self, s: PoolSignals, plan: Plan, need: float, capacity: float, floor: int, idle: bool,
+                drain_s: dict[str, float]) -> None:
         """Give up one replica once demand stayed low long enough: a starting one is simply
-        stopped (no cache, nothing in flight); a ready one, the cheapest to lose, is cordoned."""
+        stopped (no cache, nothing in flight); a ready one, the soonest drained, is pre-drained
+        while the delay runs, then cordoned."""
         active = s.active()
-        victim = next((r for r in active if r.name == fewest_reprefill(active, 1)[0]), None)
+        victim = self._victim(active, drain_s)
         if victim is None:
             return
         if not idle and need >= (capacity - self._speed(s, victim.gpu)) * self.cfg.hysteresis:
@@ -179,6 +204,8 @@ class TaskplaneAutoscaler:
             return
         if self._below_since is None:
             self._below_since = s.now_s
+        if victim.phase is Phase.READY:
+            self._predrained = victim.name
         if s.now_s - self._below_since < self.cfg.scale_in_delay_s and not idle:
             return
         self._below_since = s.now_s  # one replica per delay
@@ -192,13 +219,19 @@ class TaskplaneAutoscaler:
         plan.reasons.append(f"demand {need:.2f} work/s fits without {victim.name}: cordon it "
                             f"({victim.live_session_tokens} live-session tokens, {victim.live_sessions} sessions)")
 
-    def _cordoned_done(self, s: PoolSignals) -> list[str]:
-        """Cordoned replicas to drain now: no live session left, or cordoned too long (its
-        sessions are then moved deliberately: their next step prefills elsewhere)."""
+    def _cordoned_done(self, s: PoolSignals, drain_s: dict[str, float]) -> list[str]:
+        """Cordoned replicas to drain now: no live session left; or waiting for its sessions
+        (``drain_s``: their predicted time left, a whole GPU held for it) costs more GPU-seconds
+        than re-prefilling their context elsewhere; or cordoned ``cordon_max_s``. Sessions
+        still there are then moved deliberately: their next step prefills elsewhere."""
         out = []
         for r in s.replicas:
-            if r.phase is Phase.CORDONED and (
-                    r.live_sessions == 0 or s.now_s - r.phase_since_s >= self.cfg.cordon_max_s):
+            if r.phase is not Phase.CORDONED:
+                continue
+            waited = s.now_s - r.phase_since_s
+            priced = self.cfg.price_cordon and drain_s.get(r.name, 0.0) > reprefill_gpu_seconds(
+                r.live_session_tokens, self._speed(s, r.gpu))
+            if r.live_sessions == 0 or priced or waited >= self.cfg.cordon_max_s:
                 out.append(r.name)
         return out
 

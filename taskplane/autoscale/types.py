@@ -131,6 +131,9 @@ class Plan:
     uncordon: list[str] = field(default_factory=list)  # back to READY (demand came back)
     drain: list[str] = field(default_factory=list)  # replicas: no placements, stop (or sleep) when empty
     wake: list[str] = field(default_factory=list)  # sleeping replicas to wake (a hot start)
+    # ready replicas that take no new session (the next scale-in victim) but still serve and
+    # count as capacity; None: unchanged since the last plan
+    predrain: list[str] | None = None
     # seconds a draining replica's calls in flight get before it is killed (None: wait for
     # them, however long: taskplane never fails a call in flight)
     grace_s: float | None = None

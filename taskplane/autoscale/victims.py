@@ -1,15 +1,24 @@
-"""Which replica to give up on scale-in.
+"""Which replica to give up on scale-in, and when a cordoned one should stop waiting.
 
 Kubernetes, asked to shrink a ReplicaSet, deletes pods in its own order (lowest
 ``controller.kubernetes.io/pod-deletion-cost`` first, then not-ready before ready, then the
-most recently ready): it knows nothing of KV caches. taskplane picks the replica whose loss
-re-prefills the fewest tokens of sessions still alive, and hands the order to Kubernetes as
-deletion costs.
+most recently ready): it knows nothing of KV caches. taskplane picks the replica whose
+pinned sessions are expected to finish soonest (the prediction layer's steps remaining
+times the agent's seconds per step), so a cordon is short, and among equals the one whose
+loss re-prefills the fewest live tokens; it hands the order to Kubernetes as deletion costs.
 """
 
 from __future__ import annotations
 
-from taskplane.autoscale.types import Phase, ReplicaState
+from collections.abc import Callable, Iterable
+
+from taskplane.autoscale.types import (
+    PREFILL_WEIGHT,
+    AgentProfile,
+    Phase,
+    ReplicaState,
+    WorkflowSignal,
+)
 
 
 def kube_default(replicas: list[ReplicaState], n: int) -> list[str]:
@@ -29,6 +38,33 @@ def fewest_reprefill(replicas: list[ReplicaState], n: int) -> list[str]:
     order = sorted(replicas, key=lambda r: (r.phase is not Phase.STARTING, reprefill_cost(r), r.inflight,
                                             -r.cost_per_hour_usd, r.name))
     return [r.name for r in order[:n]]
+
+
+def drain_seconds(workflows: Iterable[WorkflowSignal], profile: Callable[[WorkflowSignal], AgentProfile]
+                  ) -> dict[str, float]:
+    """Per replica, the predicted seconds until the last session pinned there ends: its
+    workflows' steps remaining times their agents' seconds per step (the longest one)."""
+    out: dict[str, float] = {}
+    for w in workflows:
+        if w.replica is None or w.steps_remaining <= 0:
+            continue
+        left = w.steps_remaining * profile(w).seconds_per_step
+        out[w.replica] = max(out.get(w.replica, 0.0), left)
+    return out
+
+
+def soonest_drained(replicas: list[ReplicaState], n: int, drain_s: dict[str, float]) -> list[str]:
+    """The replicas whose pinned sessions are expected to end first (``drain_s``, from
+    :func:`drain_seconds`); a starting one first; then the fewest tokens to re-prefill."""
+    order = sorted(replicas, key=lambda r: (r.phase is not Phase.STARTING, round(drain_s.get(r.name, 0.0)),
+                                            reprefill_cost(r), r.inflight, -r.cost_per_hour_usd, r.name))
+    return [r.name for r in order[:n]]
+
+
+def reprefill_gpu_seconds(tokens: int, capacity_per_s: float) -> float:
+    """GPU-seconds that re-prefilling ``tokens`` elsewhere costs (prefill work units over one
+    replica's profiled work per second)."""
+    return tokens * PREFILL_WEIGHT / max(capacity_per_s, 1e-9)
 
 
 def deletion_costs(replicas: list[ReplicaState]) -> dict[str, int]:

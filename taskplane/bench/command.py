@@ -366,6 +366,7 @@ def run_bench(
     host_kv_gb: float = 0.0,
     remote_kv_gb: float = 0.0,
     hints: str = "author",
+    cold_start_s: float | None = None,
 ) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
     if workload not in (*WORKLOADS, "scale", "diurnal"):
@@ -374,7 +375,7 @@ def run_bench(
         from taskplane.bench.diurnal_command import run_diurnal_command
 
         return run_diurnal_command(out, replicas=replicas, policies=policies, seed=seed, trace=trace,
-                                   day_s=duration_s or 3600.0)
+                                   day_s=duration_s or 3600.0, cold_start_s=cold_start_s, hints=hints)
     if workload == "scale":
         return _run_scale(out, replicas=replicas, tasks=tasks, policies=policies, seed=seed, engine=engine,
                           cells=cells)

@@ -30,6 +30,7 @@ from taskplane.autoscale.registry import Autoscaler, build_autoscaler
 from taskplane.autoscale.types import Generation, work_units
 from taskplane.bench.metrics import policy_metrics
 from taskplane.sim.elastic import FleetResult, generation, simulate_fleet
+from taskplane.sim.hints import HintMode
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
 
@@ -139,8 +140,10 @@ def autoscaler_metrics(res: FleetResult, hit_ceiling: float) -> dict[str, Any]:
 
 def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *, generations: list[Generation],
                     min_replicas: int, max_replicas: int, fixed: int, horizon_s: float, seed: int,
-                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None) -> dict[str, FleetResult]:
-    """Each autoscaler on the same workload, a fresh placement policy each."""
+                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None,
+                    hints: HintMode = HintMode.AUTHOR) -> dict[str, FleetResult]:
+    """Each autoscaler on the same workload, a fresh placement policy each; ``hints``: what
+    the simulated SDK tells placement and the planner of each task's steps remaining."""
     out: dict[str, FleetResult] = {}
     for name in names:
         if progress is not None:
@@ -150,16 +153,19 @@ def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *
         out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=generations,
                                    min_replicas=min_replicas, max_replicas=max_replicas, initial=initial,
                                    horizon_s=horizon_s, seed=seed, model=workload.tasks[0].model if workload.tasks
-                                   else "llama-3.1-8b")
+                                   else "llama-3.1-8b", hints=hints)
     return out
 
 
-def default_generations(fleet: str, model: str, capacity_per_s: float) -> list[Generation]:
-    """``"h100:16"`` or ``"h100:16,l40s:8"``: each generation with its slot count."""
+def default_generations(fleet: str, model: str, capacity_per_s: float,
+                        cold_start_s: float | None = None) -> list[Generation]:
+    """``"h100:16"`` or ``"h100:16,l40s:8"``: each generation with its slot count;
+    ``cold_start_s``: every generation's (None: each GPU's and model's default)."""
     gens = []
     for part in fleet.split(","):
         gpu, _, count = part.strip().partition(":")
-        gens.append(generation(gpu, model, max_replicas=int(count or 1), capacity_per_s=capacity_per_s))
+        gens.append(generation(gpu, model, max_replicas=int(count or 1), capacity_per_s=capacity_per_s,
+                               cold_start_s=cold_start_s))
     return gens
 
 

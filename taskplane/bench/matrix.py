@@ -78,6 +78,9 @@ def cells(second_trace: Path) -> list[Cell]:
     for seed in (1, 2, 3):
         out.append(Cell(AUTOSCALE, f"seed {seed}", {"seed": seed}))
     out.append(Cell(AUTOSCALE, "16 replicas", {"replicas": 16}))
+    for cold in (18.0, 120.0):
+        out.append(Cell(AUTOSCALE, f"cold start {cold:g} s", {"cold_start_s": cold}))
+    out.append(Cell(AUTOSCALE, "hints none", {"hints": "none"}))
     return out
 
 

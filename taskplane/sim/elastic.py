@@ -37,6 +37,7 @@ from taskplane.sim.cluster import ClusterSim
 from taskplane.sim.events import Event
 from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
 from taskplane.sim.gpus import default_cold_start_s, gpu_profile
+from taskplane.sim.hints import HintMode, steps_hint
 from taskplane.sim.requests import Finished
 from taskplane.sim.results import ClusterResult
 from taskplane.sim.sleep import wake_seconds
@@ -117,9 +118,10 @@ class FleetPolicy:
     def _avoid(self, req: CallRequest) -> None:
         session = req.session_id or req.task_id or ""
         mine = self.where.get(session)
-        cordoned = tuple(n for n, r in self.book.replicas.items() if r.phase is Phase.CORDONED and n != mine)
-        if cordoned:
-            req.avoid_replicas = (*req.avoid_replicas, *cordoned)
+        closed = tuple(n for n, r in self.book.replicas.items()
+                       if n != mine and (r.phase is Phase.CORDONED or n in self.book.predrained))
+        if closed:
+            req.avoid_replicas = (*req.avoid_replicas, *closed)
 
     def decide(self, req: CallRequest, replicas: Any, now_s: float) -> Decision:
         self._avoid(req)
@@ -148,6 +150,10 @@ class FleetPolicy:
         obs = getattr(self.inner, "observe_completion", None)
         if obs is not None:
             obs(request, outcome, now_s)
+
+
+#: a task's length before any of its agent's tasks has finished (the live signals' prior too)
+DEFAULT_TASK_STEPS = 5.0
 
 
 class FleetSim(ClusterSim):
@@ -181,6 +187,7 @@ class FleetSim(ClusterSim):
         self._arrivals: deque[float] = deque()
         self._live: dict[str, TaskState] = {}
         self._profile_sum: dict[str, list[float]] = {}  # agent -> [calls, seconds] of finished tasks
+        self._tasks_by_agent: dict[str, int] = {}  # finished tasks per agent (their mean length)
         self.events.push(0.0, Event.CONTROL, None)
 
     # ---------------------------------------------------------------- slots
@@ -232,6 +239,7 @@ class FleetSim(ClusterSim):
                 acc = self._profile_sum.setdefault(spec.agent, [0.0, 0.0])
                 acc[0] += max(task.done_calls, 1)
                 acc[1] += (task.finished_s or t) - spec.arrival_s
+                self._tasks_by_agent[spec.agent] = self._tasks_by_agent.get(spec.agent, 0) + 1
 
     def _new_live(self, t: float) -> list[TaskState]:
         out = []
@@ -257,6 +265,21 @@ class FleetSim(ClusterSim):
         return out, AgentProfile(sum(p.work_per_step for p in out.values()) / n,
                                  sum(p.seconds_per_step for p in out.values()) / n)
 
+    def _steps_left(self, task: TaskState) -> int:
+        """What a live planner knows of a task's calls still to come, its current one
+        included: the SDK's hint where it sends one (``ClusterSpec.hints``), else the agent's
+        mean task length from the tasks finished so far minus the calls made (as
+        ``actuators.signals.history_signals`` reads it from Postgres); never the truth,
+        unless the hints mode is the labelled oracle."""
+        spec = task.spec
+        hint = steps_hint(spec, task.done_calls - 1, self.cluster.hints)
+        if hint is not None:
+            return max(1, hint)
+        agent = spec.agent
+        tasks = self._tasks_by_agent.get(agent, 0)
+        mean = self._profile_sum[agent][0] / tasks if tasks else DEFAULT_TASK_STEPS
+        return max(1, round(mean - task.done_calls))
+
     def _signals(self, t: float) -> PoolSignals:
         self.fleet.snapshot()
         live_tokens: dict[str, int] = {}
@@ -265,7 +288,7 @@ class FleetSim(ClusterSim):
         where = self.fleet_policy.where
         for task in self._live.values():
             spec = task.spec
-            remaining = len(spec.calls) - task.done_calls
+            remaining = self._steps_left(task)
             sid = spec.session_id or spec.task_id
             rep = where.get(sid)
             own = max(0, task.ctx - spec.prefix_tokens)
@@ -381,18 +404,20 @@ class FleetSim(ClusterSim):
             self._calls_by_agent[agent] = self._calls_by_agent.get(agent, 0) + 1
 
 
-def fleet_cluster(generations: list[Generation], model: str, kv_blocks: int | None = None) -> ClusterSpec:
+def fleet_cluster(generations: list[Generation], model: str, kv_blocks: int | None = None,
+                  hints: HintMode = HintMode.AUTHOR) -> ClusterSpec:
     """Every slot the pool may use: ``max_replicas`` per generation."""
     reps = [ReplicaSpec(name=f"{g.gpu}-{i}", gpu=g.gpu, model=model, kv_blocks=kv_blocks,
                         cost_per_hour_usd=g.cost_per_hour_usd)
             for g in generations for i in range(g.max_replicas)]
-    return ClusterSpec(reps)
+    return ClusterSpec(reps, hints=hints)
 
 
 def simulate_fleet(workload: Workload, policy: Any, autoscaler: Autoscaler, *, generations: list[Generation],
                    min_replicas: int, max_replicas: int, initial: int, horizon_s: float, model: str = "llama-3.1-8b",
-                   seed: int = 0, tick_s: float = 1.0, sleep_level: int = 0) -> FleetResult:
-    cluster = fleet_cluster(generations, model)
+                   seed: int = 0, tick_s: float = 1.0, sleep_level: int = 0,
+                   hints: HintMode = HintMode.AUTHOR) -> FleetResult:
+    cluster = fleet_cluster(generations, model, hints=hints)
     return FleetSim(cluster, workload, policy, autoscaler, generations=generations, min_replicas=min_replicas,
                     max_replicas=max_replicas, initial=initial, horizon_s=horizon_s, tick_s=tick_s,
                     seed=seed, sleep_level=sleep_level).run_fleet()

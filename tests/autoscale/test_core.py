@@ -203,3 +203,50 @@ def test_a_baseline_scale_out_waits_for_gpus_that_draining_replicas_still_hold()
     assert plan.start == [] and "wait for a GPU" in plan.reasons[0]
     plan = FixedPeak(3).plan(sig(60.0, [ready("a")], gens=[two]))  # b has stopped: its GPU is free
     assert plan.start == ["h100"]
+
+
+def _pinned(replica: str, steps: int, n: int = 1) -> list[WorkflowSignal]:
+    return [WorkflowSignal(task_id=f"{replica}{i}", agent="a", steps_remaining=steps, replica=replica)
+            for i in range(n)]
+
+
+def test_the_victim_is_the_replica_whose_sessions_end_soonest_and_is_predrained_first() -> None:
+    # "few" holds the fewest tokens but a session with 20 steps (100 s) to go; "soon" more
+    # tokens, all of them one step (5 s) from their end: giving up "soon" costs a short cordon
+    a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, scale_in_delay_s=30.0))
+    reps = [ready("few", live_session_tokens=100, live_sessions=1),
+            ready("soon", live_session_tokens=6000, live_sessions=2),
+            ready("busy", live_session_tokens=9000, live_sessions=3)]
+    s = sig(0.0, reps)
+    s.workflows = [*_pinned("few", 20), *_pinned("soon", 1, 2), *_pinned("busy", 20, 3)]
+    first = a.plan(s)
+    # demand fell below the line: not cordoned yet (the delay runs), but no new session there
+    assert first.cordon == [] and first.predrain == ["soon"]
+    book = FleetBook("m", [H100])
+    for name in ("few", "soon", "busy"):
+        book.provision("h100", 0.0, name=name, ready=True)
+    book.apply(first, 0.0)
+    assert book.placeable("soon") and not book.takes_new_sessions("soon") and book.takes_new_sessions("few")
+    s.now_s = 40.0
+    later = a.plan(s)
+    assert later.cordon == ["soon"] and later.predrain == []
+    book.apply(later, 40.0)
+    assert book.takes_new_sessions("few") and book.predrained == set()
+
+
+def test_a_cordoned_replica_stops_waiting_once_waiting_costs_more_than_the_reprefill() -> None:
+    cordoned = ReplicaState(name="c", gpu="h100", phase=Phase.CORDONED, phase_since_s=0.0,
+                            live_session_tokens=2000, live_sessions=1)
+    s = sig(10.0, [ready("a"), cordoned])
+    # 2,000 tokens re-prefill in 2000 x 0.125 / 1000 = 0.25 GPU-s; a session 20 steps (100 s)
+    # from its end would hold the whole GPU far longer: move it now
+    s.workflows = _pinned("c", 20)
+    assert TaskplaneAutoscaler().plan(s).drain == ["c"]
+    # a huge context nearly done: waiting is cheaper
+    cordoned.live_session_tokens = 10_000_000
+    s.workflows = _pinned("c", 1)
+    assert TaskplaneAutoscaler().plan(s).drain == []
+    # unpriced (the cap alone), the long session is waited for up to cordon_max_s
+    cordoned.live_session_tokens = 2000
+    s.workflows = _pinned("c", 20)
+    assert TaskplaneAutoscaler(PlannerConfig(price_cordon=False)).plan(s).drain == []
