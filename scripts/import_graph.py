@@ -1,11 +1,18 @@
-"""The project's import graph, read from source: cycles, the scheduler's layering, module sizes.
+"""The project's import graph, read from source: module cycles, the package layers, module sizes.
 
 Every ``import x`` and ``from x import y`` counts, wherever it stands: at the top, inside a
 function (a lazy import is still a dependency) and under ``if TYPE_CHECKING:`` (a type
 that needs a cycle to be named is a sign the two modules are one). An edge goes to the
 most specific module of the project that the statement names: ``from a.b import c`` is
 an edge to ``a.b.c`` when that is a module, else to ``a.b``. Parent packages are not
-counted as imported (every ``__init__.py`` here is small and imports nothing eagerly).
+counted as imported (every ``__init__.py`` here is small and imports nothing eagerly);
+what ``importlib.import_module`` loads is not read.
+
+The package graph lifts every module edge to its packages: the top-level subpackages and
+top modules of ``taskplane`` (``taskplane.scheduler``, ``taskplane.config``, ...),
+``taskplane`` itself for ``taskplane/__init__.py``, and ``workflows``. ``LAYERS`` names every
+package, lowest layer first; a package may import only packages of lower layers, so the
+package graph has no cycle either.
 
     python scripts/import_graph.py [ROOT]     # prints the findings; exit 1 when there are any
 
@@ -16,15 +23,25 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = ("taskplane", "workflows")
 MAX_LINES = 600
-#: what the pure scheduling core may not import (it is also run by the simulator and the bench)
-SCHEDULER = "taskplane.scheduler"
-SCHEDULER_FORBIDDEN = tuple(f"taskplane.{p}" for p in ("gateway", "store", "engines", "sim", "bench", "dev"))
+#: every package of the project, lowest layer first: a package may import only packages of lower layers
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("taskplane.errors", "taskplane.logs", "taskplane.ports", "taskplane.procfs"),  # import nothing of ours
+    ("taskplane.scheduler", "taskplane.temporal_names"),  # the pure scheduling core (also run by sim and bench)
+    ("taskplane.config", "taskplane.context", "taskplane.store"),
+    ("taskplane.engines",),
+    ("taskplane.dev",),
+    ("taskplane.autoscale", "taskplane.reports", "taskplane.sdk"),
+    ("taskplane", "taskplane.demo", "taskplane.gateway", "taskplane.integrations", "taskplane.sim"),
+    ("taskplane.epp", "workflows"),
+    ("taskplane.bench",),
+    ("taskplane.cli",),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +184,44 @@ def one_cycle(component: list[str], edges: dict[str, list[Edge]]) -> list[Edge]:
     return []
 
 
-def scheduler_violations(edges: dict[str, list[Edge]]) -> list[Edge]:
-    """Imports from the scheduling core into the layers above it."""
-    return [e for m, es in sorted(edges.items()) if m == SCHEDULER or m.startswith(SCHEDULER + ".")
-            for e in es if any(e.target == f or e.target.startswith(f + ".") for f in SCHEDULER_FORBIDDEN)]
+def package_of(module: str) -> str:
+    """``taskplane.scheduler.kv.walk`` -> ``taskplane.scheduler``; ``workflows.worker`` -> ``workflows``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "taskplane" else parts[0]
+
+
+def package_edges(edges: dict[str, list[Edge]]) -> dict[str, list[Edge]]:
+    """The module edges between two packages, lifted to them (the line is the first such import's)."""
+    out: dict[str, dict[str, Edge]] = {}
+    for m in sorted(edges):
+        out.setdefault(package_of(m), {})
+        for e in edges[m]:
+            a, b = package_of(e.source), package_of(e.target)
+            if a != b:
+                out[a].setdefault(b, Edge(a, b, e.line))
+    return {p: list(targets.values()) for p, targets in out.items()}
+
+
+def example(edges: dict[str, list[Edge]], source: str, target: str) -> Edge:
+    """The first module edge from package ``source`` to package ``target``."""
+    return next(e for m in sorted(edges) if package_of(m) == source for e in edges[m] if package_of(e.target) == target)
+
+
+def layer_findings(edges: dict[str, list[Edge]], layers: Sequence[Sequence[str]] = LAYERS) -> list[str]:
+    """A package on no layer, a layer's name that is no package, and every import of a package
+    on the same layer or a higher one (one line per module edge)."""
+    level = {p: i for i, layer in enumerate(layers) for p in layer}
+    packages = {package_of(m) for m in edges}
+    lines = [f"package {p} is on no layer: add it to LAYERS in scripts/import_graph.py"
+             for p in sorted(packages - level.keys())]
+    lines += [f"LAYERS names {p}, which is no package of the project" for p in sorted(level.keys() - packages)]
+    for m in sorted(edges):
+        for e in edges[m]:
+            a, b = package_of(e.source), package_of(e.target)
+            if a != b and a in level and b in level and level[b] >= level[a]:
+                lines.append(f"{e.source}:{e.line} -> {e.target}: {a} (layer {level[a] + 1}) may import only "
+                             f"lower layers, and {b} is on layer {level[b] + 1}")
+    return lines
 
 
 def oversized(modules: dict[str, Path], limit: int = MAX_LINES) -> list[tuple[str, int]]:
@@ -179,15 +230,19 @@ def oversized(modules: dict[str, Path], limit: int = MAX_LINES) -> list[tuple[st
     return sorted(((m, n) for m, n in sizes if n > limit), key=lambda x: -x[1])
 
 
-def report(root: Path) -> list[str]:
+def report(root: Path, layers: Sequence[Sequence[str]] = LAYERS) -> list[str]:
     """One line per finding (empty when the project is clean)."""
     modules, edges = graph(root)
     lines = []
     for component in cycles(edges):
         path = " -> ".join(f"{e.source}:{e.line}" for e in one_cycle(component, edges))
         lines.append(f"cycle of {len(component)} modules ({', '.join(component)}); e.g. {path} -> {component[0]}")
-    for e in scheduler_violations(edges):
-        lines.append(f"scheduler imports a layer above it: {e.source}:{e.line} -> {e.target}")
+    lifted = package_edges(edges)
+    for component in cycles(lifted):
+        hops = [example(edges, e.source, e.target) for e in one_cycle(component, lifted)]
+        path = "; ".join(f"{e.source}:{e.line} -> {e.target}" for e in hops)
+        lines.append(f"cycle of {len(component)} packages ({', '.join(component)}); e.g. {path}")
+    lines += layer_findings(edges, layers)
     for m, n in oversized(modules):
         lines.append(f"module over {MAX_LINES} lines: {modules[m].relative_to(root)} ({n})")
     return lines
@@ -196,8 +251,8 @@ def report(root: Path) -> list[str]:
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
     findings = report(root)
-    print("\n".join(findings) if findings else "no import cycles, scheduler imports nothing above it, "
-          f"no module over {MAX_LINES} lines")
+    print("\n".join(findings) if findings else f"no import cycles between modules or packages, every package imports "
+          f"only lower layers ({len(LAYERS)} layers), no module over {MAX_LINES} lines")
     return 1 if findings else 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install everything and run the whole test suite: lint, types, then pytest (the real
-# Temporal dev server, the embedded Postgres, simulated replicas, real vLLM, Chromium).
+# Install everything and run the whole test suite: lint, types, the import layering, then
+# pytest (the real Temporal dev server, the embedded Postgres, simulated replicas, real vLLM, Chromium).
 # This is the README's test command and what .ci/run runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +24,7 @@ fi
 
 .venv/bin/ruff check taskplane workflows tests examples
 .venv/bin/mypy
+.venv/bin/python scripts/import_graph.py
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

@@ -15,8 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from taskplane.context import Priority
 from taskplane.errors import ConfigError, describe_validation
+from taskplane.scheduler.config import SchedulerConfig
+from taskplane.scheduler.types import Priority
 
 GpuName = Literal["h100", "h200", "b200", "l40s", "a100", "cpu"]
 
@@ -154,26 +155,6 @@ class TenantConfig(_Strict):
     weight: float = Field(default=1.0, gt=0, description="fair-share weight inside a priority band")
     excluded_gpus: list[GpuName] = Field(default_factory=list, description="GPU generations never used")
     max_concurrent: int = Field(default=256, ge=1, description="concurrent requests in flight")
-
-
-class PluginConfig(_Strict):
-    type: str = Field(description="registered plugin type name")
-    weight: float = Field(default=1.0, ge=0, description="scorer weight; ignored for filters")
-    params: dict[str, Any] = Field(default_factory=dict, description="plugin-specific settings")
-
-
-class SchedulerConfig(_Strict):
-    policy: str = Field(default="taskplane", description="a named policy preset (see taskplane.scheduler.policies)")
-    filters: list[PluginConfig] | None = Field(default=None, description="override the preset's filters")
-    scorers: list[PluginConfig] | None = Field(default=None, description="override the preset's scorers")
-    seed: int = Field(default=0, description="tie-break seed of the picker")
-    admission: bool = Field(default=True, description="priority admission queue and shedding")
-    flow_control: list[PluginConfig] | None = Field(
-        default=None,
-        description="replace the preset's flow-control plugins role by role (ordering, fairness, shedding, "
-        "working-set room, late binding, prefill gate); see docs/scheduler.md",
-    )
-    response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")
 
 
 class LimitsConfig(_Strict):

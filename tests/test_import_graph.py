@@ -1,11 +1,13 @@
 """The code's shape, read from source by scripts/import_graph.py: no import cycles in
-taskplane/ and workflows/ (lazy and TYPE_CHECKING imports count), a scheduling core that
-imports nothing above it, no module over 600 lines. Plus a few checks that the reader
-itself sees what it must, so that a clean result means something."""
+taskplane/ and workflows/ (lazy and TYPE_CHECKING imports count), between modules or
+between packages, every package importing only the layers below its own, no module over
+600 lines. Plus a few checks that the reader itself sees what it must, so that a clean
+result means something."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -31,10 +33,16 @@ def test_no_import_cycles() -> None:
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
-def test_scheduler_imports_nothing_above_it() -> None:
+def test_no_package_cycles_and_every_package_imports_only_lower_layers() -> None:
     _, edges = ig.graph(ROOT)
-    bad = [f"{e.source}:{e.line} -> {e.target}" for e in ig.scheduler_violations(edges)]
-    assert not bad, "taskplane/scheduler imports gateway/store/engines/sim/bench/dev:\n" + "\n".join(bad)
+    assert not ig.cycles(ig.package_edges(edges)), "package import cycles"
+    bad = ig.layer_findings(edges)
+    assert not bad, "layering (scripts/import_graph.py LAYERS):\n" + "\n".join(bad)
+
+
+def test_the_script_exits_0_on_the_project() -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_no_module_over_600_lines() -> None:
@@ -65,15 +73,31 @@ def test_the_reader_sees_lazy_type_checking_and_relative_imports(tmp_path: Path)
     assert ig.oversized(modules) == [("taskplane.sub.d", 602)]
 
 
-def test_the_reader_sees_the_scheduler_reaching_up(tmp_path: Path) -> None:
-    sched = tmp_path / "taskplane" / "scheduler"
-    sched.mkdir(parents=True)
+def test_the_reader_sees_packages_looping_and_reaching_up(tmp_path: Path) -> None:
+    pkg = tmp_path / "taskplane"
+    for d in ("scheduler", "scheduler/kv", "engines"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
     (tmp_path / "workflows").mkdir()
-    (tmp_path / "taskplane" / "engines").mkdir()
-    for d in (tmp_path / "taskplane", sched, tmp_path / "taskplane" / "engines"):
-        (d / "__init__.py").write_text("")
-    (tmp_path / "taskplane" / "engines" / "kv.py").write_text("")
-    (tmp_path / "taskplane" / "context.py").write_text("")
-    (sched / "core.py").write_text("import taskplane.context\nfrom taskplane.engines import kv\n")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "context.py").write_text("from taskplane.scheduler.kv import walk\n")
+    (pkg / "scheduler" / "kv" / "walk.py").write_text("")
+    (pkg / "scheduler" / "core.py").write_text("import taskplane.errors\nfrom taskplane.engines import kv\n")
+    (pkg / "engines" / "kv.py").write_text("from taskplane.context import Priority\n")
+    (pkg / "errors.py").write_text("")
     _, edges = ig.graph(tmp_path)
-    assert [(e.target, e.line) for e in ig.scheduler_violations(edges)] == [("taskplane.engines.kv", 2)]
+    assert ig.cycles(edges) == []  # no module cycle ...
+    lifted = ig.package_edges(edges)
+    assert ig.cycles(lifted) == [["taskplane.context", "taskplane.engines", "taskplane.scheduler"]]  # ... a package one
+    assert {e.target for e in lifted["taskplane.scheduler"]} == {"taskplane.errors", "taskplane.engines"}
+    layers = [("taskplane.errors",), ("taskplane.scheduler",), ("taskplane.context", "taskplane.engines")]
+    assert ig.layer_findings(edges, layers) == [
+        "package taskplane is on no layer: add it to LAYERS in scripts/import_graph.py",
+        "taskplane.engines.kv:1 -> taskplane.context: taskplane.engines (layer 3) may import only lower layers, "
+        "and taskplane.context is on layer 3",
+        "taskplane.scheduler.core:2 -> taskplane.engines.kv: taskplane.scheduler (layer 2) may import only lower "
+        "layers, and taskplane.engines is on layer 3",
+    ]
+    assert ig.layer_findings(edges, [*layers, ("taskplane", "taskplane.gone")])[0] == (
+        "LAYERS names taskplane.gone, which is no package of the project")
+    assert any(line.startswith("cycle of 3 packages") for line in ig.report(tmp_path, layers))

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from taskplane.bench.metrics import percentile, task_figures
 from taskplane.bench.real_client import TaskRun
-from taskplane.dev.processes import group_members
 from taskplane.engines.vllm_launcher import VllmReplica
+from taskplane.procfs import group_members
 
 #: counter samples read from each replica (sample name -> key)
 COUNTERS: dict[str, str] = {

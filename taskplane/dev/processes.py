@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from taskplane.errors import UserError
+from taskplane.procfs import group_members
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -57,22 +58,6 @@ def alive(pid: int | None) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return True
-
-
-def group_members(pgid: int) -> dict[int, list[str]]:
-    """pid -> the ``/proc/<pid>/stat`` fields (after the command name) of every process in
-    process group ``pgid``: field 0 is the state, 2 the group, 11/12 user/system ticks."""
-    members = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            members[int(entry.name)] = fields
-    return members
 
 
 def pin_group(pgid: int, cores: set[int]) -> None:

@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 import structlog
 
-from taskplane.dev.processes import group_members
 from taskplane.engines.vllm_model import write_model_dir
 from taskplane.ports import free_ports
+from taskplane.procfs import group_members
 
 log = structlog.get_logger(__name__)
 

@@ -44,7 +44,7 @@ def scheduler_from_config(
     metrics: bool = True,
     seed: int | None = None,
 ) -> FlowControl:
-    """``taskplane.config.SchedulerConfig`` (or a mapping of its fields) -> FlowControl."""
+    """``taskplane.scheduler.config.SchedulerConfig`` (or a mapping of its fields) -> FlowControl."""
     return FlowControl(**assemble_from_config(config, tenants=tenants, pools=pools, name=name, metrics=metrics, seed=seed))
 
 

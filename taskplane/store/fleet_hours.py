@@ -3,14 +3,28 @@ so the cost report charges idle GPU-hours too (cost per successful task fully lo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from taskplane.autoscale.fleet import FleetInterval
-from taskplane.autoscale.types import PREFILL_WEIGHT
+
+class Interval(Protocol):
+    """One provisioned replica interval, in seconds from an epoch (the autoscaler's
+    ``FleetInterval`` is one): what a fleet_hours row is written from."""
+
+    pool: str
+    replica: str
+    gpu: str
+    cost_per_hour_usd: float
+    started_s: float
+    ready_s: float | None
+    stopped_s: float | None
+    stop_reason: str | None
+    killed_inflight: int
+
 
 _UPSERT = text("""
     INSERT INTO fleet_hours (pool, replica, gpu, cost_per_hour_usd, started_at, ready_at, stopped_at,
@@ -22,7 +36,7 @@ _UPSERT = text("""
 """)
 
 
-async def write_intervals(engine: AsyncEngine, intervals: list[FleetInterval], epoch: datetime) -> int:
+async def write_intervals(engine: AsyncEngine, intervals: Iterable[Interval], epoch: datetime) -> int:
     """Upsert intervals (seconds relative to ``epoch``): a re-written open interval is closed,
     never doubled (the key is replica + start)."""
     def at(s: float | None) -> datetime | None:
@@ -87,11 +101,12 @@ _LIVE = text("""
 """)
 
 
-async def task_history(engine: AsyncEngine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def task_history(engine: AsyncEngine, *, prefill_weight: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-agent history of the last day's successful tasks: tasks, calls, work units,
     seconds; the workflows in flight: task, agent, budget, calls done, last replica, context)
-    — the autoscaler's workflow signals, learned from Postgres."""
+    — the autoscaler's workflow signals, learned from Postgres. A work unit is a completion
+    token plus ``prefill_weight`` per uncached prompt token (the autoscaler's ``PREFILL_WEIGHT``)."""
     async with engine.connect() as conn:
-        hist = [dict(r) for r in (await conn.execute(_HISTORY, {"w": PREFILL_WEIGHT})).mappings().all()]
+        hist = [dict(r) for r in (await conn.execute(_HISTORY, {"w": prefill_weight})).mappings().all()]
         live = [dict(r) for r in (await conn.execute(_LIVE)).mappings().all()]
     return hist, live

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from taskplane.autoscale.fleet import FleetBook
-from taskplane.autoscale.types import Generation, Plan
+from taskplane.autoscale.types import PREFILL_WEIGHT, Generation, Plan
 from taskplane.reports.command import load_report
 from taskplane.store import db
 from taskplane.store.fleet_hours import fleet_report, write_intervals
@@ -74,7 +74,7 @@ async def test_workflow_signals_are_learned_from_task_history(fresh_db_url: str)
                     " VALUES (:k, :t, :s, 1, 'acme', 'coder', 'm', :r, :p, :c, :o, 'success', :at)"),
                     {"k": f"{task}:{step}:1", "t": task, "s": step, "r": replica, "p": prompt, "c": cached,
                      "o": completion, "at": now - td(seconds=10 - step)})
-        workflows, profiles = history_signals(*await task_history(engine))
+        workflows, profiles = history_signals(*await task_history(engine, prefill_weight=PREFILL_WEIGHT))
     finally:
         await engine.dispose()
     p = profiles["coder"]

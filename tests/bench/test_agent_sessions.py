@@ -18,6 +18,7 @@ from rich.console import Console
 
 from taskplane.bench.agent_sessions import TARGETS, bench, render_table
 from taskplane.dev import processes as proc
+from taskplane.procfs import group_members
 
 
 def test_agent_sessions_every_target_serves_every_task_without_refusal(tmp_path: Path) -> None:
@@ -61,9 +62,9 @@ def test_pin_group_pins_every_process_of_the_group(tmp_path: Path) -> None:
     script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
     pid = proc.spawn([sys.executable, "-c", script], tmp_path / "sleep.log")
     try:
-        proc.wait_until(lambda: len(proc.group_members(pid)) == 2, "child started", 10, pid, tmp_path / "sleep.log")
+        proc.wait_until(lambda: len(group_members(pid)) == 2, "child started", 10, pid, tmp_path / "sleep.log")
         proc.pin_group(pid, {core})
-        members = proc.group_members(pid)
+        members = group_members(pid)
         assert len(members) == 2
         assert all(os.sched_getaffinity(p) == {core} for p in members)
     finally:

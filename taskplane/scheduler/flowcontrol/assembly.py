@@ -1,5 +1,5 @@
 """Assembling a placement pipeline and the flow control around it, from a preset (with
-optional plugin overrides) or a ``taskplane.config.SchedulerConfig``."""
+optional plugin overrides) or a ``taskplane.scheduler.config.SchedulerConfig``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from taskplane.config import SchedulerConfig
 from taskplane.errors import ConfigError
 from taskplane.scheduler import filters as _filters  # noqa: F401  (registers the plugins)
 from taskplane.scheduler import pickers as _pickers  # noqa: F401
 from taskplane.scheduler import scorers as _scorers  # noqa: F401
+from taskplane.scheduler.config import SchedulerConfig
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.flowset import flow_from_settings
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
@@ -90,7 +90,7 @@ def assemble_from_config(
     metrics: bool = True,
     seed: int | None = None,
 ) -> dict[str, Any]:
-    """``assemble`` for a ``taskplane.config.SchedulerConfig`` (or a mapping of its fields).
+    """``assemble`` for a ``taskplane.scheduler.config.SchedulerConfig`` (or a mapping of its fields).
 
     ``admission: true`` keeps a preset's admission control (only "taskplane" has it);
     ``false`` turns it off. Baseline presets never gain admission control, so they stay

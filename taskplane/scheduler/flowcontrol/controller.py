@@ -75,7 +75,7 @@ class FlowControl(Admission):
         name: str | None = None,
         metrics: bool = True,
     ) -> FlowControl:
-        """Build from ``taskplane.config.SchedulerConfig`` (or a mapping of its fields)."""
+        """Build from ``taskplane.scheduler.config.SchedulerConfig`` (or a mapping of its fields)."""
         return cls(**assemble_from_config(config, tenants=tenants, pools=pools, name=name, metrics=metrics))
 
     # what the pipeline holds, for callers that read it (tests, tools, the bench)

@@ -1,0 +1,34 @@
+"""The scheduler's section of the gateway's config file (``scheduler:``): a policy preset and
+the plugins that override it. ``taskplane.config.GatewayConfig`` holds one; the assembly
+(``taskplane.scheduler.flowcontrol.assembly``) builds a pipeline from one, or from a mapping
+of its fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PluginConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(description="registered plugin type name")
+    weight: float = Field(default=1.0, ge=0, description="scorer weight; ignored for filters")
+    params: dict[str, Any] = Field(default_factory=dict, description="plugin-specific settings")
+
+
+class SchedulerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = Field(default="taskplane", description="a named policy preset (see taskplane.scheduler.policies)")
+    filters: list[PluginConfig] | None = Field(default=None, description="override the preset's filters")
+    scorers: list[PluginConfig] | None = Field(default=None, description="override the preset's scorers")
+    seed: int = Field(default=0, description="tie-break seed of the picker")
+    admission: bool = Field(default=True, description="priority admission queue and shedding")
+    flow_control: list[PluginConfig] | None = Field(
+        default=None,
+        description="replace the preset's flow-control plugins role by role (ordering, fairness, shedding, "
+        "working-set room, late binding, prefill gate); see docs/scheduler.md",
+    )
+    response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")
