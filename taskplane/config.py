@@ -38,6 +38,8 @@ class ReplicaConfig(_Strict):
     max_num_seqs: int = Field(default=256, ge=1, description="the engine's batch limit (vLLM --max-num-seqs)")
     block_size: int | None = Field(default=None, ge=1, description="tokens per KV block; default from /metrics")
     draining: bool = Field(default=False, description="no new placements; calls in flight finish (autoscaler scale-in)")
+    cordoned: bool = Field(default=False, description="no new sessions; sessions last placed here keep coming "
+                           "(autoscaler scale-in and pre-drain: the replica empties without re-prefilling anyone)")
 
     @field_validator("url")
     @classmethod

@@ -162,6 +162,11 @@ class FleetBook:
         """May have a new session pinned: ready and not pre-drained."""
         return self.placeable(name) and name not in self.predrained
 
+    def closed_to_new_sessions(self) -> list[str]:
+        """Serving replicas that take only their own sessions' calls: cordoned or pre-drained."""
+        return [n for n, r in self.replicas.items()
+                if r.phase is Phase.CORDONED or (r.phase is Phase.READY and n in self.predrained)]
+
     def serving(self, name: str) -> bool:
         """May take its own pinned sessions' calls (ready or cordoned)."""
         r = self.replicas.get(name)

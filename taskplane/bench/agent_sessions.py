@@ -4,7 +4,7 @@ replicas with a client-side round-robin, in one run.
 
     python -m taskplane.bench.agent_sessions --sessions 72 --replicas 3 --rounds 3 --out agents-live.json
 
-Why this bench: issue 19's agent target ("72 sessions at once on 3 replicas: mean call
+Why this bench: the live agent target ("72 sessions at once on 3 replicas: mean call
 latency <= 0.8x round-robin straight to the replicas, every task within its budget") is a
 claim about real processes on real sockets, which the virtual-time simulator cannot check.
 

@@ -1,4 +1,4 @@
-"""Where a run's TTFT goes, and how fast it could be at all (issue 18).
+"""Where a run's TTFT goes, and how fast it could be at all.
 
 A call's time to first token in the simulator splits into four parts: held in flow
 control (offered to dispatched), queued in the engine (dispatched to admitted), KV loaded

@@ -3,7 +3,7 @@
 Simulated bench, Mooncake trace: prefix hits >= 90 % of the infinite-cache ceiling; TTFT
 p50 <= 0.5x and p99 <= 0.7x the best baseline's. Agent tasks at the highest load (1.3x
 overload): tasks within deadline >= 1.5x the best baseline's; cost per successful task
-<= 0.6x. Real-engine bench (agents-vllm, issue 6): prefix-hit ratio >= the best peer
+<= 0.6x. Real-engine bench (agents-vllm): prefix-hit ratio >= the best peer
 router's; TTFT p50 <= 0.8x. "Best baseline" is the best figure any baseline (any other
 policy or router) reached on that metric (each metric on its own).
 """

@@ -1,4 +1,4 @@
-"""The KV-tier figures of one policy's run (issue 18): how much of the prefix hits the host
+"""The KV-tier figures of one policy's run: how much of the prefix hits the host
 tier served, how many tokens moved between tiers, and the TTFT of the first call after a
 tool gap against warm calls."""
 

@@ -1,7 +1,7 @@
 """A seeded generator of traces in the Mooncake format, with a tool-agent shape.
 
-Only Mooncake's conversation trace is on this machine (no internet), and issue 18 asks for
-its targets on a second trace in the same format. Mooncake's release also has a
+Only Mooncake's conversation trace is on this machine (no internet), and a win should
+hold on a second trace in the same format. Mooncake's release also has a
 "toolagent" trace whose shape differs from the conversations: long prompts that share a
 large tool-description prefix per agent, multi-turn episodes whose every turn appends a
 tool result, short outputs (tool calls) and arrivals in bursts. This module writes such a

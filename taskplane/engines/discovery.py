@@ -58,6 +58,8 @@ ReplicaCallback = Callable[[list[ReplicaConfig]], Awaitable[None] | None]
 _GPU_NAMES = frozenset(get_args(GpuName))
 #: a pod the autoscaler drains (``taskplane autoscale kube``): no new placements, calls in flight finish
 DRAINING_ANNOTATION = "taskplane.io/draining"
+#: a pod the autoscaler is about to give up: no new sessions, its own sessions keep coming
+CORDONED_ANNOTATION = "taskplane.io/cordoned"
 _MAX_RETRY_DELAY_S = 60.0
 _LIST_PAGE = 500
 
@@ -161,7 +163,7 @@ def _host(address: str) -> str:
 
 
 def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_port: int | None,
-             gpu: str, *, draining: bool = False) -> ReplicaConfig:
+             gpu: str, *, draining: bool = False, cordoned: bool = False) -> ReplicaConfig:
     host = _host(address)
     return ReplicaConfig(
         url=f"{cfg.scheme}://{host}:{http_port}",
@@ -170,6 +172,7 @@ def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_p
         kv_events=f"tcp://{host}:{kv_port}" if kv_port is not None else None,
         cost_per_hour_usd=cfg.cost_per_hour_usd,
         draining=draining,
+        cordoned=cordoned,
     )
 
 
@@ -249,8 +252,10 @@ def replicas_from_pods(
         kv_port = _port_number(cfg.kv_events_port, named)
         label_gpu = (meta.get("labels") or {}).get(cfg.gpu_label)
         gpu = label_gpu if isinstance(label_gpu, str) and label_gpu in _GPU_NAMES else cfg.gpu
-        draining = (meta.get("annotations") or {}).get(DRAINING_ANNOTATION) == "true"
-        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu, draining=draining)
+        annotations = meta.get("annotations") or {}
+        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu,
+                               draining=annotations.get(DRAINING_ANNOTATION) == "true",
+                               cordoned=annotations.get(CORDONED_ANNOTATION) == "true")
     return [found[n] for n in sorted(found)]
 
 

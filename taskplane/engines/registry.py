@@ -341,6 +341,10 @@ class ReplicaRegistry:
             states = self._by_model[model] = [s for s in self.replicas.values() if s.pool.model == model]
         return states
 
+    def cordoned(self, model: str) -> list[str]:
+        """Replicas of ``model`` that take no new session (autoscaler scale-in, pre-drain)."""
+        return [s.name for s in self.for_model(model) if s.config.cordoned]
+
     # ---- the scheduler's snapshot ------------------------------------------
     def table(self) -> ReplicaTable:
         """Every replica's view as the scheduler reads it, with the rows of replicas whose

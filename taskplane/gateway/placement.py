@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from taskplane.engines.registry import ReplicaRegistry
+from taskplane.scheduler.cordon import SessionHomes
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision, ReplicaView
 
@@ -42,7 +43,9 @@ class SessionAffinityPlacer:
         self.max_sessions = max_sessions
 
     def _candidates(self, req: CallRequest, exclude: set[str]) -> list[ReplicaView]:
-        return [v for v in self.registry.views(req.model) if v.healthy and v.name not in exclude]
+        pinned = self.pins.get(req.session_id) if req.session_id else None
+        closed = set(self.registry.cordoned(req.model)) - {pinned}  # cordoned: only its own sessions
+        return [v for v in self.registry.views(req.model) if v.healthy and v.name not in exclude and v.name not in closed]
 
     async def place(self, req: CallRequest, *, exclude: set[str]) -> Decision:
         views = self._candidates(req, exclude)
@@ -95,6 +98,7 @@ class ScheduledPlacer:
         self._pump_task: asyncio.Task[None] | None = None
         self._held_for_replica: dict[int, CallRequest] = {}
         self._replica_up = asyncio.Event()  # set (then replaced) when a replica joins or recovers
+        self.homes = SessionHomes()  # where each session last went: a cordoned replica still takes it
         registry.on_replica_up(self._wake_held_calls)
 
     def _views(self) -> ReplicaTable:
@@ -102,7 +106,16 @@ class ScheduledPlacer:
         return self.registry.table()
 
     async def place(self, req: CallRequest, *, exclude: set[str]) -> Decision:
-        req.avoid_replicas = tuple(sorted(exclude))
+        """A decision for the call: placed, refused, or (queued by admission) placed later.
+        Cordoned replicas take only the calls of the sessions last placed on them."""
+        closed = self.homes.closed_to(req, self.registry.cordoned(req.model))
+        req.avoid_replicas = tuple(sorted(exclude.union(closed)))
+        decision = await self._decide(req, exclude)
+        if decision.action is Action.PLACE and decision.replica is not None:
+            self.homes.placed(req, decision.replica)
+        return decision
+
+    async def _decide(self, req: CallRequest, exclude: set[str]) -> Decision:
         decision = self.scheduler.decide(req, self._views(), now_s())
         if decision.action is Action.NO_REPLICA and not exclude and self._pool_empty(req.model):
             hold_s = self.hold_when_empty.get(req.model, 0.0)

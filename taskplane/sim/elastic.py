@@ -31,6 +31,7 @@ from taskplane.autoscale.types import (
     WorkflowSignal,
     work_units,
 )
+from taskplane.scheduler.cordon import SessionHomes
 from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision
 from taskplane.sim.calls import SimCall, TaskState
 from taskplane.sim.cluster import ClusterSim
@@ -96,7 +97,7 @@ class FleetPolicy:
 
     def __init__(self, inner: Any, book: FleetBook) -> None:
         self.inner, self.book = inner, book
-        self.where: dict[str, str] = {}  # session -> replica holding its KV
+        self.homes = SessionHomes()  # session -> the replica holding its KV
         self.held: list[CallRequest] = []
         self.on_kv_events = getattr(inner, "on_kv_events", None)
         if self.on_kv_events is None:
@@ -115,22 +116,14 @@ class FleetPolicy:
     def pending(self) -> bool:
         return bool(self.held) or bool(getattr(self.inner, "pending", False))
 
-    def _avoid(self, req: CallRequest) -> None:
-        session = req.session_id or req.task_id or ""
-        mine = self.where.get(session)
-        closed = tuple(n for n, r in self.book.replicas.items()
-                       if n != mine and (r.phase is Phase.CORDONED or n in self.book.predrained))
-        if closed:
-            req.avoid_replicas = (*req.avoid_replicas, *closed)
-
     def decide(self, req: CallRequest, replicas: Any, now_s: float) -> Decision:
-        self._avoid(req)
+        self.homes.avoid(req, self.book.closed_to_new_sessions())
         d: Decision = self.inner.decide(req, replicas, now_s)
         if d.action is Action.NO_REPLICA:  # the pool is empty or waking: hold, never refuse
             self.held.append(req)
             return Decision(Action.QUEUE, reason="held while a replica wakes")
         if d.action is Action.PLACE and d.replica is not None:
-            self.where[req.session_id or req.task_id or ""] = d.replica
+            self.homes.placed(req, d.replica)
         return d
 
     def release(self, replicas: Any, now_s: float) -> list[tuple[CallRequest, Decision]]:
@@ -142,7 +135,7 @@ class FleetPolicy:
         if getattr(self.inner, "pending", False):
             for req, d in self.inner.release(replicas, now_s):
                 if d.action is Action.PLACE and d.replica is not None:
-                    self.where[req.session_id or req.task_id or ""] = d.replica
+                    self.homes.placed(req, d.replica)
                 out.append((req, d))
         return out
 
@@ -285,12 +278,12 @@ class FleetSim(ClusterSim):
         live_tokens: dict[str, int] = {}
         live_n: dict[str, int] = {}
         workflows = []
-        where = self.fleet_policy.where
+        homes = self.fleet_policy.homes
         for task in self._live.values():
             spec = task.spec
             remaining = self._steps_left(task)
             sid = spec.session_id or spec.task_id
-            rep = where.get(sid)
+            rep = homes.of(sid)
             own = max(0, task.ctx - spec.prefix_tokens)
             if rep is not None and remaining > 0:
                 live_tokens[rep] = live_tokens.get(rep, 0) + own
@@ -370,8 +363,7 @@ class FleetSim(ClusterSim):
         eng.reset(t, why="aborted: engine put to sleep")
         self._engine_events(i, eng.advance(t), t)
         self._schedule_wake(i)
-        for sid in [s for s, rep in self.fleet_policy.where.items() if rep == name]:
-            del self.fleet_policy.where[sid]
+        self.fleet_policy.homes.forget_replica(name)
 
     def _stop(self, name: str, t: float) -> None:
         i = self._slot_of.pop(name, None)
@@ -384,8 +376,7 @@ class FleetSim(ClusterSim):
         reason = "killed" if inflight else "asleep too long" if r is not None and r.phase is Phase.SLEEPING else "drained"
         self.book.stopped(name, t, reason=reason, killed_inflight=inflight)
         self._outage(i, False, t)  # aborts what is left (retried elsewhere), clears its cache
-        for sid in [s for s, rep in self.fleet_policy.where.items() if rep == name]:
-            del self.fleet_policy.where[sid]
+        self.fleet_policy.homes.forget_replica(name)
         self._slot_free[self.fleet.views[i].gpu].append(i)
 
     # ---------------------------------------------------------------- result

@@ -438,3 +438,17 @@ def test_a_pod_annotated_draining_stays_a_replica_marked_draining() -> None:
     cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
     got = {r.replica_name: r.draining for r in replicas_from_pods([drained, serving], cfg)}
     assert got == {"vllm-a": True, "vllm-b": False}
+
+
+def test_a_pod_annotated_cordoned_is_a_replica_marked_cordoned() -> None:
+    """The Kubernetes autoscaler loop cordons (and pre-drains) a pod by annotating it."""
+    from taskplane.config import DiscoveryConfig
+    from taskplane.engines.discovery import CORDONED_ANNOTATION, replicas_from_pods
+
+    labels = {"app": "vllm"}
+    cordoned = pod("vllm-a", NS, "10.3.0.1", labels=labels)
+    cordoned["metadata"]["annotations"] = {CORDONED_ANNOTATION: "true"}
+    serving = pod("vllm-b", NS, "10.3.0.2", labels=labels)
+    cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
+    got = {r.replica_name: (r.cordoned, r.draining) for r in replicas_from_pods([cordoned, serving], cfg)}
+    assert got == {"vllm-a": (True, False), "vllm-b": (False, False)}

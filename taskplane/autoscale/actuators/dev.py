@@ -69,9 +69,9 @@ class DevReplica:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def published(self, draining: bool) -> dict[str, Any]:
+    def published(self, draining: bool, cordoned: bool = False) -> dict[str, Any]:
         out = {"url": self.url, "gpu": self.gpu, "name": self.name, "kv_events": f"tcp://127.0.0.1:{self.kv_port}",
-               "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining}
+               "kv_replay": f"tcp://127.0.0.1:{self.replay_port}", "draining": draining, "cordoned": cordoned}
         if self.block_size is not None:
             out["block_size"] = self.block_size
         return out
@@ -138,12 +138,14 @@ class DevFleet:
 
     def publish(self, book: FleetBook) -> None:
         """The gateway's replicas file (serving, draining and sleeping ones: the last two marked
-        ``draining``, so no scrape's lag can place a call there) and autoscale.json."""
+        ``draining``, so no scrape's lag can place a call there; cordoned and pre-drained ones
+        marked ``cordoned``: only their own sessions' calls) and autoscale.json."""
         off = (Phase.DRAINING, Phase.SLEEPING)
-        listed = [self.replicas[n].published(r.phase in off) for n, r in book.replicas.items()
+        closed = set(book.closed_to_new_sessions())
+        listed = [self.replicas[n].published(r.phase in off, n in closed) for n, r in book.replicas.items()
                   if n in self.replicas and r.phase is not Phase.STARTING]
         write_replicas(self.state_dir / "replicas.json", listed)
-        status = [{**self.replicas[n].published(r.phase in off), "phase": r.phase.value,
+        status = [{**self.replicas[n].published(r.phase in off, n in closed), "phase": r.phase.value,
                    "pid": self.replicas[n].pid, "metrics_url": f"{self.replicas[n].url}/metrics"}
                   for n, r in book.replicas.items() if n in self.replicas]
         tmp = self.state_dir / "autoscale.tmp"

@@ -9,6 +9,9 @@ through :class:`KubeActuator`:
 - start: ``spec.replicas`` up; the new pods are adopted as ``starting`` on the next tick
   and become ``ready`` when the gateway reports them healthy (the pod's readiness and the
   gateway's own scrape: the cold start);
+- cordon and pre-drain: the pod is annotated ``taskplane.io/cordoned: "true"``; the
+  gateway sends it no new session, the sessions last placed there keep coming (none
+  re-prefills); the annotation goes when the pod is uncordoned or drained;
 - drain: the pod is annotated ``taskplane.io/draining: "true"``; the gateway's pod
   discovery (``discovery: {source: pods}``) marks it draining, so it takes no new calls;
   once the gateway reports it unplaceable with no call in flight it is retired: asleep
@@ -57,10 +60,11 @@ from taskplane.autoscale.types import (
     PoolSignals,
     WorkflowSignal,
 )
-from taskplane.engines.discovery import DRAINING_ANNOTATION, KubeAccess
+from taskplane.engines.discovery import CORDONED_ANNOTATION, DRAINING_ANNOTATION, KubeAccess
 
 log = structlog.get_logger("taskplane.autoscale")
 DRAINING = DRAINING_ANNOTATION  # read by the gateway's pod discovery (engines/discovery.py)
+CORDONED = CORDONED_ANNOTATION
 
 
 @dataclass(slots=True)
@@ -89,6 +93,7 @@ class KubeLoop:
         self.clock, self.t0 = clock, clock()
         self.epoch = datetime.now(UTC)
         self._unplaceable: set[str] = set()  # draining pods the gateway no longer places on
+        self._cordoned: set[str] = set()  # pods annotated cordoned (no new sessions)
         self._sheds = ShedWindow()
 
     def now(self) -> float:
@@ -158,6 +163,7 @@ class KubeLoop:
         if plan.start:  # Kubernetes names the pods: they are adopted on the next tick
             await self.act.start(len(plan.start))
         acts = self.book.apply(dataclasses.replace(plan, start=[]), now)
+        await self._publish_cordons()
         for pod in acts.unplaceable:
             await self.act.annotate(pod, {DRAINING: "true"})
         for pod in acts.wake:
@@ -184,6 +190,17 @@ class KubeLoop:
         if self.database is not None:
             await write_fleet_hours(self.database, self.book, self.epoch)
         return plan
+
+    async def _publish_cordons(self) -> None:
+        """Cordoned and pre-drained pods annotated ``taskplane.io/cordoned`` (the gateway's
+        pod discovery sends them no new session), the annotation gone from the others."""
+        closed = set(self.book.closed_to_new_sessions())
+        for pod in closed - self._cordoned:
+            await self.act.annotate(pod, {CORDONED: "true"})
+        for pod in self._cordoned - closed:
+            if pod in self.book.replicas:
+                await self.act.annotate(pod, {CORDONED: None})
+        self._cordoned = closed
 
     async def _remove(self, pod: str, now: float, reason: str) -> None:
         await self.act.stop(pod)

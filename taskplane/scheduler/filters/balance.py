@@ -26,10 +26,10 @@ onto one replica) is far above it; chance spread is not. When it trips, only the
 above that bound leave the choice (``keep: below-chance``): keeping just those near the
 least loaded, as a small fleet does, sent new sessions to a handful of replicas by request
 count while their prefill queues differed by seconds (Mooncake, 16 x H100, host 256 GB:
-TTFT p50 151 -> 122 ms, p99 5,074 -> 4,779 ms, with ``chance_k`` 1.0 instead of 1.5; issue
-18, sixth pass). Smaller fleets keep the two
+TTFT p50 151 -> 122 ms, p99 5,074 -> 4,779 ms, with ``chance_k`` 1.0 instead of 1.5).
+Smaller fleets keep the two
 thresholds alone: on 4 replicas the chance rule cost the agents bench 1-2 points of tasks
-within deadline (docs/benchmarks.md, issue 18 third pass). Only new work is balanced (a call
+within deadline. Only new work is balanced (a call
 that opens a task, or a plain call): a later step of a session stays with its context,
 whose re-prefill would cost more than the imbalance.
 """

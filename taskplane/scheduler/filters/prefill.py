@@ -1,4 +1,4 @@
-"""Long prefills placed by when they would finish, not by affinity (issue 18, fifth pass).
+"""Long prefills placed by when they would finish, not by affinity.
 
 A prompt with tens of thousands of tokens no replica holds (a long first turn) takes
 several engine steps of prefill wherever it goes, and shares each step's token budget with

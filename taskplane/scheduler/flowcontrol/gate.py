@@ -11,7 +11,7 @@ there -- holding is so never worse by more than that overhead.
 
 Bursts make it common: on the Mooncake trace (requests arrive in 3-second slots, ~10 at
 a time) the later turns of two sessions pinned to one replica met in one step for a
-third of the later turns near the median, losing 17 ms each (issue 18, seventh pass).
+third of the later turns near the median, losing 17 ms each.
 
 The gate holds such calls per replica while the replica has prompt tokens in flight
 (dispatched, not yet prefilled); flow control's ``release`` hands out the head of a

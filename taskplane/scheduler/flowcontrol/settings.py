@@ -73,7 +73,7 @@ class AdmissionSettings:
     # to the first replica that drains below (flowcontrol/backlog.py). Committing a call
     # early to a deep queue adds to the TTFT tail. 1000 ms keeps the simulator's fingerprints
     # (300 ms too) and costs Mooncake least; 300 ms measured better on the agent mix, worse on
-    # Mooncake (docs/benchmarks.md, fourth pass). None: off (any unsaturated replica, as before).
+    # Mooncake. None: off (any unsaturated replica, as before).
     max_prefill_backlog_ms: float | None = 1000.0
     # One prefill at a time on a session's replica: a call that stays with its pinned
     # replica is held while that replica has prompt tokens in flight (dispatched, not yet
@@ -85,7 +85,7 @@ class AdmissionSettings:
     # ... in pools of at least this many replicas. On the 4-replica agent mix at 1.3x load,
     # where admission already holds new tasks for room and late binding for backlog, the gate
     # measured worse (tasks within deadline 92.9 % -> 90.0 % on seed 2, tool-gap / warm p99
-    # 1.43x -> 2.13x on seed 1; docs/benchmarks.md, issue 18 seventh pass), so smaller pools
+    # 1.43x -> 2.13x on seed 1), so smaller pools
     # (the agent benches, the live 3-replica dev stack) keep their placements and timings.
     serial_prefill_min_replicas: int = 8
     # ... and a call is held at most this long: a replica whose in-flight prefill never
