@@ -426,29 +426,18 @@ async def test_in_cluster_service_account_over_tls(api: FakeKubeApi, tmp_path: P
                 await KubernetesDiscovery(p, access=untrusted, client=client).list_replicas()
 
 
-def test_a_pod_annotated_draining_stays_a_replica_marked_draining() -> None:
-    """The Kubernetes autoscaler loop drains (and keeps asleep) a pod by annotating it."""
+def test_pods_annotated_draining_or_cordoned_stay_replicas_marked_so() -> None:
+    """The Kubernetes autoscaler loop drains (and keeps asleep) a pod, and cordons or
+    pre-drains one, by annotating it; the gateway's discovery reads the marks."""
     from taskplane.config import DiscoveryConfig
-    from taskplane.engines.discovery import DRAINING_ANNOTATION, replicas_from_pods
+    from taskplane.engines.discovery import CORDONED_ANNOTATION, DRAINING_ANNOTATION, replicas_from_pods
 
     labels = {"app": "vllm"}
     drained = pod("vllm-a", NS, "10.3.0.1", labels=labels)
     drained["metadata"]["annotations"] = {DRAINING_ANNOTATION: "true"}
-    serving = pod("vllm-b", NS, "10.3.0.2", labels=labels)
-    cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
-    got = {r.replica_name: r.draining for r in replicas_from_pods([drained, serving], cfg)}
-    assert got == {"vllm-a": True, "vllm-b": False}
-
-
-def test_a_pod_annotated_cordoned_is_a_replica_marked_cordoned() -> None:
-    """The Kubernetes autoscaler loop cordons (and pre-drains) a pod by annotating it."""
-    from taskplane.config import DiscoveryConfig
-    from taskplane.engines.discovery import CORDONED_ANNOTATION, replicas_from_pods
-
-    labels = {"app": "vllm"}
-    cordoned = pod("vllm-a", NS, "10.3.0.1", labels=labels)
+    cordoned = pod("vllm-c", NS, "10.3.0.3", labels=labels)
     cordoned["metadata"]["annotations"] = {CORDONED_ANNOTATION: "true"}
     serving = pod("vllm-b", NS, "10.3.0.2", labels=labels)
     cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
-    got = {r.replica_name: (r.cordoned, r.draining) for r in replicas_from_pods([cordoned, serving], cfg)}
-    assert got == {"vllm-a": (True, False), "vllm-b": (False, False)}
+    got = {r.replica_name: (r.draining, r.cordoned) for r in replicas_from_pods([drained, serving, cordoned], cfg)}
+    assert got == {"vllm-a": (True, False), "vllm-b": (False, False), "vllm-c": (False, True)}
