@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from taskplane.autoscale.actuators.kube import SLEEP_LEVEL, KubeActuator, KubeTarget
-from taskplane.autoscale.actuators.kube_loop import DRAINING, KubeLoop, KubeLoopConfig
+from taskplane.autoscale.actuators.kube_loop import CORDONED, DRAINING, KubeLoop, KubeLoopConfig
 from taskplane.autoscale.planner import PlannerConfig
 from taskplane.autoscale.types import Generation
 from taskplane.dev import processes as proc
@@ -146,9 +146,13 @@ async def test_the_loop_grows_sleeps_wakes_and_deletes_through_kubernetes(
         loop = KubeLoop(act, gateway, cfg)
         book = loop.book
 
+        cordoned_seen: set[str] = set()  # pods the loop annotated cordoned (no new sessions)
+
         async def ticking(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
             async def step() -> bool:
                 await loop.tick()
+                cordoned_seen.update(n for n, p in api.pods.items()
+                                     if (p["metadata"].get("annotations") or {}).get(CORDONED) == "true")
                 return check()
             await _until(step, what, timeout_s)
 
@@ -168,6 +172,8 @@ async def test_the_loop_grows_sleeps_wakes_and_deletes_through_kubernetes(
         awake = next(n for n in phases() if n != sleeper)
         ann = api.pods[sleeper]["metadata"]["annotations"]
         assert ann[SLEEP_LEVEL] == "1" and ann[DRAINING] == "true"
+        # before the drain it took no new session (pre-drain, then cordon); drained, the mark is gone
+        assert sleeper in cordoned_seen and CORDONED not in ann
         assert await act.replicas() == 2 and api.deleted == []  # the pod, and its GPU, stay
         async with httpx.AsyncClient(timeout=10) as c:
             assert (await c.get(f"{api.engine[sleeper]}/is_sleeping")).json()["is_sleeping"] is True
