@@ -60,6 +60,7 @@ class PlannerConfig:
     concurrency_per_replica: float | None = None
     reference_work_per_step: float = 300.0  # prior until history teaches a profile
     reference_seconds_per_step: float = 5.0
+    reference_steps_per_task: float = 5.0
 
 
 class TaskplaneAutoscaler:
@@ -95,7 +96,12 @@ class TaskplaneAutoscaler:
             at_h += rate * min(1.0, expected_s / max(horizon_s, 1e-3))
         prior = s.default_profile or AgentProfile(self.cfg.reference_work_per_step,
                                                   self.cfg.reference_seconds_per_step)
-        at_h += s.arrivals_per_s * horizon_s * prior.work_per_step / max(prior.seconds_per_step, 1e-3)
+        # of the workflows arriving within the horizon, those still running at its end: all of
+        # them when a task outlasts the horizon, else only the last task-length's worth (a
+        # slow cold start must not plan for every arrival of its two minutes at once)
+        task_s = (prior.steps_per_task or self.cfg.reference_steps_per_task) * prior.seconds_per_step
+        arriving = s.arrivals_per_s * min(horizon_s, task_s)
+        at_h += arriving * prior.work_per_step / max(prior.seconds_per_step, 1e-3)
         return max(now_rate, at_h)
 
     # ---------------------------------------------------------------- plan

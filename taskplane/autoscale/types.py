@@ -92,6 +92,7 @@ class AgentProfile:
 
     work_per_step: float  # work units (see :func:`work_units`) per call
     seconds_per_step: float  # call + tool gap, wall time between two steps
+    steps_per_task: float | None = None  # calls per finished task (None: no history yet)
 
 
 @dataclass(slots=True)

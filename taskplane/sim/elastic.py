@@ -251,12 +251,13 @@ class FleetSim(ClusterSim):
         for agent, (calls, secs) in self._profile_sum.items():
             if calls >= 1:
                 out[agent] = AgentProfile(gs.get(agent, 0.0) / max(self._calls_by_agent.get(agent, 1), 1),
-                                          secs / calls)
+                                          secs / calls, steps_per_task=calls / max(self._tasks_by_agent.get(agent, 1), 1))
         if not out:
             return out, None
         n = len(out)
         return out, AgentProfile(sum(p.work_per_step for p in out.values()) / n,
-                                 sum(p.seconds_per_step for p in out.values()) / n)
+                                 sum(p.seconds_per_step for p in out.values()) / n,
+                                 steps_per_task=sum(p.steps_per_task or 0.0 for p in out.values()) / n)
 
     def _steps_left(self, task: TaskState) -> int:
         """What a live planner knows of a task's calls still to come, its current one

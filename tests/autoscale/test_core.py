@@ -250,3 +250,14 @@ def test_a_cordoned_replica_stops_waiting_once_waiting_costs_more_than_the_repre
     cordoned.live_session_tokens = 2000
     s.workflows = _pinned("c", 20)
     assert TaskplaneAutoscaler(PlannerConfig(price_cordon=False)).plan(s).drain == []
+
+
+def test_a_slow_cold_start_plans_for_the_arrivals_still_running_at_its_end_not_all_of_them() -> None:
+    """Arrivals at 1 per second, tasks of 4 steps x 5 s = 20 s (100 work units/s each): one
+    cold start from now, 20 of them run at once, whether the cold start is 18 s or 120 s."""
+    profile = AgentProfile(work_per_step=500.0, seconds_per_step=5.0, steps_per_task=4.0)
+    s = sig(0.0, [ready("r0")], arrivals_per_s=1.0)
+    s.profiles, s.default_profile = {"a": profile}, profile
+    scaler = TaskplaneAutoscaler()
+    assert scaler.demand(s, horizon_s=10.0) == 10 * 100.0  # shorter than a task: all of them still run
+    assert scaler.demand(s, horizon_s=130.0) == 20 * 100.0  # longer: only the last 20 s of arrivals

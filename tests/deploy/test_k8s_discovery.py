@@ -430,7 +430,11 @@ def test_pods_annotated_draining_or_cordoned_stay_replicas_marked_so() -> None:
     """The Kubernetes autoscaler loop drains (and keeps asleep) a pod, and cordons or
     pre-drains one, by annotating it; the gateway's discovery reads the marks."""
     from taskplane.config import DiscoveryConfig
-    from taskplane.engines.discovery import CORDONED_ANNOTATION, DRAINING_ANNOTATION, replicas_from_pods
+    from taskplane.engines.discovery import (
+        CORDONED_ANNOTATION,
+        DRAINING_ANNOTATION,
+        replicas_from_pods,
+    )
 
     labels = {"app": "vllm"}
     drained = pod("vllm-a", NS, "10.3.0.1", labels=labels)

@@ -76,9 +76,10 @@ def history_signals(hist: list[dict[str, Any]], live: list[dict[str, Any]]
         calls = float(h["calls"] or 0)
         if calls <= 0:
             continue
-        profiles[h["agent"]] = AgentProfile(work_per_step=float(h["work"]) / calls,
-                                            seconds_per_step=max(0.1, float(h["seconds"]) / calls))
         steps[h["agent"]] = calls / max(float(h["tasks"]), 1.0)
+        profiles[h["agent"]] = AgentProfile(work_per_step=float(h["work"]) / calls,
+                                            seconds_per_step=max(0.1, float(h["seconds"]) / calls),
+                                            steps_per_task=steps[h["agent"]])
     mean_steps = sum(steps.values()) / len(steps) if steps else 5.0
     workflows = [WorkflowSignal(
         task_id=w["task_id"], agent=w["agent"] or "agent",
