@@ -11,7 +11,7 @@ without it the venv's editable install decides which tree is imported:
 
     PYTHONPATH=. PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         python scripts/decisions_repeatable.py --calls 100   # and --calls 400
-        # --stream-messages 1|2|3: streamed calls as the lua-1msg, lua-2msg, lua-3msg bootstraps send them
+        # --stream: streamed calls as taskplane's Envoy sends them
 
 ``--gc-off`` and ``--no-metrics`` are what-ifs (what the cyclic GC and the Prometheus
 updates cost per decision), not configurations.
@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=256)
     p.add_argument("--gc-off", action="store_true")
     p.add_argument("--no-metrics", action="store_true")
-    p.add_argument("--stream-messages", type=int, choices=(1, 2, 3), default=None,
+    p.add_argument("--stream", action="store_true",
                    help="streamed calls as taskplane's Envoy sends them (``taskplane.epp.decisions``); default unary")
     args = p.parse_args()
     time.monotonic = _virtual_monotonic  # before the picker's modules read the clock
@@ -61,7 +61,7 @@ def main() -> None:
         gc.disable()
     if args.no_metrics:
         _no_metrics()
-    print(json.dumps(asyncio.run(decisions.measure(args.replicas, args.calls, args.stream_messages or 0))))
+    print(json.dumps(asyncio.run(decisions.measure(args.replicas, args.calls, args.stream))))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The floors under taskplane's data plane (docs/benchmarks.md, issue 19), beside it in one
+"""The floors under taskplane's data plane (docs/benchmarks.md), beside it in one
 run: the same streamed burst as ``gateway_load`` straight to the replicas, through Envoy
 alone (round robin: no picker, no Lua, no access log), through taskplane's own Envoy
 bootstrap in front of a trivial picker (a fixed endpoint per call: no intake, no
@@ -6,8 +6,8 @@ placement, no rows; in its own process, or several), and through taskplane's fro
 as it runs. Every round runs the direct phase, then each plane; each round's TTFT ratio
 to its own direct phase, the medians, and the CPU per call of each plane's processes.
 
-    .venv/bin/python scripts/ext_proc_floor.py --calls 200 --rounds 6                 # bare, trivial (1 message), taskplane
-    .venv/bin/python scripts/ext_proc_floor.py --planes trivial --messages 2 --pickers 2   # lua-2msg, two trivial pickers
+    .venv/bin/python scripts/ext_proc_floor.py --calls 200 --rounds 6                 # bare, trivial, taskplane
+    .venv/bin/python scripts/ext_proc_floor.py --planes trivial --pickers 2              # two trivial pickers
 """
 
 from __future__ import annotations
@@ -95,10 +95,6 @@ async def serve(port: int, endpoints: list[str]) -> None:
     await stop.wait()
 
 
-#: The bootstrap each message count runs (``envoy_config``): the front door's own, as the gateway runs it.
-_BOOTSTRAPS = {1: "lua-1msg", 2: "lua-2msg", 3: "lua-3msg"}
-
-
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
@@ -126,10 +122,10 @@ def _bare(door: FrontDoor, endpoints: list[str]) -> dict[str, Any]:
                                                                    "max_requests": big}]}}]}}
 
 
-def _bootstrap(cluster: LocalCluster, door: FrontDoor, messages: int) -> dict[str, Any]:
+def _bootstrap(cluster: LocalCluster, door: FrontDoor) -> dict[str, Any]:
     cfg = GatewayConfig.model_validate({"pools": [{"model": load.MODEL, "replicas": [{"url": r.url, "gpu": r.gpu}
                                                                                      for r in cluster.replicas]}]})
-    return bootstrap(cfg, door, stream_usage=_BOOTSTRAPS[messages])
+    return bootstrap(cfg, door)
 
 
 async def _listening(port: int, within_s: float = 30.0) -> None:
@@ -168,23 +164,23 @@ class Plane:
     processes: dict[str, list[psutil.Process]]
 
 
-async def _floor_plane(cluster: LocalCluster, workdir: Path, stack: contextlib.AsyncExitStack, messages: int,
+async def _floor_plane(cluster: LocalCluster, workdir: Path, stack: contextlib.AsyncExitStack, with_picker: bool,
                        pickers: int) -> Plane:
-    """Envoy alone (``messages`` 0), or taskplane's bootstrap in front of ``pickers`` trivial pickers."""
+    """Envoy alone, or (``with_picker``) taskplane's bootstrap in front of ``pickers`` trivial pickers."""
     endpoints = [r.url.split("://", 1)[1] for r in cluster.replicas]
     epp_ports, port = [free_port() for _ in range(pickers)], load.stable_port()
     procs = []
-    if messages:
+    if with_picker:
         for p in epp_ports:
             proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve", str(p), ",".join(endpoints))
             stack.push_async_callback(_terminate, proc)
             procs.append(psutil.Process(proc.pid))
             await _listening(p)
-    name = "envoy-alone" if messages == 0 else f"trivial-picker-{messages}msg" + (f"-x{pickers}" if pickers > 1 else "")
+    name = "trivial-picker" + (f"-x{pickers}" if pickers > 1 else "") if with_picker else "envoy-alone"
     door = FrontDoor(host="127.0.0.1", port=port, epp_port=epp_ports[0], app_port=free_port(), admin_port=free_port(),
                      endpoints_file=workdir / name / "eds" / "replicas.json")
     write_endpoints(door.endpoints_file, endpoints)
-    config = _bare(door, endpoints) if messages == 0 else _spread(_bootstrap(cluster, door, messages), epp_ports)
+    config = _spread(_bootstrap(cluster, door), epp_ports) if with_picker else _bare(door, endpoints)
     envoy = EnvoyProcess(config, workdir / name / "envoy", door.admin_port,
                          concurrency=int(os.environ.get("FLOOR_ENVOY_CONCURRENCY", "2")))
     await envoy.start()
@@ -217,7 +213,7 @@ def _cpu_of(plane: Plane) -> dict[str, float]:
     return {k: sum(_cpu(p) for p in ps) for k, ps in plane.processes.items()}
 
 
-async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], messages: int, calls: int, rounds: int,
+async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], calls: int, rounds: int,
                   pickers: int = 1) -> dict[str, Any]:
     """``rounds`` times: the direct phase, then each plane's (in reverse order every other
     round); each round's TTFT ratio to its own direct phase, their medians, CPU per call."""
@@ -228,7 +224,7 @@ async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], messa
             if name == "taskplane":
                 running.append(_taskplane_plane(cluster))
             else:
-                running.append(await _floor_plane(cluster, workdir, stack, 0 if name == "bare" else messages, pickers))
+                running.append(await _floor_plane(cluster, workdir, stack, name != "bare", pickers))
         direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
         await load.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
         for plane in running:
@@ -279,7 +275,6 @@ def main() -> int:
     p.add_argument("--planes", default="bare,trivial,taskplane",
                    help="comma-separated: bare (Envoy alone, round robin: no picker, no Lua, no access log), trivial "
                         "(taskplane's bootstrap in front of a trivial picker), taskplane (the front door as it runs)")
-    p.add_argument("--messages", type=int, choices=(1, 2, 3), default=1, help="ext_proc messages per call (trivial)")
     p.add_argument("--calls", type=int, default=200, help="concurrent streamed calls per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replicas", type=int, default=3)
@@ -301,7 +296,7 @@ def main() -> int:
         if "taskplane" not in planes:
             cluster.start_gateway = lambda: None  # type: ignore[method-assign]  # replicas only
         with cluster:
-            res = asyncio.run(measure(cluster, Path(tmp), planes, args.messages, args.calls, args.rounds, args.pickers))
+            res = asyncio.run(measure(cluster, Path(tmp), planes, args.calls, args.rounds, args.pickers))
             print(json.dumps(res, indent=1) if args.json else render(res))
     return 0
 

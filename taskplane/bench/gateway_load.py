@@ -3,7 +3,7 @@ simulated replicas on loopback, against the same calls sent straight to the repl
 
     python -m taskplane.bench.gateway_load --calls 1000 --replicas 4 --out gateway-load.json
     python -m taskplane.bench.gateway_load --calls 200 --data-planes envoy,python
-    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy-2msg,envoy-1msg --rounds 4
+    python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --data-planes direct,envoy,python --rounds 4
     python -m taskplane.bench.gateway_load --calls 200 --replicas 3 --rounds 5   # median of 5 alternating pairs
 
 With several data planes (``envoy``: Envoy + taskplane's endpoint picker, the default;
@@ -323,7 +323,7 @@ async def gateway_phase(name: str, url: str, pid: int, calls: int, max_tokens: i
         "cpu_ms_per_call": round(cpu_s * 1000.0 / calls, 3), "cpu_ms_per_call_by_process": split,
         "admission_wait_ms_mean": round((queue1[0] - queue0[0]) * 1000.0 / max(1.0, queue1[1] - queue0[1]), 1),
         "added_ms": added, "ratio_to_direct": ratio,
-        # where the first token waited (issue 19): the picker's decision, Envoy's clock per call, the loop's lag
+        # where the first token waited: the picker's decision, Envoy's clock per call, the loop's lag
         "picker_ms": picker_timing.phase_figures(timing0, timing1),
         # why tries failed: Envoy's replica-cluster counters that moved during the phase
         "envoy_upstream": envoy_stats.moved(upstream0, upstream1),
@@ -434,22 +434,18 @@ def embedded_postgres(workdir: Path) -> Any:
         embedded.destroy(data)
 
 
-#: Each data plane the bench can run: (``TASKPLANE_DATA_PLANE``, ``TASKPLANE_EPP_STREAM_USAGE``).
-PLANES: dict[str, tuple[str, str]] = {
-    "envoy": ("envoy", "lua"),  # Envoy + the picker as ``taskplane gateway`` runs them (lua-1msg)
-    "envoy-1msg": ("envoy", "lua-1msg"),  # one picker message per successful stream (headers as attributes)
-    "envoy-2msg": ("envoy", "lua-2msg"),  # two: the request headers as a message of their own
-    "envoy-3msg": ("envoy", "lua-3msg"),  # the same, with the response headers through the picker (before issue 19)
-    "envoy-duplex": ("envoy", "picker"),  # every streamed body through the picker (no Lua scan)
-    "envoy-no-freeze": ("envoy", "lua"),  # the same, Python's collector left as it is (no gc.freeze at start-up)
-    "python": ("python", "lua"),  # the thin Python proxy
+#: Each data plane the bench can run, by its ``TASKPLANE_DATA_PLANE``.
+PLANES: dict[str, str] = {
+    "envoy": "envoy",  # Envoy + the picker as ``taskplane gateway`` runs them
+    "envoy-no-freeze": "envoy",  # the same, Python's collector left as it is (no gc.freeze at start-up)
+    "python": "python",  # the thin Python proxy
 }
 #: Planes whose front door leaves Python's collector as it is (``taskplane.epp.gcfreeze``).
 NO_FREEZE = ("envoy-no-freeze",)
 
 
 def _use_plane(plane: str) -> None:
-    os.environ["TASKPLANE_DATA_PLANE"], os.environ["TASKPLANE_EPP_STREAM_USAGE"] = PLANES[plane]
+    os.environ["TASKPLANE_DATA_PLANE"] = PLANES[plane]
     os.environ[FREEZE_ENV] = "0" if plane in NO_FREEZE else "1"
 
 
@@ -484,7 +480,6 @@ def run(calls: int = 1000, replicas: int = 4, max_tokens: int = 32, speed: float
                 res["rows"]["served"] = res["served"]  # all rounds, warm-ups included (as the rows)
             return res
         finally:
-            os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
             os.environ.pop(FREEZE_ENV, None)
             if saved is None:
                 os.environ.pop("TASKPLANE_DATA_PLANE", None)
@@ -550,11 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on each phase")
     p.add_argument("--no-admission", action="store_true", help="turn the admission queue off (proxy overhead only)")
     p.add_argument("--data-planes", default="envoy",
-                   help="comma-separated: envoy (Envoy + picker, Lua usage scan, the default bootstrap: 2 picker messages "
-                        "per stream), envoy-1msg (1: the request headers as the body's attributes), envoy-2msg (2, "
-                        "named), envoy-3msg (the same with response headers through the picker), envoy-no-freeze (the "
-                        "default without gc.freeze at start-up), envoy-duplex (streamed bodies "
-                        "through the picker), python (the thin proxy); direct (always run) may be named too")
+                   help="comma-separated: envoy (Envoy + picker: one picker message per stream, the Lua usage scan), "
+                        "envoy-no-freeze (the same without gc.freeze at start-up), python (the thin proxy); "
+                        "direct (always run) may be named too")
     p.add_argument("--postgres", action="store_true",
                    help="an embedded Postgres for the gateways' attempt rows (their CPU then includes the cost writer)")
     p.add_argument("--rounds", type=int, default=1,

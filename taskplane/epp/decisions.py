@@ -63,7 +63,7 @@ def _headers(pairs: dict[str, str], eos: bool = False) -> pb.HttpHeaders:
 
 
 def _as_attributes(headers: pb.HttpHeaders, body: pb.HttpBody) -> pb.ProcessingRequest:
-    """The one-message form (``lua-1msg``): the body with the headers as Envoy's request attributes."""
+    """The one-message form taskplane's Envoy sends: the body with the headers as request attributes."""
     attrs = struct_pb2.Struct()
     for h in headers.headers.headers:
         name = {":method": "request.method", ":path": "request.path"}.get(h.key, f"request.headers['{h.key}']")
@@ -71,10 +71,11 @@ def _as_attributes(headers: pb.HttpHeaders, body: pb.HttpBody) -> pb.ProcessingR
     return pb.ProcessingRequest(request_body=body, attributes={"envoy.filters.http.ext_proc": attrs})
 
 
-def exchange(i: int, stream: bool = False, one_message: bool = False) -> tuple[list[pb.ProcessingRequest], Any]:
-    """The messages Envoy sends for one chat call (unary, or ``stream``; ``one_message``: the
-    body alone, the headers as attributes): the request's, and a function of the chosen
-    endpoint for the response's."""
+def exchange(i: int, stream: bool = False) -> tuple[list[pb.ProcessingRequest], Any]:
+    """The messages Envoy sends for one chat call: the request's, and a function of the chosen
+    endpoint for the response's. Unary: a GIE-style Envoy's headers and body each way.
+    ``stream``: taskplane's Envoy, the body alone with the headers as attributes, and no
+    response message (the Lua filter and the access log have the answer)."""
     body = {"model": MODEL, "max_tokens": 16, "stream": stream, "messages": [
         {"role": "system", "content": "You are a careful agent working on ticket triage. " * 8},
         {"role": "user", "content": f"step {i % 7} of task {i // 7}: tool output " + "x " * 40}]}
@@ -85,16 +86,15 @@ def exchange(i: int, stream: bool = False, one_message: bool = False) -> tuple[l
     headers = _headers({":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
                         "x-taskplane-tenant": "bench", "x-taskplane-session-id": session, "x-taskplane-task-id": session})
     request_body = pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)
-    request = ([_as_attributes(headers, request_body)] if one_message else
+    request = ([_as_attributes(headers, request_body)] if stream else
                [pb.ProcessingRequest(request_headers=headers), pb.ProcessingRequest(request_body=request_body)])
     answer_bytes = json.dumps(answer).encode()
 
     def response(served: str) -> list[pb.ProcessingRequest]:
+        if stream:
+            return []
         attrs = struct_pb2.Struct()
         attrs.update({"upstream.address": served})
-        if stream:  # the Lua filter and the access log have the body
-            return [pb.ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "text/event-stream"}),
-                                         attributes={"envoy.filters.http.ext_proc": attrs})]
         return [pb.ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "application/json"}),
                                      attributes={"envoy.filters.http.ext_proc": attrs}),
                 pb.ProcessingRequest(response_body=pb.HttpBody(body=answer_bytes, end_of_stream=True))]
@@ -162,11 +162,10 @@ class JournalingSink(AttemptSink):
         return queued
 
 
-async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any]:
-    """``messages``: 0, unary calls (the GIE-style stream: four messages); 3, 2 or 1, streamed
-    calls as taskplane's Envoy sends them with the ``lua-3msg``, ``lua-2msg`` or
-    ``lua-1msg`` (the default) bootstrap (the response headers to the picker or not; the request headers as
-    a message or as the body's attributes), each settled from its access-log entry."""
+async def measure(replicas: int, calls: int, stream: bool = False) -> dict[str, Any]:
+    """Unary calls as a GIE-style Envoy sends them (four messages each), or ``stream``:
+    streamed calls as taskplane's Envoy sends them (one message, the body with the request
+    headers as attributes), each settled from its access-log entry."""
     config = fleet_config(replicas)
     registry = ReplicaRegistry(config)
     for s in registry.replicas.values():
@@ -178,13 +177,12 @@ async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any
     streams = StreamBook()
     picker = Picker(gw, book, streams)
     logs = AccessLogs(streams, picker.replica_at)
-    stream = messages in (1, 2, 3)
-    context = _Context("route" if messages in (1, 2) else None)
+    context = _Context("route" if stream else None)
     placed: dict[str, int] = {}
     per_call: list[float] = []
-    requests = [_wire(exchange(i, stream, one_message=messages == 1)[0]) for i in range(calls)]
+    requests = [_wire(exchange(i, stream)[0]) for i in range(calls)]
     respond = exchange(0, stream)[1]
-    responses = {ep: _wire(respond(ep) if messages == 3 or not stream else []) for ep in book.by_endpoint}
+    responses = {ep: _wire(respond(ep)) for ep in book.by_endpoint}
     envoys_work = 0.0
     t0 = time.process_time()
     wall0 = time.perf_counter()
@@ -219,7 +217,7 @@ async def measure(replicas: int, calls: int, messages: int = 0) -> dict[str, Any
     return {"replicas": replicas, "calls": calls, "decisions_per_cpu_s": round(calls / cpu, 1),
             "decisions_per_s": round(calls / wall, 1), "cpu_us_per_call": round(cpu * 1e6 / calls, 1),
             "call_us_p50": round(xs[len(xs) // 2] * 1e6, 1), "call_us_p99": round(xs[int(len(xs) * 0.99)] * 1e6, 1),
-            "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed), "messages": messages or 4,
+            "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed), "messages": 1 if stream else 4,
             "settled_from_log": logs.entries, "left_in_book": streams.waiting,
             "rows": {o: int(gw.metrics.cost_rows.labels(outcome=o)._value.get()) for o in ("success", "error", "shed")}}
 
@@ -232,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m taskplane.epp.decisions", description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=256)
     p.add_argument("--calls", type=int, default=5000)
-    p.add_argument("--stream-messages", type=int, choices=(1, 2, 3), default=None,
-                   help="streamed calls instead of unary ones, as taskplane's Envoy sends them: 3 (lua-3msg: the "
-                        "response headers to the picker too), 2 (lua-2msg: the request headers "
-                        "as a message) or 1 (lua-1msg, the default bootstrap: the body, the headers as attributes); each settled from its "
-                        "access-log entry")
+    p.add_argument("--stream", action="store_true",
+                   help="streamed calls as taskplane's Envoy sends them (one message: the body, the request headers "
+                        "as attributes), each settled from its access-log entry, instead of unary GIE-style ones")
+    p.add_argument("--stream-messages", type=int, choices=(1,), default=None,
+                   help="the same as --stream (taskplane's Envoy sends one message per streamed call)")
     args = p.parse_args(argv)
     configure_logging("warning")
-    print(json.dumps(asyncio.run(measure(args.replicas, args.calls, args.stream_messages or 0)), indent=2))
+    print(json.dumps(asyncio.run(measure(args.replicas, args.calls, args.stream or args.stream_messages == 1)), indent=2))
     return 0
 
 

@@ -31,7 +31,7 @@ from taskplane.config import GatewayConfig
 from taskplane.context import CALL_HEADERS
 from taskplane.engines.keepalive import REPLICA_IDLE_S
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
-from taskplane.epp.lua import GUARD_LUA, USAGE_LUA, attribute_safe_lua
+from taskplane.epp.lua import GUARD_LUA, attribute_safe_lua
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
 from taskplane.gateway.openai_extra import PATHS
 
@@ -130,17 +130,13 @@ def replica_cluster(endpoints_file: Path) -> dict[str, Any]:
     }
 
 
-#: How the front door's Envoy handles answers (``bootstrap``'s ``stream_usage``).
-#: ``lua`` names the default (the one-message bootstrap since it keeps the body deadline).
-STREAM_USAGE_MODES = ("lua", "lua-1msg", "lua-2msg", "lua-3msg", "picker")
-ONE_MESSAGE = "lua-1msg"
-#: The bootstrap ``taskplane gateway`` runs unless ``TASKPLANE_EPP_STREAM_USAGE`` names another.
-#: One message per call (``lua-1msg``; ``lua-2msg`` stays selectable for the A/B). With the
-#: request headers skipped the picker hears of a call only once its body is whole, so Envoy
-#: keeps the body deadline itself: see ``UPLOADED_KEY`` (docs/benchmarks.md, "One message
-#: per stream").
-DEFAULT_STREAM_USAGE = ONE_MESSAGE
-#: The body deadline on ``lua-1msg``: each inference path has two routes. The one a request
+#: How a call reaches the picker: one ext_proc message, the request body, with the request's
+#: method, path and headers as attributes (``REQUEST_ATTRIBUTES``); a successful stream's
+#: answer passes Envoy with no picker message (its headers from the Lua filter, its row from
+#: the access log), every other answer goes to the answers filter. With the request headers
+#: skipped the picker hears of a call only once its body is whole, so Envoy keeps the body
+#: deadline itself: see ``UPLOADED_KEY``.
+#: The body deadline: each inference path has two routes. The one a request
 #: matches at first limits the stream to ``limits.body_timeout_s`` from its first byte
 #: (``max_stream_duration``: 408 when the request is not whole); the usage Lua filter, before
 #: the routing filter, marks ``taskplane.uploaded`` once the body is whole and clears the
@@ -150,15 +146,13 @@ DEFAULT_STREAM_USAGE = ONE_MESSAGE
 UPLOADED_KEY = "uploaded"
 #: Envoy's response code details of the duration limit (mapped to the body deadline's words).
 DURATION_DETAILS = "max_duration_timeout"
-#: The modes with the answers filter: the routing filter's response phases are SKIP.
-_ANSWERS_MODES = (ONE_MESSAGE, "lua-2msg")
-#: What the routing filter sends with the body when its request headers are SKIP (``lua``):
+#: What the routing filter sends with the body (its request headers are SKIP):
 #: the picker builds the call from these exactly as from a headers message (``epp.protocol``).
 #: (Envoy 1.40 sends the whole ``request.headers`` map as an empty struct, so each header is
 #: named; a repeated header comes joined with commas.)
 ATTRIBUTE_HEADERS = ("authorization", *CALL_HEADERS)
 REQUEST_ATTRIBUTES = ["request.method", "request.path", *(f"request.headers['{name}']" for name in ATTRIBUTE_HEADERS)]
-#: The Lua filter after the routing one (``lua-1msg`` only): refuses what the picker never routed
+#: The Lua filter after the routing one: refuses what the picker never routed
 #: (a body-less request sends it no message) and strips the client's taskplane, ``x-envoy-*``
 #: and ``authorization`` headers the picker did not see (``epp.lua``).
 GUARD_FILTER = "taskplane.request_guard"
@@ -208,39 +202,23 @@ def _ext_proc(config: GatewayConfig, mode: dict[str, str], exchange: str | None)
     }
 
 
-def usage_mode(stream_usage: str) -> str:
-    """``stream_usage`` checked, ``lua`` read as the default."""
-    if stream_usage not in STREAM_USAGE_MODES:
-        raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGE_MODES)}, not {stream_usage!r}")
-    return DEFAULT_STREAM_USAGE if stream_usage == "lua" else stream_usage
-
-
-def ext_proc_filter(config: GatewayConfig, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
+def ext_proc_filter(config: GatewayConfig) -> dict[str, Any]:
     """The request, buffered, to the picker. A call held by admission (or for an empty pool)
     waits inside the picker, so the message timeout covers the longest hold (``epp.timers``).
-    ``lua-1msg``: one message, the body, with the request's method, path and headers as attributes
+    One message, the body, with the request's method, path and headers as attributes
     (``REQUEST_ATTRIBUTES``; a body-less request never reaches the picker, the request guard
     refuses it); the answer goes to the answers filter (``answers_filter``), or, a successful
-    stream, to no filter at all (the default, ``DEFAULT_STREAM_USAGE``). ``lua-2msg``: the same
-    with the request headers as a message of their own (two messages per stream). ``lua-3msg``:
-    response headers back to this filter too (the picker adds the X-Taskplane-* headers and
-    asks for a unary body itself with ``mode_override``): three messages per stream.
-    ``picker``: every response body through the picker too (FULL_DUPLEX_STREAMED, as GIE's
-    own configs do): the measured alternative to the Lua scan."""
-    stream_usage = usage_mode(stream_usage)
-    duplex = stream_usage == "picker"
-    answers = stream_usage in _ANSWERS_MODES
+    stream, to no filter at all."""
     mode = {
-        "request_header_mode": "SKIP" if stream_usage == ONE_MESSAGE else "SEND",
+        "request_header_mode": "SKIP",
         "request_body_mode": "BUFFERED",
         "request_trailer_mode": "SKIP",
-        "response_header_mode": "SKIP" if answers else "SEND",
-        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
-        "response_trailer_mode": "SEND" if duplex else "SKIP",
+        "response_header_mode": "SKIP",
+        "response_body_mode": "NONE",
+        "response_trailer_mode": "SKIP",
     }
-    typed = _ext_proc(config, mode, "route" if answers else None)
-    if stream_usage == ONE_MESSAGE:
-        typed["request_attributes"] = list(REQUEST_ATTRIBUTES)
+    typed = _ext_proc(config, mode, "route")
+    typed["request_attributes"] = list(REQUEST_ATTRIBUTES)
     return {"name": "envoy.filters.http.ext_proc", "typed_config": typed}
 
 
@@ -278,9 +256,8 @@ def answers_filter(config: GatewayConfig) -> dict[str, Any]:
 def lua_filter() -> dict[str, Any]:
     return {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": _T + "envoy.extensions.filters.http.lua.v3.Lua",
-        "source_codes": {"usage": {"inline_string": USAGE_LUA},
-                         # the one-message routes' (``lua-1msg``): their attribute headers made valid UTF-8
-                         "usage-1msg": {"inline_string": attribute_safe_lua(ATTRIBUTE_HEADERS)}},
+        # the usage scan, with the attribute headers made valid UTF-8 for the picker's message
+        "source_codes": {"usage": {"inline_string": attribute_safe_lua(ATTRIBUTE_HEADERS)}},
     }}
 
 
@@ -311,7 +288,6 @@ def _enabled(config: dict[str, Any]) -> dict[str, Any]:
 
 _EXT_PROC_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "overrides": {}})
 _LUA_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage"})
-_LUA_1MSG_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "usage-1msg"})
 _GUARD_ON = _enabled({"@type": _T + "envoy.extensions.filters.http.lua.v3.LuaPerRoute", "name": "guard"})
 _ANSWERS_ON = _enabled({"@type": _T + "envoy.extensions.common.matching.v3.ExtensionWithMatcherPerRoute",
                         "xds_matcher": _SKIP_STREAMS})
@@ -322,12 +298,10 @@ def call_timers(config: GatewayConfig) -> CallTimers:
     return CallTimers.of(config, tries=NUM_RETRIES + 1)
 
 
-def _inference_routes(path: str, config: GatewayConfig, stream_usage: str) -> list[dict[str, Any]]:
-    """The routes of one inference path: one, or on ``lua-1msg`` the uploaded one (matched on
-    ``taskplane.uploaded``, no duration limit) before the uploading one (``UPLOADED_KEY``)."""
-    route = _inference_route(path, config, stream_usage)
-    if stream_usage != ONE_MESSAGE:
-        return [route]
+def _inference_routes(path: str, config: GatewayConfig) -> list[dict[str, Any]]:
+    """The routes of one inference path: the uploaded one (matched on ``taskplane.uploaded``,
+    no duration limit) before the uploading one (``UPLOADED_KEY``)."""
+    route = _inference_route(path, config)
     uploaded = {**route, "match": {**route["match"], "dynamic_metadata": [
         {"filter": TP_NAMESPACE, "path": [{"key": UPLOADED_KEY}], "value": {"present_match": True}}]},
         "route": {**route["route"], "max_stream_duration": {"max_stream_duration": "0s"}}}
@@ -336,19 +310,15 @@ def _inference_routes(path: str, config: GatewayConfig, stream_usage: str) -> li
     return [uploaded, uploading]
 
 
-def _inference_route(path: str, config: GatewayConfig, stream_usage: str) -> dict[str, Any]:
+def _inference_route(path: str, config: GatewayConfig) -> dict[str, Any]:
     timers = call_timers(config)
-    # the picker and the Lua scan are off by default (see ``bootstrap``) and on here
-    filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON}
-    extra: dict[str, Any] = {}
-    if stream_usage == ONE_MESSAGE:
-        filters[GUARD_FILTER] = _GUARD_ON
-        filters["envoy.filters.http.lua"] = _LUA_1MSG_ON
-    if stream_usage in _ANSWERS_MODES:
-        filters[ANSWERS_FILTER] = _ANSWERS_ON
-        # who answered, for the Lua filter to add that endpoint's headers (it removes this one)
-        extra["response_headers_to_add"] = [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
-                                             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    # the picker, the Lua scan, the guard and the answers filter are off by default (see
+    # ``bootstrap``) and on here
+    filters = {"envoy.filters.http.ext_proc": _EXT_PROC_ON, "envoy.filters.http.lua": _LUA_ON,
+               GUARD_FILTER: _GUARD_ON, ANSWERS_FILTER: _ANSWERS_ON}
+    # who answered, for the Lua filter to add that endpoint's headers (it removes this one)
+    extra = {"response_headers_to_add": [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+                                          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]}
     return {
         "typed_per_filter_config": filters,
         **extra,
@@ -412,7 +382,7 @@ def local_reply_config(header_timeout_s: float = 10.0, body_timeout_s: float = 3
                                   "content_type": "application/json"}},
         _cel_mapper("response.code == 408 && response.code_details == 'request_header_timeout'",
                     f"request headers not received within {header_timeout_s:g} s"),
-        # the upload's duration limit (``lua-1msg``, ``UPLOADED_KEY``): the body deadline, in the picker's words
+        # the upload's duration limit (``UPLOADED_KEY``): the body deadline, in the picker's words
         _cel_mapper(f"response.code == 408 && response.code_details == '{DURATION_DETAILS}'",
                     f"request body not received within {body_timeout_s:g} s"),
         # the picker's own 408 (the body deadline, ``epp.deadlines``) already says it in the contract's words
@@ -424,17 +394,10 @@ def local_reply_config(header_timeout_s: float = 10.0, body_timeout_s: float = 3
     ]}
 
 
-def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEFAULT_STREAM_USAGE) -> dict[str, Any]:
-    """The whole Envoy bootstrap for one front door. ``stream_usage``: ``lua-2msg`` (the Lua
-    scan + access log, two picker messages per successful stream), ``lua-1msg`` (one: the
-    request headers as attributes of the body's message; the default, ``lua``),
-    ``lua-3msg`` (the response headers through the picker too) or ``picker`` (bodies
-    through the picker); see ``ext_proc_filter``."""
-    stream_usage = usage_mode(stream_usage)
+def bootstrap(config: GatewayConfig, door: FrontDoor) -> dict[str, Any]:
+    """The whole Envoy bootstrap for one front door (the exchange: ``ext_proc_filter``)."""
     limits = config.limits
-    routes = [r for p in INFERENCE_PATHS for r in _inference_routes(p, config, stream_usage)] + [_app_route("/")]
-    answers = [{**answers_filter(config), "disabled": True}] if stream_usage in _ANSWERS_MODES else []
-    guard = [{**guard_filter(), "disabled": True}] if stream_usage == ONE_MESSAGE else []
+    routes = [r for p in INFERENCE_PATHS for r in _inference_routes(p, config)] + [_app_route("/")]
     hcm = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "taskplane",
@@ -452,11 +415,11 @@ def bootstrap(config: GatewayConfig, door: FrontDoor, *, stream_usage: str = DEF
         # edits cannot reach a header block that is still held.
         # Off unless a route turns them on (the inference routes do): Envoy's own replies
         # to malformed requests, which match no route, never wait on the picker.
-        # The answers filter (``lua-1msg``, ``lua-2msg``) after the picker's: on the way back it
-        # runs first. The request guard (``lua-1msg``) between them: it sees the routing answer, and its
-        # own refusals (local replies start at the filter that sends them) skip the answers filter.
-        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config, stream_usage), "disabled": True},
-                         *guard, *answers,
+        # The answers filter after the picker's: on the way back it runs first. The request
+        # guard between them: it sees the routing answer, and its own refusals (local replies
+        # start at the filter that sends them) skip the answers filter.
+        "http_filters": [{**lua_filter(), "disabled": True}, {**ext_proc_filter(config), "disabled": True},
+                         {**guard_filter(), "disabled": True}, {**answers_filter(config), "disabled": True},
                          {"name": "envoy.filters.http.router",
                           "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}],
         "access_log": [access_log()],

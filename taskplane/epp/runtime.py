@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from taskplane.epp import health
 from taskplane.epp.accesslog import AccessLogs
 from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import DEFAULT_STREAM_USAGE, FrontDoor, bootstrap
+from taskplane.epp.envoy_config import FrontDoor, bootstrap
 from taskplane.epp.envoy_process import EnvoyProcess
 from taskplane.epp.gcfreeze import freeze_startup_objects
 from taskplane.epp.server import Picker
@@ -191,11 +190,7 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")
-    # TASKPLANE_EPP_STREAM_USAGE: lua-1msg (the default, also ``lua``: one
-    # message per stream, the request headers as the body's attributes), lua-2msg (two), lua-3msg (response headers
-    # through the picker too) or picker (streamed bodies through the picker): the A/B's planes
-    usage_path = os.environ.get("TASKPLANE_EPP_STREAM_USAGE", DEFAULT_STREAM_USAGE)
-    envoy = EnvoyProcess(bootstrap(config, door, stream_usage=usage_path), workdir, admin_port, concurrency=envoy_concurrency)
+    envoy = EnvoyProcess(bootstrap(config, door), workdir, admin_port, concurrency=envoy_concurrency)
     envoy_alive = False
     try:
         await envoy.start()

@@ -8,7 +8,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -78,26 +77,13 @@ async def _good_calls_meanwhile(url: str, n: int) -> list[float]:
 
 
 
-@contextmanager
-def _plane(plane: str) -> Iterator[str]:
-    """The data plane a LocalCluster starts with: ``envoy-1msg`` is Envoy with the one-message
-    bootstrap (``TASKPLANE_EPP_STREAM_USAGE=lua-1msg``: Envoy, not the picker, keeps the body
-    deadline there), whatever the environment says."""
-    with pytest.MonkeyPatch.context() as mp:
-        if plane == "envoy-1msg":
-            mp.setenv("TASKPLANE_EPP_STREAM_USAGE", "lua-1msg")
-        yield plane.split("-")[0]
-
-
-@pytest.fixture(scope="module", params=["envoy", "envoy-1msg", "python"])
+@pytest.fixture(scope="module", params=["envoy", "python"])
 def guarded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Every data plane: Envoy (its header deadline, the picker's body deadline; on one
-    message Envoy's upload route) and the Python proxy (its HTTP layer and body reader)
-    answer slow clients alike."""
-    with _plane(request.param) as plane:
-        c = LocalCluster(Path(tmp_path_factory.mktemp(f"badinput-slow-{request.param}")), replicas=2,
-                         config_overrides=auth_config(), data_plane=plane)
-        c.__enter__()
+    """Every data plane: Envoy (its header deadline, its upload route's body deadline) and
+    the Python proxy (its HTTP layer and body reader) answer slow clients alike."""
+    c = LocalCluster(Path(tmp_path_factory.mktemp(f"badinput-slow-{request.param}")), replicas=2,
+                     config_overrides=auth_config(), data_plane=request.param)
+    c.__enter__()
     try:
         yield c
     finally:
@@ -182,15 +168,15 @@ async def test_idle_connection_that_sends_nothing_is_not_held_for_ever(guarded: 
     assert answer.startswith(b"HTTP/1.1 408")
 
 
-@pytest.mark.parametrize("data_plane", ["envoy", "envoy-1msg", "python"])
+@pytest.mark.parametrize("data_plane", ["envoy", "python"])
 async def test_a_call_held_by_admission_is_not_cut_by_the_body_deadline(tmp_path: Path, data_plane: str) -> None:
     """The body deadline bounds the upload only: calls that arrived whole and then wait in
     admission longer than it (one replica running two at a time, slowly) are all served.
     (Envoy's connection-manager request_timeout would have cut them: it runs until the
     picker lets the request go.)"""
     overrides = auth_config(body_timeout_s=1.0)
-    with _plane(data_plane) as plane, LocalCluster(tmp_path, replicas=1, max_num_seqs=2, speed=1.0,
-                                                   config_overrides=overrides, data_plane=plane) as c:
+    with LocalCluster(tmp_path, replicas=1, max_num_seqs=2, speed=1.0, config_overrides=overrides,
+                      data_plane=data_plane) as c:
         async with httpx.AsyncClient(base_url=c.gateway_url, timeout=120) as client:
             async def call(i: int) -> httpx.Response:
                 body = {**GOOD, "messages": [{"role": "user", "content": f"held {i} " * 20}], "max_tokens": 120}

@@ -27,23 +27,11 @@ STREAM = ["stream-truncated", "stream-garbage-then-close", "stream-hang", "strea
 #: proxy ends them with an error event; Envoy cannot: once the response started, its filter
 #: manager resets the client's stream with the upstream's (docs/benchmarks.md, data plane).
 CUT_ON_ENVOY = {"stream-truncated", "stream-garbage-then-close", "stream-hang"}
-#: The full-duplex picker path (a GIE-style Envoy, the measured alternative to the Lua scan)
-#: releases a unary answer's headers before its body, so it cannot set their status or cost
-#: headers from the body: a broken answer keeps the engine's status (not the contract's
-#: 502/503), a served one has no X-Taskplane-Cost-Usd. Known gap, not tested here.
-DUPLEX_UNARY_GAP = "envoy-duplex: a unary answer's headers go out before its body (status, cost headers)"
+#: The data planes: Envoy with taskplane's picker, and the Python proxy.
+PLANES = ("envoy", "python")
 
 
-def _skip_duplex_unary(plane: str) -> None:
-    if plane == "envoy-duplex":
-        pytest.skip(DUPLEX_UNARY_GAP)
-
-
-#: Each plane's ``TASKPLANE_EPP_STREAM_USAGE`` (``envoy-1msg``: the one-message exchange).
-_USAGE = {"envoy": "lua", "envoy-1msg": "lua-1msg", "envoy-duplex": "picker", "python": "lua"}
-
-
-@pytest.fixture(scope="module", params=sorted(_USAGE))
+@pytest.fixture(scope="module", params=PLANES)
 def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BadUpstream, Path, str]]:
     work = Path(tmp_path_factory.mktemp(f"bad-upstream-{request.param}"))
     upstream = BadUpstream(free_port()).start()
@@ -54,9 +42,7 @@ def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     log = work / "gateway.log"
     pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"),
                       "--port", str(port)], log,
-                     # envoy-duplex: streamed bodies through the picker (a GIE-style Envoy), not the Lua scan
-                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param.split("-")[0],
-                          "TASKPLANE_EPP_STREAM_USAGE": _USAGE[request.param]})
+                     env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": request.param})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
         yield f"http://127.0.0.1:{port}", upstream, log, request.param
@@ -68,7 +54,6 @@ def bad_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 @pytest.mark.parametrize("mode", NON_STREAM)
 async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
     url, upstream, log, plane = bad_gateway
-    _skip_duplex_unary(plane)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await healthy_again(client)
         before_hits, before_rows = upstream.hits.get(mode, 0), cost_rows((await client.get("/metrics")).text)
@@ -91,8 +76,7 @@ async def test_broken_replica_non_stream(bad_gateway: tuple[str, BadUpstream, Pa
 async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tuple[str, BadUpstream, Path, str]) -> None:
     """A replica that answers but reports token counts that are not counts: the client
     gets the answer, the attempt still gets its row (with the gateway's own prompt count)."""
-    url, upstream, log, plane = bad_gateway
-    _skip_duplex_unary(plane)
+    url, upstream, log, _plane = bad_gateway
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await healthy_again(client)
         before_hits = upstream.hits.get("usage-bad-counts", 0)
@@ -110,8 +94,6 @@ async def test_nonsense_usage_counts_keep_the_answer_and_its_row(bad_gateway: tu
 @pytest.mark.parametrize("mode", STREAM)
 async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, str], mode: str) -> None:
     url, _upstream, log, plane = bad_gateway
-    if mode == "html-500":  # refused before streaming: a unary error answer
-        _skip_duplex_unary(plane)
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"mode:{mode}"}]}
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await healthy_again(client)
@@ -133,9 +115,7 @@ async def test_broken_replica_stream(bad_gateway: tuple[str, BadUpstream, Path, 
             # (If the break reaches Envoy while the picker still holds the response headers, nothing
             # went out yet and the client gets the 502 below instead.)
             assert cut, raw[-300:]
-            # (full duplex: the response headers go out before the body, so the cut may come
-            # before the first event)
-            assert "data: [DONE]" not in raw and (raw.startswith("data: ") or (plane == "envoy-duplex" and not raw)), raw[-300:]
+            assert "data: [DONE]" not in raw and raw.startswith("data: "), raw[-300:]
         elif status == 200:
             assert not cut, raw[-300:]
             # something was streamed: no retry possible, the stream must end with an error event

@@ -7,6 +7,9 @@ import asyncio
 import time
 
 import httpx
+from tp_replica_health import healthy_again
+
+__all__ = ["cost_rows", "healthy_again", "rows_by_outcome", "rows_settled"]
 
 
 def cost_rows(metrics: str) -> float:
@@ -32,15 +35,3 @@ async def rows_settled(client: httpx.AsyncClient, before: float) -> float:
         elif rows > before and time.monotonic() - still_since >= 0.5:
             break
     return rows
-
-
-async def healthy_again(client: httpx.AsyncClient) -> None:
-    """A failed attempt benches its replica for ~2 s; wait until every replica is back, so
-    every case really reaches the replicas it names."""
-    for _ in range(100):
-        reps = (await client.get("/admin/replicas")).json()["replicas"]
-        if all(r["healthy"] for r in reps):
-            await asyncio.sleep(2.1)  # past down_until as well
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"a bad replica never came back: {reps}")

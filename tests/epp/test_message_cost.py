@@ -1,14 +1,12 @@
-"""Issue 19: on taskplane's own Envoy a successful stream costs the picker two ext_proc
-messages (the request's headers and body; ``lua-1msg``: one, the body with the headers as
-attributes; every test runs on both). Its X-Taskplane-* headers come from the Lua
-filter (the routing answer left them per listed endpoint), its row from the access log;
-unary and error answers still reach the picker through the answers filter. The picker
-counts what it received (``taskplane_epp_messages_total``), so each test asserts the
-exact number of messages a call cost."""
+"""On taskplane's own Envoy a successful stream costs the picker one ext_proc message: the
+request body, with the request's headers as attributes. Its X-Taskplane-* headers come from
+the Lua filter (the routing answer left them per listed endpoint), its row from the access
+log; unary and error answers still reach the picker through the answers filter. The picker
+counts what it received (``taskplane_epp_messages_total``), so each test asserts the exact
+number of messages a call cost."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,43 +14,30 @@ from pathlib import Path
 import httpx
 import pytest
 from tp_epp_helpers import MODEL, chat, messages_cost, rows_eventually, sse_usage, tp_headers
+from tp_replica_health import healthy_again
 
-from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 
-#: The request-headers messages a call costs on each bootstrap (``lua-1msg``: none, they come
-#: as the body's attributes; ``lua-2msg``: one; ``lua-1msg`` is the default).
-_HEADERS_MESSAGES = {"lua-1msg": 0, "lua-2msg": 1}
-
-
-@pytest.fixture(scope="module", params=sorted(_HEADERS_MESSAGES))
-def usage(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+#: What a successful stream costs the picker: the body's message alone.
+STREAM_COST = {"request_headers": 0, "request_body": 1, "response_headers": 0, "response_body": 0, "answers_streams": 0}
+#: What a unary or error answer costs: the body's message, and the answers filter's stream (headers, body).
+ANSWERED_COST = {"request_headers": 0, "request_body": 1, "response_headers": 1, "response_body": 1, "answers_streams": 1}
 
 
 @pytest.fixture(scope="module")
-def door2(pg_url: str, tmp_path_factory: pytest.TempPathFactory, usage: str) -> Iterator[LocalCluster]:
-    """Three replicas behind the front door on bootstrap ``usage``; this module kills and restarts them."""
-    saved = os.environ.get("TASKPLANE_EPP_STREAM_USAGE")
-    os.environ["TASKPLANE_EPP_STREAM_USAGE"] = usage  # the gateway's process reads it
-    c = LocalCluster(Path(tmp_path_factory.mktemp(f"two-{usage}")), replicas=3, gpus=["h100", "l40s", "h100"],
+def door2(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three replicas behind the front door; this module sets faults on them."""
+    c = LocalCluster(Path(tmp_path_factory.mktemp("cost")), replicas=3, gpus=["h100", "l40s", "h100"],
                      database_url=pg_url, speed=20.0)
-    try:
-        with c:
-            yield c
-    finally:
-        if saved is None:
-            os.environ.pop("TASKPLANE_EPP_STREAM_USAGE", None)
-        else:
-            os.environ["TASKPLANE_EPP_STREAM_USAGE"] = saved
+    with c:
+        yield c
 
 
 def _task(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-async def test_a_stream_costs_one_or_two_messages_and_gets_its_headers_and_exact_row(door2: LocalCluster, pg_url: str,
-                                                                                    usage: str) -> None:
+async def test_a_stream_costs_one_message_and_gets_its_headers_and_exact_row(door2: LocalCluster, pg_url: str) -> None:
     task = _task("two")
     async with httpx.AsyncClient(base_url=door2.gateway_url, timeout=30) as client:
         got: list[httpx.Response] = []
@@ -64,8 +49,7 @@ async def test_a_stream_costs_one_or_two_messages_and_gets_its_headers_and_exact
         cost = await messages_cost(client, stream())
     r = got[0]
     assert r.status_code == 200, r.text
-    assert cost == {"request_headers": _HEADERS_MESSAGES[usage], "request_body": 1, "response_headers": 0, "response_body": 0,
-                    "answers_streams": 0}, cost
+    assert cost == STREAM_COST, cost
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["cache-control"] == "no-cache"
     assert r.headers["x-taskplane-model"] == MODEL
@@ -84,7 +68,7 @@ async def test_a_stream_costs_one_or_two_messages_and_gets_its_headers_and_exact
     assert row["ttft_ms"] is not None and 0 <= row["ttft_ms"] <= row["total_ms"] + 1
 
 
-async def test_a_unary_answer_still_goes_through_the_answers_filter(door2: LocalCluster, pg_url: str, usage: str) -> None:
+async def test_a_unary_answer_still_goes_through_the_answers_filter(door2: LocalCluster, pg_url: str) -> None:
     task = _task("unary")
     async with httpx.AsyncClient(base_url=door2.gateway_url, timeout=30) as client:
         got: list[httpx.Response] = []
@@ -95,8 +79,7 @@ async def test_a_unary_answer_still_goes_through_the_answers_filter(door2: Local
         cost = await messages_cost(client, unary())
     r = got[0]
     assert r.status_code == 200, r.text
-    assert cost == {"request_headers": _HEADERS_MESSAGES[usage], "request_body": 1, "response_headers": 1, "response_body": 1,
-                    "answers_streams": 1}, cost
+    assert cost == ANSWERED_COST, cost
     assert float(r.headers["x-taskplane-cost-usd"]) > 0  # known only once the body's usage is: the picker's
     assert "x-taskplane-upstream" not in r.headers
     rows = await rows_eventually(pg_url, task, 1)
@@ -108,7 +91,7 @@ async def _faults(client: httpx.AsyncClient, replica_url: str, error_rate: float
     assert r.status_code == 200, r.text
 
 
-async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalCluster, pg_url: str, usage: str) -> None:
+async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalCluster, pg_url: str) -> None:
     task = _task("fallback")
     session = {"X-Taskplane-Session-Id": task}
     async with httpx.AsyncClient(base_url=door2.gateway_url, timeout=30) as client:
@@ -127,8 +110,7 @@ async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalClus
             await _faults(client, pinned.url, 0.0)
     r = got[0]
     assert r.status_code == 200 and r.text.rstrip().endswith("[DONE]"), r.text
-    assert cost == {"request_headers": _HEADERS_MESSAGES[usage], "request_body": 1, "response_headers": 0, "response_body": 0,
-                    "answers_streams": 0}, cost
+    assert cost == STREAM_COST, cost
     served = r.headers["x-taskplane-replica"]
     assert served != pinned.name and r.headers["x-envoy-attempt-count"] == "2"
     assert r.headers["x-taskplane-gpu"] == next(rep.gpu for rep in door2.replicas if rep.name == served)
@@ -140,42 +122,10 @@ async def test_a_fallback_answer_carries_that_endpoints_headers(door2: LocalClus
     assert ok["total_ms"] > 5 and ok["cost_usd"] > 0 and 0 <= ok["ttft_ms"] <= ok["total_ms"], dict(ok)
 
 
-#: The earlier bootstraps (the A/B's old data planes) and what a successful stream costs on each.
-_OLDER = {"lua-3msg": {"request_headers": 1, "request_body": 1, "response_headers": 1, "response_body": 0, "answers_streams": 0}}
-
-
-@pytest.mark.parametrize("older", sorted(_OLDER))
-async def test_the_older_configs_still_work(door2: LocalCluster, pg_url: str, monkeypatch: pytest.MonkeyPatch,
-                                            older: str) -> None:
-    """``TASKPLANE_EPP_STREAM_USAGE=lua-3msg`` (the response headers through the picker too):
-    the call gets the same headers and row at the older cost."""
-    monkeypatch.setenv("TASKPLANE_EPP_STREAM_USAGE", older)
-    url, pid = door2.add_gateway()
-    task = _task(older)
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            got: list[httpx.Response] = []
-
-            async def stream() -> None:
-                got.append(await client.post("/v1/chat/completions", json=chat("older", stream=True, max_tokens=12),
-                                             headers=tp_headers(task, 0)))
-
-            cost = await messages_cost(client, stream())
-        rows = await rows_eventually(pg_url, task, 1)  # before the stop: a signalled process group loses Envoy's last log
-    finally:
-        proc.stop_pid(pid)
-    r = got[0]
-    assert r.status_code == 200, r.text
-    assert cost == _OLDER[older], cost
-    assert r.headers["x-taskplane-replica"] in {rep.name for rep in door2.replicas}
-    assert r.headers["cache-control"] == "no-cache"
-    assert [(x["outcome"], x["completion_tokens"], x["replica"]) for x in rows] == [
-        ("success", 12, r.headers["x-taskplane-replica"])]
-
-
-async def test_an_error_answer_goes_through_the_answers_filter(door2: LocalCluster, pg_url: str, usage: str) -> None:
+async def test_an_error_answer_goes_through_the_answers_filter(door2: LocalCluster, pg_url: str) -> None:
     task = _task("down")
     async with httpx.AsyncClient(base_url=door2.gateway_url, timeout=30) as client:
+        await healthy_again(client)  # every replica listed again (an earlier test's fault benched one)
         for rep in door2.replicas:  # every listed endpoint answers 500: the last one's answer reaches the client
             await _faults(client, rep.url, 1.0)
         try:
@@ -192,8 +142,7 @@ async def test_an_error_answer_goes_through_the_answers_filter(door2: LocalClust
     r = got[0]
     assert r.status_code in (502, 503), r.text
     assert r.headers["content-type"] == "application/json" and "error" in r.json()  # the picker's, not the engine's
-    assert cost == {"request_headers": _HEADERS_MESSAGES[usage], "request_body": 1, "response_headers": 1, "response_body": 1,
-                    "answers_streams": 1}, cost
+    assert cost == ANSWERED_COST, cost
     rows = await rows_eventually(pg_url, task, 3)
     assert len(rows) == int(r.headers.get("x-envoy-attempt-count", "3")) and all(x["outcome"] == "error" for x in rows), \
         [(x["replica"], x["outcome"]) for x in rows]

@@ -69,7 +69,7 @@ def _body_with(attrs: dict[str, str]) -> pb.ProcessingRequest:
 
 
 def test_headers_sent_as_attributes_read_as_a_headers_message_would_carry_them() -> None:
-    """The one-message exchange (``lua-1msg``): a repeated taskplane header comes joined with
+    """The one-message exchange: a repeated taskplane header comes joined with
     commas and is split back (the duplicate check sees both values), a non-taskplane one is
     left whole, and a value the Lua filter sent byte by byte as code points is read back as
     the header message's UTF-8 reading of the same bytes."""

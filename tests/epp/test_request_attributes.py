@@ -1,11 +1,10 @@
-"""Issue 19: the routing filter sends the picker one message per call, the body with the
-request's headers as attributes (``envoy_config.REQUEST_ATTRIBUTES``). What the picker
-did with a headers message must hold without one, on both bootstraps alike (``lua-1msg``,
-one message; ``lua-2msg``, two; ``lua-1msg`` is the default): a body-less request is refused with the contract's JSON
-error and never reaches a replica (the picker gets no message for it), a GET is the
-app's, repeated taskplane headers with different values, missing or wrong keys and a
-priority above the tenant's cap are refused by the picker, and what reaches the replica
-carries none of the client's taskplane, ``x-envoy-*`` or ``authorization`` headers."""
+"""The routing filter sends the picker one message per call, the body with the request's
+headers as attributes (``envoy_config.REQUEST_ATTRIBUTES``). Everything a headers message
+would carry must hold without one: a body-less request is refused with the contract's JSON
+error and never reaches a replica (the picker gets no message for it), a GET is the app's,
+repeated taskplane headers with different values, missing or wrong keys and a priority above
+the tenant's cap are refused by the picker, and what reaches the replica carries none of the
+client's taskplane, ``x-envoy-*`` or ``authorization`` headers."""
 
 from __future__ import annotations
 
@@ -25,20 +24,18 @@ from taskplane.ports import free_port
 
 KEY, CAPPED_KEY = "tp-key-acme-one", "tp-key-capped-one"
 ADMIN = "tp-admin-one"
-#: What a successful stream costs the picker on each bootstrap.
-STREAM_COST = {"lua-1msg": {"request_headers": 0, "request_body": 1, "response_headers": 0, "response_body": 0, "answers_streams": 0},
-               "lua-2msg": {"request_headers": 1, "request_body": 1, "response_headers": 0, "response_body": 0,
-                            "answers_streams": 0}}
+#: What a successful stream costs the picker: the body's message alone.
+STREAM_COST = {"request_headers": 0, "request_body": 1, "response_headers": 0, "response_body": 0, "answers_streams": 0}
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@pytest.fixture(scope="module", params=sorted(STREAM_COST))
-def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RecordingUpstream, str]]:
-    """A gateway with auth on over one recording replica; (url, replica, bootstrap)."""
-    work = Path(tmp_path_factory.mktemp(f"one-{request.param}"))
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RecordingUpstream]]:
+    """A gateway with auth on over one recording replica; (url, replica)."""
+    work = Path(tmp_path_factory.mktemp("attributes"))
     upstream = RecordingUpstream(free_port()).start()
     port = free_port()
     cfg = {"pools": [{"model": MODEL, "replicas": [{"url": f"http://127.0.0.1:{upstream.port}", "name": "rec", "gpu": "h100"}]}],
@@ -49,11 +46,10 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
     log = work / "gateway.log"
     pid = proc.spawn([sys.executable, "-m", "taskplane.cli", "gateway", "--config", str(work / "gw.yaml"), "--port", str(port)],
-                     log, env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": "envoy",
-                               "TASKPLANE_EPP_STREAM_USAGE": request.param})
+                     log, env={"TASKPLANE_STATE_DIR": str(work), "TASKPLANE_DATA_PLANE": "envoy"})
     try:
         proc.wait_until(proc.http_ok(f"http://127.0.0.1:{port}/healthz"), "gateway", 60, pid, log)
-        yield f"http://127.0.0.1:{port}", upstream, request.param
+        yield f"http://127.0.0.1:{port}", upstream
     finally:
         proc.stop_pid(pid)
         upstream.stop()
@@ -82,9 +78,9 @@ def _json_body(**kw: object) -> bytes:
     return httpx.Request("POST", "http://x", json=chat("one", **kw)).content
 
 
-async def test_a_stream_costs_its_bootstraps_messages_and_reaches_the_replica_stripped(
-        recorded: tuple[str, RecordingUpstream, str]) -> None:
-    url, upstream, usage = recorded
+async def test_a_stream_costs_one_message_and_reaches_the_replica_stripped(
+        recorded: tuple[str, RecordingUpstream]) -> None:
+    url, upstream = recorded
     headers = {"Authorization": f"Bearer {KEY}", "X-Taskplane-Task-Id": "one-1", "X-Taskplane-Priority": "critical",
                "X-Taskplane-Unknown": "x", "X-Envoy-Retry-On": "5xx", "X-Envoy-Upstream-Rq-Timeout-Ms": "1",
                "X-Envoy-Whatever": "y"}
@@ -98,7 +94,7 @@ async def test_a_stream_costs_its_bootstraps_messages_and_reaches_the_replica_st
     r = got[0]
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
     assert r.headers["x-taskplane-replica"] == "rec" and r.headers["cache-control"] == "no-cache"
-    assert cost == STREAM_COST[usage], cost
+    assert cost == STREAM_COST, cost
     method, path, seen = upstream.seen[-1]
     assert (method, path) == ("POST", "/v1/chat/completions")
     leaked = sorted(k for k in seen if k.startswith(("x-taskplane-", "x-envoy-")) or k == "authorization")
@@ -108,8 +104,8 @@ async def test_a_stream_costs_its_bootstraps_messages_and_reaches_the_replica_st
     assert seen["content-type"] == "application/json" and "transfer-encoding" not in seen
 
 
-async def test_a_unary_call_costs_one_more_stream_through_the_answers_filter(recorded: tuple[str, RecordingUpstream, str]) -> None:
-    url, _, usage = recorded
+async def test_a_unary_call_costs_one_more_stream_through_the_answers_filter(recorded: tuple[str, RecordingUpstream]) -> None:
+    url, _ = recorded
     async with _client(url) as admin, httpx.AsyncClient(base_url=url, timeout=30) as client:
         got: list[httpx.Response] = []
 
@@ -120,13 +116,13 @@ async def test_a_unary_call_costs_one_more_stream_through_the_answers_filter(rec
     r = got[0]
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
     assert float(r.headers["x-taskplane-cost-usd"]) > 0
-    assert cost == {**STREAM_COST[usage], "response_headers": 1, "response_body": 1, "answers_streams": 1}, cost
+    assert cost == {**STREAM_COST, "response_headers": 1, "response_body": 1, "answers_streams": 1}, cost
 
 
 @pytest.mark.parametrize("shape", ["no-body", "content-length-0"])
 async def test_a_body_less_post_gets_the_contracts_400_and_no_replica_sees_it(
-        recorded: tuple[str, RecordingUpstream, str], shape: str) -> None:
-    url, upstream, _ = recorded
+        recorded: tuple[str, RecordingUpstream], shape: str) -> None:
+    url, upstream = recorded
     headers = [("Authorization", f"Bearer {KEY}")] + ([("Content-Length", "0")] if shape == "content-length-0" else [])
     r, cost = await _refused(url, upstream, "POST", headers)
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
@@ -136,8 +132,8 @@ async def test_a_body_less_post_gets_the_contracts_400_and_no_replica_sees_it(
 
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
 async def test_a_get_on_an_inference_path_is_refused_and_no_replica_sees_it(
-        recorded: tuple[str, RecordingUpstream, str], method: str) -> None:
-    url, upstream, _ = recorded
+        recorded: tuple[str, RecordingUpstream], method: str) -> None:
+    url, upstream = recorded
     r, cost = await _refused(url, upstream, method, [("Authorization", f"Bearer {KEY}")])
     assert r.status_code == 405
     if method == "GET":
@@ -154,17 +150,17 @@ async def test_a_get_on_an_inference_path_is_refused_and_no_replica_sees_it(
     ([("Authorization", f"Bearer {CAPPED_KEY}"), ("X-Taskplane-Priority", "critical")], 403, "forbidden"),
     ([("Authorization", f"Bearer {KEY}"), ("X-Taskplane-Tenant", "capped")], 403, "forbidden"),
 ], ids=["task-id-twice", "priority-twice", "two-keys", "no-key", "wrong-key", "priority-over-cap", "other-tenant"])
-async def test_the_picker_refuses_headers_as_before(recorded: tuple[str, RecordingUpstream, str],
+async def test_the_picker_refuses_headers_as_before(recorded: tuple[str, RecordingUpstream],
                                                     headers: list[tuple[str, str]], status: int, error_type: str) -> None:
-    url, upstream, _ = recorded
+    url, upstream = recorded
     auth = [] if any(k == "Authorization" for k, _ in headers) or status == 401 else [("Authorization", f"Bearer {KEY}")]
     r, cost = await _refused(url, upstream, "POST", [*auth, *headers, ("Content-Type", "application/json")], _json_body())
     assert r.status_code == status and r.json()["error"]["type"] == error_type, r.text
     assert cost["request_body"] == 1
 
 
-async def test_the_same_header_twice_with_one_value_is_served(recorded: tuple[str, RecordingUpstream, str]) -> None:
-    url, upstream, _ = recorded
+async def test_the_same_header_twice_with_one_value_is_served(recorded: tuple[str, RecordingUpstream]) -> None:
+    url, upstream = recorded
     seen = len(upstream.seen)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         r = await client.post("/v1/chat/completions", content=_json_body(stream=True),
