@@ -2,8 +2,8 @@
 
 vLLM's server (uvicorn) closes a keep-alive connection after 5 s idle, and so does the
 simulator (``REPLICA_KEEP_ALIVE_S``). A request a client sends on such a connection just
-as the replica closes it is lost with it (a failed try, its error row, a retry; issue 19's
-dropped tries, docs/benchmarks.md). So taskplane's side drops idle replica connections
+as the replica closes it is lost with it (a failed try, its error row, a
+retry). So taskplane's side drops idle replica connections
 first, at ``REPLICA_IDLE_S``: Envoy's cluster ``idle_timeout`` and the Python proxy's
 httpx ``keepalive_expiry`` alike.
 """

@@ -1,4 +1,4 @@
-"""Python's full garbage collections off the burst's path (issue 19).
+"""Python's full garbage collections off the burst's path.
 
 A full (generation 2) collection walks every container object the process holds and
 stops the event loop meanwhile: in the front door's process, 80-250 ms, once in about

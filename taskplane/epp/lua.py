@@ -14,7 +14,7 @@ The picker marks a call as streamed (``stream``) and says whether to hide usage
 (``hide_usage``) in the same namespace when it routes the call.
 
 On taskplane's own Envoy no picker message sees a successful stream's response headers
-(issue 19: two messages per stream), so this filter adds them: the route names the
+(one message per stream: the request body), so this filter adds them: the route names the
 endpoint that answered in ``x-taskplane-upstream`` (``%UPSTREAM_REMOTE_ADDRESS%``), which
 it removes, and the routing answer left, per listed endpoint, that endpoint's
 ``X-Taskplane-*`` headers in the ``taskplane.endpoints`` namespace. It adds them, with

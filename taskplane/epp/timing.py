@@ -1,4 +1,4 @@
-"""Where a call's first token waits, as the picker can see it (issue 19): debug metrics.
+"""Where a call's first token waits, as the picker can see it: debug metrics.
 
 Three views, each cheap enough to stay on:
 
