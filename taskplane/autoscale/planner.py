@@ -212,7 +212,7 @@ class TaskplaneAutoscaler:
             self._below_since = s.now_s
         if victim.phase is Phase.READY:
             self._predrained = victim.name
-        if s.now_s - self._below_since < self.cfg.scale_in_delay_s and not idle:
+        if s.now_s - self._below_since < self._scale_in_delay(s, need, capacity, victim) and not idle:
             return
         self._below_since = s.now_s  # one replica per delay
         if victim.phase is Phase.STARTING:
@@ -224,6 +224,15 @@ class TaskplaneAutoscaler:
         plan.cordon.append(victim.name)
         plan.reasons.append(f"demand {need:.2f} work/s fits without {victim.name}: cordon it "
                             f"({victim.live_session_tokens} live-session tokens, {victim.live_sessions} sessions)")
+
+    def _scale_in_delay(self, s: PoolSignals, need: float, capacity: float, victim: ReplicaState) -> float:
+        """How long demand must stay low before the next scale-in: ``scale_in_delay_s`` while
+        fewer than four replicas are spare, ``scale_in_delay_s / (spare // 2)`` beyond (a large
+        fleet after its peak would otherwise give up one replica a minute while paying for the
+        rest; half the spare count keeps a margin for the deadlines of the ramp down)."""
+        speed = self._speed(s, victim.gpu)
+        spare = (capacity - need / self.cfg.hysteresis) / max(speed, 1e-9)
+        return self.cfg.scale_in_delay_s / max(1.0, math.floor(spare / 2))
 
     def _cordoned_done(self, s: PoolSignals, drain_s: dict[str, float]) -> list[str]:
         """Cordoned replicas to drain now: no live session left; or waiting for its sessions

@@ -261,3 +261,17 @@ def test_a_slow_cold_start_plans_for_the_arrivals_still_running_at_its_end_not_a
     scaler = TaskplaneAutoscaler()
     assert scaler.demand(s, horizon_s=10.0) == 10 * 100.0  # shorter than a task: all of them still run
     assert scaler.demand(s, horizon_s=130.0) == 20 * 100.0  # longer: only the last 20 s of arrivals
+
+
+def test_a_fleet_with_many_spare_replicas_gives_them_up_faster_than_one_per_delay() -> None:
+    """8 replicas of 1,000 work units/s and 300 needed (3 live workflows): about 7.6 are spare,
+    so the 60 s scale-in delay shrinks to 60 / floor(7.6 / 2) = 20 s; with one spare it stays 60 s."""
+    def shrinks_by(t: float, n_replicas: int) -> bool:
+        a = TaskplaneAutoscaler(PlannerConfig(target_load=1.0, scale_in_delay_s=60.0, interval_s=1.0))
+        reps = [ready(f"r{i}") for i in range(n_replicas)]
+        a.plan(sig(0.0, reps, workflows=3))
+        return bool(a.plan(sig(t, reps, workflows=3)).cordon)
+
+    assert not shrinks_by(15.0, 8) and shrinks_by(25.0, 8)
+    assert not shrinks_by(25.0, 2)  # one spare: the whole delay
+    assert shrinks_by(61.0, 2)
