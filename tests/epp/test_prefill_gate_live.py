@@ -49,24 +49,35 @@ async def _counter(client: httpx.AsyncClient, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
 
 
+async def _held_behind(client: httpx.AsyncClient, round_: int) -> tuple[float, float, float]:
+    """A stream of a ~4k-token context, then 5 ms later a call with the same context and 2k
+    new tokens (prefix affinity sends it to the same replica; its own prefill, ~65 ms, is
+    long enough to hold). (calls the gate held, the second's TTFT, the first's total)."""
+    held0 = await _counter(client, "taskplane_scheduler_prefill_gate_held_total")
+    shared = f"round {round_}. " + "".join(f"line {i} of the shared context. " for i in range(130))
+    first = asyncio.create_task(_stream(client, shared, 300))
+    await asyncio.sleep(0.005)  # the first call is placed; its replica has not started its prefill
+    second_ttft, _ = await _stream(client, shared + "".join(f"new {i}. " for i in range(250)), 4)
+    _, first_total = await first
+    held = await _counter(client, "taskplane_scheduler_prefill_gate_held_total") - held0
+    return held, second_ttft, first_total
+
+
 async def test_a_call_held_behind_a_streams_prefill_goes_when_its_kv_is_stored(tmp_path: Path) -> None:
     # speed 1: an H100's timing (a 4k-token prefill ~130 ms, 300 output tokens ~2 s)
     with LocalCluster(tmp_path, replicas=REPLICAS, speed=1.0, kv_blocks=8192) as c:
         async with httpx.AsyncClient(base_url=c.gateway_url, timeout=60) as client:
             await _stream(client, "warm the picker up", 4)
-            held0 = await _counter(client, "taskplane_scheduler_prefill_gate_held_total")
-            shared = "".join(f"line {i} of the shared context. " for i in range(130))  # ~4k byte tokens
-            first = asyncio.create_task(_stream(client, shared, 300))
-            await asyncio.sleep(0.005)  # the first call is placed; its replica has not started its prefill
-            # the same context and 2k new tokens: prefix affinity sends it to the same replica,
-            # and its own prefill (~65 ms) is long enough to be worth holding
-            second_ttft, _ = await _stream(client, shared + "".join(f"new {i}. " for i in range(250)), 4)
-            first_ttft, first_total = await first
-            held = await _counter(client, "taskplane_scheduler_prefill_gate_held_total") - held0
-    assert held >= 1, "the second call was not held: the test did not exercise the gate"
+            # the second call must reach the picker before the first's prefill began: on a busy
+            # machine it may come late (then nothing is held); up to three fresh contexts
+            for round_ in range(3):
+                held, second_ttft, first_total = await _held_behind(client, round_)
+                if held >= 1:
+                    break
+    assert held >= 1, "the second call was never held in three rounds: the test did not exercise the gate"
     assert first_total > 1.2, f"the first stream ended too soon ({first_total:.2f} s) to tell the signals apart"
     # released by the KV event at the end of the first prefill, not by the first stream's end
-    assert second_ttft < first_total - 0.6, (second_ttft, first_ttft, first_total)
+    assert second_ttft < first_total - 0.6, (second_ttft, first_total)
 
 
 async def test_a_burst_of_short_calls_on_eight_replicas_is_not_held(tmp_path: Path) -> None:
