@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taskplane.calls.openai_extra import PATHS
 from taskplane.config import GatewayConfig
 from taskplane.context import CALL_HEADERS
 from taskplane.engines.keepalive import REPLICA_IDLE_S
 from taskplane.epp.deadlines import DETAILS as BODY_TIMEOUT_DETAILS
 from taskplane.epp.lua import GUARD_LUA, attribute_safe_lua
 from taskplane.epp.timers import BACKOFF_BASE_S, BACKOFF_MAX_S, CallTimers
-from taskplane.gateway.openai_extra import PATHS
 
-#: The inference paths the picker decides (kind per path, as ``gateway.intake`` names them).
+#: The inference paths the picker decides (kind per path, as ``calls.intake`` names them).
 INFERENCE_PATHS: dict[str, str] = {path: kind for kind, path in PATHS.items()}
 EPP_CLUSTER = "taskplane_epp"
 REPLICA_CLUSTER = "taskplane_replicas"

@@ -31,7 +31,7 @@ def header_pairs(headers: pb.HttpHeaders) -> list[tuple[str, str]]:
 
 
 class RequestHeaders(Mapping[str, str]):
-    """A case-insensitive multi-map (with ``getlist``), the shape ``gateway.intake`` reads:
+    """A case-insensitive multi-map (with ``getlist``), the shape ``calls.intake`` reads:
     the strings Starlette's ``Headers`` would hold for the same bytes (the Python proxy's
     view, latin-1), found by one dict lookup instead of a scan of every header per name
     (intake asks for about thirty names per call)."""

@@ -42,6 +42,11 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from taskplane.calls import failures
+from taskplane.calls.bodies import filter_usage_event, upstream_body
+from taskplane.calls.intake import Call
+from taskplane.calls.openai_extra import reply_usage
+from taskplane.calls.service import CallService
 from taskplane.engines.registry import ReplicaState
 from taskplane.epp import protocol as P
 from taskplane.epp.accesslog import settle_logged
@@ -62,12 +67,6 @@ from taskplane.epp.envoy_config import (
 )
 from taskplane.epp.timing import BurstTiming
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import failures
-from taskplane.gateway.intake import Call
-from taskplane.gateway.openai_extra import reply_usage
-from taskplane.gateway.service import Gateway
-from taskplane.gateway.streaming import filter_usage_event
-from taskplane.gateway.upstream import upstream_body
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)
@@ -126,26 +125,26 @@ class _Exchange:
 
 
 class Picker(pb_grpc.ExternalProcessorServicer):
-    """The ext_proc service over one ``Gateway`` (its registry, placer, ledger, cache)."""
+    """The ext_proc service over one ``CallService`` (its registry, placer, ledger, cache)."""
 
-    def __init__(self, gw: Gateway, book: EndpointBook, streams: StreamBook, timing: BurstTiming | None = None) -> None:
-        self.gw = gw
+    def __init__(self, calls: CallService, book: EndpointBook, streams: StreamBook, timing: BurstTiming | None = None) -> None:
+        self.calls = calls
         self.book = book
         self.streams = streams
         self.timing = timing  # the decision's latency (``taskplane.epp.timing``), when the picker's runtime keeps it
         self.decisions = 0
         #: ext_proc messages received, by phase (``taskplane_epp_messages_total``): a
         #: successful stream on taskplane's own Envoy costs two; and streams, by filter
-        self._messages = gw.metrics.epp_messages
+        self._messages = calls.metrics.epp_messages
         self._messages.update(dict.fromkeys(_PHASES, 0))
-        self._streams = gw.metrics.epp_streams
+        self._streams = calls.metrics.epp_streams
         self._streams.update(dict.fromkeys(("route", "answers", ""), 0))
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any) -> AsyncIterator[pb.ProcessingResponse]:
         ex = _Exchange(exchange=_exchange_of(context))
         self._streams[ex.exchange or ""] += 1
         inbox: Inbox[pb.ProcessingRequest] = Inbox(request_iterator)
-        upload = BodyClock(self.gw.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
+        upload = BodyClock(self.calls.config.limits.body_timeout_s)  # see taskplane.epp.deadlines
         first = 0.0  # when the stream's first message reached this code (the decision's clock)
         timed = self.timing is None
         try:
@@ -252,15 +251,15 @@ class Picker(pb_grpc.ExternalProcessorServicer):
                 return [P.answer("request_body", streamed=(req.request_body.body, req.request_body.end_of_stream))]
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         ex.body += req.request_body.body
-        if len(ex.body) > self.gw.config.limits.max_body_bytes:
+        if len(ex.body) > self.calls.config.limits.max_body_bytes:
             return [P.error_reply(TaskplaneError(ErrorType.PAYLOAD_TOO_LARGE,
-                                                 f"request body exceeds the {self.gw.config.limits.max_body_bytes}-byte limit"))]
+                                                 f"request body exceeds the {self.calls.config.limits.max_body_bytes}-byte limit"))]
         if not req.request_body.end_of_stream:
             return [] if ex.request_duplex else [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         return await self._route(req, ex)
 
     async def _route(self, req: pb.ProcessingRequest, ex: _Exchange) -> list[pb.ProcessingResponse]:
-        gw, lc = self.gw, self.gw.lifecycle
+        lc = self.calls.lifecycle
         assert ex.kind is not None
         try:
             call = lc.prepare(ex.kind, bytes(ex.body), P.as_headers(ex.headers))
@@ -268,10 +267,9 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         except TaskplaneError as exc:
             return [P.error_reply(exc)]
         try:
-            if gw.response_cache is not None and call.deterministic:
-                cached = gw.response_cache.get(gw._cache_key(call))
-                if cached is not None:
-                    return [await self._cached(call, cached)]
+            cached = self.calls.cached_answer(call)
+            if cached is not None:
+                return [await self._cached(call, cached)]
             answer = await self._pick(req, call, ex)
         except BaseException:
             if ex.picked is None:
@@ -282,10 +280,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         return answer
 
     async def _cached(self, call: Call, cached: dict[str, Any]) -> pb.ProcessingResponse:
-        gw = self.gw
-        gw.metrics.cache_hits.inc()
-        gw.metrics.requests.labels(model=call.pool.model, outcome="cached").inc()
-        await gw.ledger.record_cached(call)
+        await self.calls.count_cache_hit(call)
         return P.json_reply(200, cached, {"x-taskplane-replica": "response-cache", "x-taskplane-gpu": "none",
                                           "x-taskplane-cached-tokens": str(call.prompt_tokens), "x-taskplane-queue-ms": "0",
                                           "x-taskplane-cost-usd": "0", "x-taskplane-model": call.pool.model})
@@ -297,17 +292,17 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if subset is None:
             return set()
         allowed = {self.book.replica(str(ep)) for ep in (subset if isinstance(subset, list) else [subset])}
-        names = {s.name for s in self.gw.registry.for_model(call.pool.model)}
+        names = {s.name for s in self.calls.registry.for_model(call.pool.model)}
         if not names & allowed:
             return None
         return names - {n for n in allowed if n}
 
     async def _pick(self, req: pb.ProcessingRequest, call: Call, ex: _Exchange) -> list[pb.ProcessingResponse]:
-        gw, lc = self.gw, self.gw.lifecycle
+        calls, lc = self.calls, self.calls.lifecycle
         outside = self._subset_exclusions(req, call)
         if outside is None:
             err = TaskplaneError(ErrorType.NO_REPLICA, "no replica of the data plane's endpoint subset serves this call", retry_after_s=1)
-            await gw.ledger.record_unplaced(call, err, Outcome.ERROR)
+            await calls.ledger.record_unplaced(call, err, Outcome.ERROR)
             return [P.error_reply(err)]
         tries = lc.tries(call)
         tries.exclude |= outside
@@ -318,7 +313,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             return [P.error_reply(choice)]
         model = choice.decision.model or call.pool.model
         fallbacks = self._fallbacks(model, choice.replica, tries.exclude)
-        picked = PickedCall(lc, gw.metrics, call, choice, fallbacks, first_try=tries.index)
+        picked = PickedCall(lc, calls.metrics, call, choice, fallbacks, first_try=tries.index)
         ex.picked = picked
         self.streams.route(picked)
         if ex.exchange == "route":  # its answer goes to the answers filter or, a stream, to the access log
@@ -329,7 +324,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
     def _fallbacks(self, model: str, primary: ReplicaState, exclude: set[str]) -> list[ReplicaState]:
         """Where Envoy goes if the choice fails before anything streamed: the least loaded
         other healthy replicas of the model, in that order."""
-        return self.gw.registry.least_loaded(model, MAX_FALLBACKS, skip=exclude | {primary.name})
+        return self.calls.registry.least_loaded(model, MAX_FALLBACKS, skip=exclude | {primary.name})
 
     def _routed(self, picked: PickedCall, ex: _Exchange) -> list[pb.ProcessingResponse]:
         call = picked.call
@@ -358,8 +353,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
     def replica_at(self, picked: PickedCall, address: str) -> ReplicaState | None:
         """The replica at endpoint ``address`` (``ip:port``) that answered ``picked``."""
         name = self.book.replica(address)
-        if name in self.gw.registry.replicas:
-            return self.gw.registry.replicas[name]
+        if name in self.calls.registry.replicas:
+            return self.calls.registry.replicas[name]
         # an endpoint the book does not know (its name did not resolve when the replica
         # joined): one of the picker's own choices answered, known by address
         for choice in picked.order:
@@ -397,7 +392,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         if served is None:  # Envoy answered itself: every endpoint it tried failed
             failure = failures.unreachable(picked.order[-1].name, f"Envoy answered {status}", timeout=False)
             await picked.all_failed(failure, tried=(tries or len(picked.order)) if status >= 500 else 0)
-            self.gw.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
+            self.calls.metrics.requests.labels(model=call.pool.model, outcome="replica_error").inc()
             return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
         if status >= 400:
             return [self._buffer_response(ex, {})]
@@ -450,8 +445,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
             await picked.failed(failure)
             return [self._replace_body(ex, await picked.exhausted(failure.error))]
         headers = await picked.succeeded(usage)
-        if self.gw.response_cache is not None and picked.call.deterministic:
-            self.gw.response_cache.put(self.gw._cache_key(picked.call), data)
+        self.calls.keep_answer(picked.call, data)
         if ex.response_duplex:
             return [P.answer("response_body", headers=headers, streamed=(raw, True))]
         return [P.answer("response_body", headers=headers)]
@@ -460,7 +454,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         """An error answer: Envoy's own when the replica stayed silent past the per-try
         limit (a timeout, as the Python proxy records it), else the engine's status."""
         if ex.details in ENVOY_TIMEOUTS:
-            limit = self.gw.config.limits.request_timeout_s
+            limit = self.calls.config.limits.request_timeout_s
             return failures.unreachable(replica, f"no answer within {limit:g} s", timeout=True)
         return failures.from_status(replica, ex.status, body)
 

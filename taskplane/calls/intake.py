@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskplane.calls import auth
+from taskplane.calls.openai_extra import REQUEST_MODELS, prompt_tokens
+from taskplane.calls.requests import parse_body
 from taskplane.config import GatewayConfig, PoolConfig
 from taskplane.context import (
     H_AGENT,
@@ -34,9 +37,6 @@ from taskplane.context import (
 )
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import auth
-from taskplane.gateway.openai_extra import REQUEST_MODELS, prompt_tokens
-from taskplane.gateway.requests import parse_body
 from taskplane.scheduler.hashing import SessionChains, chain_hashes
 from taskplane.scheduler.types import CallRequest
 
