@@ -26,7 +26,7 @@ from taskplane.calls import failures
 from taskplane.engines.registry import ReplicaState
 from taskplane.epp.book import LogEntry, StreamBook
 from taskplane.epp.calls import PickedCall
-from taskplane.epp.envoy_config import TP_NAMESPACE
+from taskplane.epp.envoy_names import TP_NAMESPACE
 from taskplane.epp.protocol import struct_dict
 from taskplane.epp.timing import BurstTiming
 

@@ -19,7 +19,7 @@ from taskplane.epp.book import StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.duplex import scan_stream, settle_scanned
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import LB_NAMESPACE, TP_NAMESPACE
+from taskplane.epp.envoy_names import LB_NAMESPACE, TP_NAMESPACE
 from taskplane.epp.exchange import Exchange, attempt_count
 from taskplane.errors import TaskplaneError
 

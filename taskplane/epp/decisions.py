@@ -38,7 +38,7 @@ from taskplane.engines.registry import ReplicaRegistry
 from taskplane.epp.accesslog import AccessLogs
 from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import EXCHANGE_HEADER, TP_NAMESPACE
+from taskplane.epp.envoy_names import EXCHANGE_HEADER, TP_NAMESPACE
 from taskplane.epp.protocol import fill_struct
 from taskplane.epp.server import Picker
 from taskplane.logs import configure_logging

@@ -9,7 +9,7 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 
 from taskplane.epp.calls import PickedCall
-from taskplane.epp.envoy_config import EXCHANGE_HEADER
+from taskplane.epp.envoy_names import EXCHANGE_HEADER
 
 #: The body modes in which Envoy streams a body to the picker in chunks (full duplex).
 DUPLEX = (pm.ProcessingMode.FULL_DUPLEX_STREAMED, pm.ProcessingMode.STREAMED)
@@ -36,7 +36,7 @@ class Exchange:
     details: str = ""  # Envoy's response code details (``upstream_per_try_idle_timeout``: the try timed out)
     exchange: str | None = None  # taskplane's filter that opened the stream (``EXCHANGE_HEADER``), or None
     waits_for_log: bool = False  # a stream whose row the access log settles (the Lua filter's usage)
-    headers_as_attributes: bool = False  # the headers came with the body (one message: ``envoy_config``)
+    headers_as_attributes: bool = False  # the headers came with the body (one message: ``envoy_filters``)
 
 
 def attempt_count(headers: dict[str, str]) -> int | None:

@@ -93,7 +93,7 @@ def attribute(req: pb.ProcessingRequest, name: str) -> str | None:
 def attribute_headers(req: pb.ProcessingRequest) -> list[tuple[str, str]] | None:
     """The request's headers as a header message would carry them, from the attributes
     Envoy sends with the body when the routing filter skips the headers
-    (``envoy_config.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
+    (``envoy_names.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
     A repeated header comes joined with commas; a taskplane header's value is split back
     into its parts, so two different values are refused as from a header message (a single
     value with a comma then counts as repeated). A value that is not ASCII is read as the

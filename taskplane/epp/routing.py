@@ -18,7 +18,7 @@ from taskplane.epp import protocol as P
 from taskplane.epp.book import StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import (
+from taskplane.epp.envoy_names import (
     DEST_HEADER,
     ENDPOINTS_NAMESPACE,
     INFERENCE_PATHS,
@@ -50,7 +50,7 @@ class RequestRouting:
 
     def _take_headers(self, ex: Exchange, pairs: list[tuple[str, str]]) -> None:
         """The request's headers, whichever message carried them (a headers message, or the
-        body's attributes when the routing filter skips the headers: ``envoy_config``)."""
+        body's attributes when the routing filter skips the headers: ``envoy_filters``)."""
         ex.headers = pairs
         pseudo = dict(pairs)
         ex.path = pseudo.get(":path", "").split("?", 1)[0]

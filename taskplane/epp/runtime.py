@@ -5,7 +5,7 @@ and the Python HTTP app beside it, Envoy as a child process).
 The picker drives the very ``CallService`` the HTTP API's app builds (its registry, placer,
 ledger, response cache, KV subscriptions and discovery): the app's lifespan builds it,
 and the gRPC server (ext_proc, access log, health) is served in the same event loop. The
-app serves the API's own routes behind Envoy (``envoy_config``: everything but the calls).
+app serves the API's own routes behind Envoy (``envoy_routes``: everything but the calls).
 """
 
 from __future__ import annotations
