@@ -34,7 +34,6 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -49,8 +48,6 @@ from taskplane.epp.endpoints import EndpointBook
 from taskplane.epp.exchange import DUPLEX, Exchange, exchange_of
 from taskplane.epp.routing import RequestRouting
 from taskplane.epp.timing import BurstTiming
-
-log = structlog.get_logger(__name__)
 
 _PHASES = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
            "response_trailers", "")
