@@ -37,15 +37,13 @@ from taskplane.bench import gateway_load as load
 from taskplane.config import GatewayConfig
 from taskplane.dev.local import LocalCluster
 from taskplane.epp import protocol as P
-from taskplane.epp.envoy_config import (
+from taskplane.epp.envoy_config import FrontDoor, bootstrap, write_endpoints
+from taskplane.epp.envoy_names import (
     DEST_HEADER,
     EPP_CLUSTER,
     LB_NAMESPACE,
     REQUEST_NAMESPACE,
     TP_NAMESPACE,
-    FrontDoor,
-    bootstrap,
-    write_endpoints,
 )
 from taskplane.epp.envoy_process import EnvoyProcess
 from taskplane.ports import free_port

@@ -35,10 +35,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("taskplane.scheduler", "taskplane.temporal_names"),  # the pure scheduling core (also run by sim and bench)
     ("taskplane.config", "taskplane.context", "taskplane.store"),
     ("taskplane.engines",),
-    ("taskplane.dev",),
+    ("taskplane.calls", "taskplane.dev"),  # calls: the call lifecycle both data planes drive
     ("taskplane.autoscale", "taskplane.reports", "taskplane.sdk"),
-    ("taskplane", "taskplane.demo", "taskplane.gateway", "taskplane.integrations", "taskplane.sim"),
-    ("taskplane.epp", "workflows"),
+    ("taskplane", "taskplane.api", "taskplane.demo", "taskplane.integrations", "taskplane.sim"),  # api: the HTTP API
+    ("taskplane.epp", "taskplane.gateway", "workflows"),  # the two data planes: neither imports the other
     ("taskplane.bench",),
     ("taskplane.cli",),
 )

@@ -27,7 +27,7 @@ RULES = [(name, re.compile(rx)) for name, rx in [
     ("access-log receipt", r"epp/accesslog"),
     ("route decision (Process, placement)", r"epp/server\.py|epp/decisions|epp/protocol|placement|AttemptLifecycle|scheduler/"),
     ("KV events", r"kv_events|zmq"),
-    ("HTTP app", r"uvicorn|fastapi|starlette|gateway/app|h11|http11"),
+    ("HTTP app", r"uvicorn|fastapi|starlette|taskplane/api/|h11|http11"),
     ("timing probe / gc", r"epp/timing|gcfreeze"),
     ("prometheus updates", r"prometheus"),
 ]]

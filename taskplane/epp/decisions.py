@@ -29,18 +29,18 @@ from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
+from taskplane.calls.attempts import AttemptSink
+from taskplane.calls.metrics import GatewayMetrics
+from taskplane.calls.service import CallService
+from taskplane.calls.wiring import build_placer
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.epp.accesslog import AccessLogs
 from taskplane.epp.book import StreamBook
 from taskplane.epp.endpoints import EndpointBook
-from taskplane.epp.envoy_config import EXCHANGE_HEADER, TP_NAMESPACE
+from taskplane.epp.envoy_names import EXCHANGE_HEADER, TP_NAMESPACE
 from taskplane.epp.protocol import fill_struct
 from taskplane.epp.server import Picker
-from taskplane.gateway.attempts import AttemptSink
-from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.service import Gateway
-from taskplane.gateway.wiring import build_placer
 from taskplane.logs import configure_logging
 
 MODEL = "llama-3.1-8b"
@@ -171,11 +171,11 @@ async def measure(replicas: int, calls: int, stream: bool = False) -> dict[str, 
     for s in registry.replicas.values():
         s.kv_blocks_total, s.block_size = 8192, 16
     placer = build_placer(config, registry)
-    gw = Gateway(config, registry, placer, JournalingSink(), GatewayMetrics())
+    service = CallService(config, registry, placer, JournalingSink(), GatewayMetrics())
     book = EndpointBook(registry)
     book.refresh()
     streams = StreamBook()
-    picker = Picker(gw, book, streams)
+    picker = Picker(service, book, streams)
     logs = AccessLogs(streams, picker.replica_at)
     context = _Context("route" if stream else None)
     placed: dict[str, int] = {}
@@ -212,14 +212,13 @@ async def measure(replicas: int, calls: int, stream: bool = False) -> dict[str, 
         per_call.append(time.perf_counter() - c0)
     cpu = time.process_time() - t0 - envoys_work
     wall = time.perf_counter() - wall0
-    await gw.close()
     xs = sorted(per_call)
     return {"replicas": replicas, "calls": calls, "decisions_per_cpu_s": round(calls / cpu, 1),
             "decisions_per_s": round(calls / wall, 1), "cpu_us_per_call": round(cpu * 1e6 / calls, 1),
             "call_us_p50": round(xs[len(xs) // 2] * 1e6, 1), "call_us_p99": round(xs[int(len(xs) * 0.99)] * 1e6, 1),
             "mean_us": round(statistics.fmean(xs) * 1e6, 1), "replicas_used": len(placed), "messages": 1 if stream else 4,
             "settled_from_log": logs.entries, "left_in_book": streams.waiting,
-            "rows": {o: int(gw.metrics.cost_rows.labels(outcome=o)._value.get()) for o in ("success", "error", "shed")}}
+            "rows": {o: int(service.metrics.cost_rows.labels(outcome=o)._value.get()) for o in ("success", "error", "shed")}}
 
 
 def _wire_out(resp: pb.ProcessingResponse) -> bytes:

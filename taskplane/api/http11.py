@@ -2,7 +2,7 @@
 
 - A connection that does not finish its request headers within ``header_timeout_s``
   (a slow-loris client trickling header bytes) gets a 408 and is closed, instead of
-  holding a socket for ever. Bodies have their own deadline in ``app.read_capped``.
+  holding a socket for ever. Bodies have their own deadline in ``limits.read_capped``.
 - A connection that sends nothing at all within ``header_timeout_s`` is closed (an idle
   socket held a file descriptor for ever; a thousand of them starved the gateway).
 - Client connections are held to the fd limit less ``RESERVE_FDS``: over it, the one
@@ -128,6 +128,12 @@ _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fie
 def protocol_class(header_timeout_s: float) -> Any:
     """A protocol class for ``uvicorn.run(http=...)`` with this header deadline."""
     return type("GatewayH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": header_timeout_s})
+
+
+def server_options(header_timeout_s: float) -> dict[str, Any]:
+    """The options both data planes serve the HTTP app with (``uvicorn.run`` or ``uvicorn.Config``)."""
+    return {"log_level": "warning", "timeout_keep_alive": 30, "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+            "http": protocol_class(header_timeout_s)}
 
 
 def connection_budget() -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from taskplane.gateway import costing
+from taskplane.calls import costing
 from taskplane.store.inflight import Orphan
 from taskplane.store.records import AttemptRecord
 

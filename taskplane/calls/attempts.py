@@ -19,14 +19,14 @@ from urllib.parse import quote
 
 import structlog
 
+from taskplane.calls import costing, lost
+from taskplane.calls.intake import INT32_MAX, Call
+from taskplane.calls.metrics import GatewayMetrics
+from taskplane.calls.placement import Placer
+from taskplane.calls.stalls import CLOCK
 from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
 from taskplane.engines.registry import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import costing, lost
-from taskplane.gateway.intake import INT32_MAX, Call
-from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.placement import Placer
-from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.types import Decision
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome, Stored
 
@@ -145,7 +145,7 @@ class AttemptLedger:
 
     def note_open(self, a: Attempt) -> None:
         """Journal the attempt (fsynced) as it is sent, so a SIGKILL mid-attempt still leaves
-        its row to the next gateway (gateway/lost.py). The note joins the outbox's next group
+        its row to the next gateway (``lost``). The note joins the outbox's next group
         commit while the request goes out: waiting for it cost each attempt ~80 ms of TTFT in
         a burst of 1,000 (docs/reliability.md), for a crash window of a few milliseconds. The
         attempt's row waits for its note, so a row never precedes the note it closes. A

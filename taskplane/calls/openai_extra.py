@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from taskplane.calls.requests import ChatRequest, CompletionRequest, message_dicts
 from taskplane.engines.tokenize import chat_token_string, token_string, tokenize
-from taskplane.gateway.requests import ChatRequest, CompletionRequest, message_dicts
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
          "embeddings": "/v1/embeddings"}

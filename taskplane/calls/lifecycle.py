@@ -37,15 +37,15 @@ from typing import Any
 
 import structlog
 
+from taskplane.calls.attempts import Attempt, AttemptLedger, AttemptSink
+from taskplane.calls.failures import Failure, ReplicaFault
+from taskplane.calls.intake import Call, prepare_call
+from taskplane.calls.metrics import GatewayMetrics
+from taskplane.calls.placement import Placer
+from taskplane.calls.stalls import CLOCK
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink
-from taskplane.gateway.failures import Failure, ReplicaFault
-from taskplane.gateway.intake import Call, prepare_call
-from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.placement import Placer
-from taskplane.gateway.stalls import CLOCK
 from taskplane.scheduler.hashing import SessionChains
 from taskplane.scheduler.types import Action, Decision
 from taskplane.store.records import AttemptRecord, Outcome

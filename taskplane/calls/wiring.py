@@ -9,10 +9,10 @@ from typing import Any
 
 import structlog
 
+from taskplane.calls.attempts import AttemptSink
+from taskplane.calls.placement import Placer, ScheduledPlacer
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
 from taskplane.engines.registry import ReplicaRegistry, ReplicaState
-from taskplane.gateway.attempts import AttemptSink
-from taskplane.gateway.placement import Placer, ScheduledPlacer
 
 log = structlog.get_logger(__name__)
 

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskplane.calls import auth
+from taskplane.calls.openai_extra import REQUEST_MODELS, prompt_tokens
+from taskplane.calls.requests import parse_body
 from taskplane.config import GatewayConfig, PoolConfig
 from taskplane.context import (
     H_AGENT,
@@ -34,9 +37,6 @@ from taskplane.context import (
 )
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import auth
-from taskplane.gateway.openai_extra import REQUEST_MODELS, prompt_tokens
-from taskplane.gateway.requests import parse_body
 from taskplane.scheduler.hashing import SessionChains, chain_hashes
 from taskplane.scheduler.types import CallRequest
 
@@ -95,12 +95,9 @@ def check_ranges(ctx: CallContext) -> None:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"header {H_SUNK_COST}: over {MAX_SUNK_COST_USD:g} USD")
 
 
-def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, raw: bytes, headers: Mapping[str, str], *,
-                 has_response_cache: bool, chains: SessionChains | None = None) -> Call:
-    """The call behind one request, or the ``TaskplaneError`` that refuses it.
-    ``has_response_cache``: a deterministic call may then be answered from the cache.
-    ``chains``: the sessions' latest block hashes, so a session's next prompt hashes only
-    what it does not share with the previous one."""
+def caller_context(config: GatewayConfig, headers: Mapping[str, str]) -> CallContext:
+    """Who calls and what for, from the headers: the tenant (the API key's, never another's
+    claimed beside it), the task's context in range, the priority within the tenant's cap."""
     refuse_conflicting_headers(headers)
     tenant_from_key = auth.authenticate(config, headers)
     claimed = (headers.get(H_TENANT) or "").strip()
@@ -112,20 +109,41 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
     tenant_cfg = config.tenant(ctx.tenant)
     if config.auth or tenant_cfg is not None:
         auth.enforce_priority_cap(tenant_cfg, ctx.priority)
-    typed, body = parse_body(raw, REQUEST_MODELS.get(kind, REQUEST_MODELS["chat"]))  # type: ignore[arg-type]
-    pool = config.pool_for(typed.model)
+    return ctx
+
+
+def served_pool(config: GatewayConfig, model: str) -> PoolConfig:
+    """The pool that serves ``model``, or ``model_not_found``."""
+    pool = config.pool_for(model)
     if pool is None:
         known = ", ".join(p.model for p in config.pools)
-        raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {typed.model!r} is not served here (models: {known})")
-    tokens = prompt_tokens(typed)
-    max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
+        raise TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"model {model!r} is not served here (models: {known})")
+    return pool
+
+
+def check_length(config: GatewayConfig, pool: PoolConfig, prompt_tokens: int, max_tokens: int) -> None:
+    """Refuse a call asking for more tokens than the gateway allows or the model's context holds."""
     if max_tokens > config.limits.max_tokens:
         raise TaskplaneError(ErrorType.INVALID_REQUEST, f"max_tokens {max_tokens} exceeds the gateway limit {config.limits.max_tokens}")
-    if len(tokens) + max_tokens > pool.max_context_tokens:
+    if prompt_tokens + max_tokens > pool.max_context_tokens:
         raise TaskplaneError(
             ErrorType.INVALID_REQUEST,
-            f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds {pool.model}'s context of {pool.max_context_tokens} tokens",
         )
+
+
+def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, raw: bytes, headers: Mapping[str, str], *,
+                 has_response_cache: bool, chains: SessionChains | None = None) -> Call:
+    """The call behind one request, or the ``TaskplaneError`` that refuses it.
+    ``has_response_cache``: a deterministic call may then be answered from the cache.
+    ``chains``: the sessions' latest block hashes, so a session's next prompt hashes only
+    what it does not share with the previous one."""
+    ctx = caller_context(config, headers)
+    typed, body = parse_body(raw, REQUEST_MODELS.get(kind, REQUEST_MODELS["chat"]))  # type: ignore[arg-type]
+    pool = served_pool(config, typed.model)
+    tokens = prompt_tokens(typed)
+    max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
+    check_length(config, pool, len(tokens), max_tokens)
     block_size = pool_block_size(registry, pool)
     prompt = tokens[:-1]  # vLLM never serves the last prompt token from cache
     session = (ctx.tenant, ctx.session_key) if ctx.session_key else None
