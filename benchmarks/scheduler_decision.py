@@ -7,7 +7,7 @@ prompts on many replicas plus per-session conversations), then times
 new sessions on a shared system prompt (wide replica masks) and unrelated prompts.
 Block hashes are computed beforehand, as the gateway does before deciding.
 
-    python -m taskplane.bench.decision [--replicas 16,256,1024] [--blocks 1000000]
+    python -m benchmarks.scheduler_decision [--replicas 16,256,1024] [--blocks 1000000]
                                        [--policies taskplane,...] [--decisions 3000]
 """
 

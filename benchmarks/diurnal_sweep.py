@@ -1,6 +1,6 @@
 """taskplane's planner with other PlannerConfig settings on the diurnal bench, beside baselines.
 
-    python scripts/diurnal_sweep.py --out OUT [--replicas 4] [--seed 1] [--trace T] VARIANT...
+    python -m benchmarks.diurnal_sweep --out OUT [--replicas 4] [--seed 1] [--trace T] VARIANT...
 
 VARIANT: an autoscaler's name (``aibrix-kpa``, ``taskplane``: as the bench builds it, the
 baselines tuned from the fleet profile), a JSON object of PlannerConfig fields

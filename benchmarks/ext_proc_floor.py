@@ -6,8 +6,8 @@ placement, no rows; in its own process, or several), and through taskplane's fro
 as it runs. Every round runs the direct phase, then each plane; each round's TTFT ratio
 to its own direct phase, the medians, and the CPU per call of each plane's processes.
 
-    .venv/bin/python scripts/ext_proc_floor.py --calls 200 --rounds 6                 # bare, trivial, taskplane
-    .venv/bin/python scripts/ext_proc_floor.py --planes trivial --pickers 2              # two trivial pickers
+    .venv/bin/python -m benchmarks.ext_proc_floor --calls 200 --rounds 6                 # bare, trivial, taskplane
+    .venv/bin/python -m benchmarks.ext_proc_floor --planes trivial --pickers 2              # two trivial pickers
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""How fast could the first call after a tool gap be, and where does it lose? (issue 18)
+"""How fast could the first call after a tool gap be, and where does it lose?
 
-    python scripts/tool_gap_bound.py --load L [--host-kv-gb G] [--kv-mult M] [--seed N]
+    python -m benchmarks.tool_gap_bound --load L [--host-kv-gb G] [--kv-mult M] [--seed N]
 
 Runs the `taskplane` preset on the agents bench's workload (4 x H100, L times the GPU-only
 capacity 0.835 tasks/s) and compares the first calls after a tool gap (>= 1 s) with warm
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.bench.anatomy import idle_prefill_s, step_costs
+from benchmarks.anatomy import idle_prefill_s, step_costs
 from taskplane.bench.command import lifetimes_for
 from taskplane.bench.runner import run_policy
 from taskplane.bench.tiers import TOOL_GAP_S, tier_metrics
@@ -65,8 +65,8 @@ def main() -> None:
     spec = {(t.task_id, i): c for t in wl.tasks for i, c in enumerate(t.calls)}
     first: dict[tuple[str, int], float] = {}
     for c in res.calls:
-        k = (c.task_id, c.step)
-        first[k] = min(first.get(k, c.offered_s), c.offered_s)
+        key = (c.task_id, c.step)
+        first[key] = min(first.get(key, c.offered_s), c.offered_s)
     ok = {(c.task_id, c.step): c for c in res.calls if c.outcome is Outcome.SUCCESS and c.first_token_s is not None}
     rows: list[dict[str, Any]] = []
     for (tid, k), c in ok.items():
@@ -110,7 +110,8 @@ def main() -> None:
               f" + engine queue {mean('queue') * 1000:.0f} + prefill {mean('prefill') * 1000:.0f}; moved "
               f"{mean('moved'):.0%}, context lost {mean('lost'):.0f} tokens; of all: moved {len(moved) / len(xs):.1%}; "
               f"p99 if no call had moved {no_move:.0f} ms")
-    print(f"  KV lifetimes {tm['kv_lifetimes']}; pins broken {policy.pipeline.handle.sessions.broken}")
+    broken = getattr(policy.pipeline.handle.sessions, "broken", None)  # the session book's pins broken, by reason
+    print(f"  KV lifetimes {tm['kv_lifetimes']}; pins broken {broken}")
 
 
 if __name__ == "__main__":
