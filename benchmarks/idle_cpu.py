@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from taskplane.bench.gateway_load import embedded_postgres
+from taskplane.bench.live_stack import embedded_postgres
 from taskplane.dev.local import LocalCluster
 
 

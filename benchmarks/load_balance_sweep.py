@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from taskplane.bench.ceiling import hit_ceiling
-from taskplane.bench.command import build_cluster, lifetimes_for
 from taskplane.bench.metrics import call_latencies, policy_metrics
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import build_cluster, lifetimes_for
 from taskplane.bench.tiers import tier_metrics
 from taskplane.bench.workloads import (
     DEFAULT_WINDOW_S,

@@ -43,15 +43,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from taskplane.bench.agent_sessions import (
-    MODEL,
-    gateway_config,
-    reset_caches,
-    start_cluster,
-    wait_gateway_live,
-    workload,
-)
-from taskplane.bench.gateway_load import stable_port
+from taskplane.bench.agent_sessions import MODEL, gateway_config, workload
+from taskplane.bench.live_stack import reset_caches, stable_port, start_cluster, wait_gateway_live
 from taskplane.bench.real_workload import RealWorkload
 from taskplane.dev.local import LocalCluster, LocalReplica
 from taskplane.engines.vllm_launcher import find_vllm_python

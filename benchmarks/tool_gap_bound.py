@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.anatomy import idle_prefill_s, step_costs
-from taskplane.bench.command import lifetimes_for
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import lifetimes_for
 from taskplane.bench.tiers import TOOL_GAP_S, tier_metrics
 from taskplane.bench.workloads import DEFAULT_WINDOW_S, agent_tenants, agent_workload, tasks_for
 from taskplane.scheduler.policies import build_policy

@@ -18,8 +18,8 @@ import numpy as np
 
 from benchmarks.anatomy import PARTS, band, idle_infinite_cache_ttft_s, summarize
 from benchmarks.load_balance_sweep import policy, sweep_parser, sweep_setup
-from taskplane.bench.command import lifetimes_for
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import lifetimes_for
 
 
 def main() -> None:
