@@ -25,7 +25,7 @@ RULES = [(name, re.compile(rx)) for name, rx in [
     ("settling + ledger (rows, leases, counters)",
      r"PickedCall\.(begin|succeeded|failed|cancel)|AttemptLedger|epp/book|epp/calls|AttemptLifecycle\.(begin|succeeded|failed)"),
     ("access-log receipt", r"epp/accesslog"),
-    ("route decision (Process, placement)", r"epp/server\.py|epp/decisions|epp/protocol|placement|AttemptLifecycle|scheduler/"),
+    ("route decision (Process, placement)", r"epp/server\.py|epp/protocol|placement|AttemptLifecycle|scheduler/"),
     ("KV events", r"kv_events|zmq"),
     ("HTTP app", r"uvicorn|fastapi|starlette|gateway/app|h11|http11"),
     ("timing probe / gc", r"epp/timing|gcfreeze"),

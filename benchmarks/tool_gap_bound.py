@@ -47,21 +47,9 @@ def p99_ms(xs: list[float]) -> float:
     return float(np.percentile(np.asarray(xs), 99)) * 1000
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--load", type=float, default=1.0)
-    ap.add_argument("--host-kv-gb", type=float, default=256.0)
-    ap.add_argument("--kv-mult", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=1)
-    a = ap.parse_args()
-    rate = a.load * CAPACITY
-    wl = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed)
-    blocks = int(default_kv_blocks("h100", "llama-3.1-8b", wl.block_size) * a.kv_mult) if a.kv_mult != 1 else None
-    cluster = ClusterSpec.fleet("h100:4", kv_blocks=blocks)
-    cluster.tiers = TierSpec(host_kv_gb=a.host_kv_gb)
-    policy = build_policy("taskplane", seed=a.seed, tenants=agent_tenants(), metrics=False)
-    res = run_policy(policy, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for("taskplane")).result
-
+def call_rows(res: Any, wl: Any) -> list[dict[str, Any]]:
+    """Every served call after a task's first: its TTFT and the parts of it, the context it
+    lost, and its bound had its whole previous context stayed cached."""
     spec = {(t.task_id, i): c for t in wl.tasks for i, c in enumerate(t.calls)}
     first: dict[tuple[str, int], float] = {}
     for c in res.calls:
@@ -84,6 +72,25 @@ def main() -> None:
                      "lost": max(0, whole - c.cached_tokens), "new": s.append_tokens,
                      "moved": prev is not None and prev.replica != c.replica,
                      "bound": max(ttft - max(saved, 0.0), 0.0), "alone": prefill_s(s.append_tokens, whole)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--host-kv-gb", type=float, default=256.0)
+    ap.add_argument("--kv-mult", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rate = a.load * CAPACITY
+    wl = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed)
+    blocks = int(default_kv_blocks("h100", "llama-3.1-8b", wl.block_size) * a.kv_mult) if a.kv_mult != 1 else None
+    cluster = ClusterSpec.fleet("h100:4", kv_blocks=blocks)
+    cluster.tiers = TierSpec(host_kv_gb=a.host_kv_gb)
+    policy = build_policy("taskplane", seed=a.seed, tenants=agent_tenants(), metrics=False)
+    res = run_policy(policy, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for("taskplane")).result
+
+    rows = call_rows(res, wl)
     gap = [r for r in rows if r["gap"]]
     warm = [r for r in rows if not r["gap"]]
     tm = tier_metrics(res, wl)
