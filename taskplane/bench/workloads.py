@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,3 @@ def mooncake_workload(
     """A Mooncake-format trace (default: the conversation trace in ../shared/traces)."""
     path = trace or DEFAULT_TRACE
     return load_mooncake(path, time_scale=time_scale, duration_s=duration_s)
-
-
-def with_rate(config: AgentWorkloadConfig, rate: float) -> AgentWorkloadConfig:
-    return replace(config, arrival_rate_per_s=rate)
