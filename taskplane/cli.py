@@ -314,6 +314,7 @@ def bench(
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
+    from taskplane.bench.options import BenchOptions
 
     if matrix:
         from taskplane.bench.matrix import run_matrix
@@ -321,9 +322,10 @@ def bench(
         run_matrix(out, only=matrix_cells)
         return
 
-    run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
-              time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
-              cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s)
+    run_bench(BenchOptions(
+        out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
+        time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
+        cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s))
 
 
 @app.command()

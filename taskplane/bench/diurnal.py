@@ -138,22 +138,34 @@ def autoscaler_metrics(res: FleetResult, hit_ceiling: float) -> dict[str, Any]:
     }
 
 
-def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *, generations: list[Generation],
-                    min_replicas: int, max_replicas: int, fixed: int, horizon_s: float, seed: int,
-                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None,
-                    hints: HintMode = HintMode.AUTHOR) -> dict[str, FleetResult]:
-    """Each autoscaler on the same workload, a fresh placement policy each; ``hints``: what
-    the simulated SDK tells placement and the planner of each task's steps remaining."""
+@dataclass(frozen=True, kw_only=True)
+class FleetBounds:
+    """What every autoscaler of one diurnal run gets: the generations it may provision, its
+    replica bounds, the fixed-peak baseline's size, the simulated horizon, seed and hints."""
+
+    generations: list[Generation]
+    min_replicas: int
+    max_replicas: int
+    fixed: int  # replicas of the fixed-peak baseline
+    horizon_s: float
+    seed: int
+    hints: HintMode = HintMode.AUTHOR  # what the simulated SDK tells placement and the planner of steps left
+
+
+def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, bounds: FleetBounds, *,
+                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None) -> dict[str, FleetResult]:
+    """Each autoscaler on the same workload within the same ``bounds``, a fresh placement policy each."""
     out: dict[str, FleetResult] = {}
     for name in names:
         if progress is not None:
             progress(f"diurnal: {name}")
-        scaler = FixedPeak(fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
-        initial = fixed if name == "fixed-peak" else max(min_replicas, 1)
-        out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=generations,
-                                   min_replicas=min_replicas, max_replicas=max_replicas, initial=initial,
-                                   horizon_s=horizon_s, seed=seed, model=workload.tasks[0].model if workload.tasks
-                                   else "llama-3.1-8b", hints=hints)
+        scaler = FixedPeak(bounds.fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
+        initial = bounds.fixed if name == "fixed-peak" else max(bounds.min_replicas, 1)
+        out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=bounds.generations,
+                                   min_replicas=bounds.min_replicas, max_replicas=bounds.max_replicas,
+                                   initial=initial, horizon_s=bounds.horizon_s, seed=bounds.seed,
+                                   model=workload.tasks[0].model if workload.tasks else "llama-3.1-8b",
+                                   hints=bounds.hints)
     return out
 
 

@@ -185,9 +185,10 @@ def test_bench_refuses_tiers_for_real_engines_and_negative_sizes(tmp_path: Any) 
     import pytest
 
     from taskplane.bench.command import run_bench
+    from taskplane.bench.options import BenchOptions
     from taskplane.errors import UserError
 
     with pytest.raises(UserError, match="--engine sim"):
-        run_bench(out=tmp_path, workload="agents", engine="vllm", host_kv_gb=8.0)
+        run_bench(BenchOptions(out=tmp_path, workload="agents", engine="vllm", host_kv_gb=8.0))
     with pytest.raises(UserError, match=">= 0"):
-        run_bench(out=tmp_path, workload="agents", host_kv_gb=-1.0)
+        run_bench(BenchOptions(out=tmp_path, workload="agents", host_kv_gb=-1.0))

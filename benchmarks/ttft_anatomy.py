@@ -1,25 +1,25 @@
-"""Where the TTFT of a run goes, and the bound of an infinite cache on idle replicas (issue 18).
+"""Where the TTFT of a run goes, and the bound of an infinite cache on idle replicas.
 
-    python scripts/ttft_anatomy.py mooncake [--trace FILE] [--duration-s S] [--host-kv-gb G] VARIANT...
-    python scripts/ttft_anatomy.py agents --load L [--host-kv-gb G] [--seed N] VARIANT...
+    python -m benchmarks.ttft_anatomy mooncake [--trace FILE] [--duration-s S] [--host-kv-gb G] VARIANT...
+    python -m benchmarks.ttft_anatomy agents --load L [--host-kv-gb G] [--seed N] VARIANT...
 
-VARIANT as in scripts/load_balance_sweep.py (``default``, ``backlog=MS``, ``backlog=off``, a
+VARIANT as in benchmarks/load_balance_sweep.py (``default``, ``backlog=MS``, ``backlog=off``, a
 preset name, ...). Per variant: TTFT p50 / p99 and the mean of each part (held in flow
 control, engine queue, host/remote -> GPU KV loads, prefill compute) over all calls and
 over the slowest 1 %; with ``--band LO HI`` (a trace), the calls between those TTFT quantiles
 with prefill split into the bound, a colder prefix and contention (``anatomy.band``). For a
 trace (mooncake), first the bound: every call on an idle H100
-with an infinite prefix cache (taskplane.bench.anatomy).
+with an infinite prefix cache (benchmarks.anatomy).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from load_balance_sweep import policy, sweep_parser, sweep_setup
 
-from taskplane.bench.anatomy import PARTS, band, idle_infinite_cache_ttft_s, summarize
-from taskplane.bench.command import lifetimes_for
+from benchmarks.anatomy import PARTS, band, idle_infinite_cache_ttft_s, summarize
+from benchmarks.load_balance_sweep import policy, sweep_parser, sweep_setup
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import lifetimes_for
 
 
 def main() -> None:

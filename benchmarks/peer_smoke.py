@@ -3,7 +3,7 @@ replicas here, and record how each one places a multi-turn session. Groundwork f
 ``taskplane bench --engine vllm``; prints one JSON object.
 
     scripts/install-vllm.sh && scripts/install-peers.sh
-    .venv/bin/python scripts/peer_smoke.py
+    .venv/bin/python -m benchmarks.peer_smoke
 
 Everything it starts, it stops. The command lines it uses are in docs/vllm.md.
 """

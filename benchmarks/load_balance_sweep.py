@@ -1,13 +1,13 @@
 """The taskplane preset with other load-balance filter parameters, side by side in one run.
 
-    python scripts/load_balance_sweep.py mooncake [--duration-s S] [--host-kv-gb G] VARIANT...
-    python scripts/load_balance_sweep.py agents --load L [--host-kv-gb G] [--seed N] VARIANT...
+    python -m benchmarks.load_balance_sweep mooncake [--duration-s S] [--host-kv-gb G] VARIANT...
+    python -m benchmarks.load_balance_sweep agents --load L [--host-kv-gb G] [--seed N] VARIANT...
 
 VARIANT: ``default`` (the preset as it is), ``none`` (no load-balance filter), a JSON object
-of load-balance parameters (``'{"chance_k": 0}'``: the filter before issue 18's third pass),
+of load-balance parameters (e.g. ``'{"chance_k": 0}'``),
 ``gate=off`` (the preset without the prefill gate, ``AdmissionSettings.serial_prefill``),
 ``drop=off`` (without its KV lifetimes: a replayed session's blocks are not dropped at its end),
-``seventh=off`` (both: issue 18's sixth pass),
+``seventh=off`` (both ``gate=off`` and ``drop=off``),
 ``gatemin=N`` (the prefill gate holding only calls with at least N prompt tokens to
 compute, ``AdmissionSettings.serial_prefill_min_tokens``), ``backlog=MS`` or ``backlog=off`` (the preset with ``AdmissionSettings.max_prefill_backlog_ms``
 at MS, or None: late binding off), ``prefill=N[,slack=S][,wait=MS][,backlog=MS][,after]`` or ``prefill=off`` (the
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from taskplane.bench.ceiling import hit_ceiling
-from taskplane.bench.command import build_cluster, lifetimes_for
 from taskplane.bench.metrics import call_latencies, policy_metrics
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import build_cluster, lifetimes_for
 from taskplane.bench.tiers import tier_metrics
 from taskplane.bench.workloads import (
     DEFAULT_WINDOW_S,
@@ -91,7 +91,7 @@ def prefill_variant(spec: str, seed: int, tenants: Any) -> Any:
 
 
 def sweep_parser() -> argparse.ArgumentParser:
-    """The workload, its options and the variants (shared with scripts/ttft_anatomy.py)."""
+    """The workload, its options and the variants (shared with benchmarks/ttft_anatomy.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=("mooncake", "agents"))
     ap.add_argument("variants", nargs="+")

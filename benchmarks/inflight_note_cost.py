@@ -1,7 +1,7 @@
 """What an in-flight note costs (docs/reliability.md): notes opened through the real
 CostWriter (fsynced SQLite, group commit) on this machine's disk, one alone and N at once.
 
-    .venv/bin/python scripts/inflight_note_cost.py 1000
+    .venv/bin/python -m benchmarks.inflight_note_cost 1000
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 per second on scrapes, polls, timers and KV-event ingestion, by thread. At agent rates
 (~25 calls/s) this fixed cost is divided by the call rate and lands in "CPU per call".
 
-    python scripts/idle_cpu.py --seconds 30 [--postgres] [--replicas 3]
+    python -m benchmarks.idle_cpu --seconds 30 [--postgres] [--replicas 3]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from taskplane.bench.gateway_load import embedded_postgres
+from taskplane.bench.live_stack import embedded_postgres
 from taskplane.dev.local import LocalCluster
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.outside_load import CHUNK, generator_args, round_robin_bootstrap, timed_trace
 from taskplane.bench.agent_sessions import workload
-from taskplane.bench.outside_load import CHUNK, generator_args, round_robin_bootstrap, timed_trace
 from taskplane.dev.local import LocalReplica
 from taskplane.epp.envoy_process import envoy_binary
 

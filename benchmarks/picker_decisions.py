@@ -1,6 +1,6 @@
 """How many calls the picker decides per second on one core, at fleet size.
 
-    python -m taskplane.epp.decisions --replicas 256 --calls 5000
+    python -m benchmarks.picker_decisions --replicas 256 --calls 5000
 
 Drives the real ``Picker`` (intake, admission, the taskplane scheduler, the attempt
 lifecycle with a row sink that journals each attempt as the cost writer
@@ -226,7 +226,7 @@ def _wire_out(resp: pb.ProcessingResponse) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taskplane.epp.decisions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.picker_decisions", description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=256)
     p.add_argument("--calls", type=int, default=5000)
     p.add_argument("--stream", action="store_true",

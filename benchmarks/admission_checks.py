@@ -1,6 +1,6 @@
-"""Admission and placement on workloads the bench was not tuned on (issue 19), side by side.
+"""Admission and placement on workloads the bench was not tuned on, side by side.
 
-`python scripts/admission_checks.py LABEL` writes checks-LABEL.json: a burst of 1,000 fresh
+`python -m benchmarks.admission_checks LABEL` writes checks-LABEL.json: a burst of 1,000 fresh
 one-call chats within a second on 3 H100 (2,048 KV blocks each) from plain clients and
 from clients with task headers, and an agent mix in a light phase (0.3x) then a heavy one
 (1.6x of the 3-H100 capacity the agents bench measured, 0.745 tasks/s). To compare with
@@ -10,6 +10,7 @@ where the simulator cannot express them).
 import json
 import sys
 from collections import Counter
+from typing import Any
 
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, simulate
@@ -23,7 +24,7 @@ def burst(n, headers):
     for i in range(n):
         contents = [7] * 64 + [10_000 + i * 16 + j for j in range(16)]
         call = CallSpec(output_tokens=64, at_s=i / n, prompt_tokens=len(contents) * BS, contents=contents)
-        kw = {} if headers else {"headers": False}
+        kw: dict[str, Any] = {} if headers else {"headers": False}
         tasks.append(TaskSpec(task_id=f"chat-{i}", arrival_s=i / n, calls=[call], seed=i, **kw))
     return Workload(name="burst", tasks=tasks, block_size=BS)
 

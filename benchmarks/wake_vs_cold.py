@@ -5,7 +5,7 @@ start) and (b) a sleeping ``sim-engine --enable-sleep-mode`` woken by ``POST /wa
 modelled level-1 or level-2 wake). Times scale with ``--speed`` (virtual = wall x speed);
 both are the simulator's model, not a GPU's measurement.
 
-    .venv/bin/python scripts/wake_vs_cold.py --speed 5 --rounds 3
+    .venv/bin/python -m benchmarks.wake_vs_cold --speed 5 --rounds 3
 """
 
 from __future__ import annotations

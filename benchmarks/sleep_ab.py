@@ -4,7 +4,7 @@ victims stopped (sleep level 0, today's default) or put to sleep (levels 1 and 2
 virtual-time cluster simulator. Prints one table (GPU-hours, cold starts, wakes, deadline
 met, goodput per GPU-hour, TTFT p99) and writes it as JSON.
 
-    .venv/bin/python scripts/sleep_ab.py --replicas 4 --day-s 1800 --days 2 --sleep-max-s 600,1800
+    .venv/bin/python -m benchmarks.sleep_ab --replicas 4 --day-s 1800 --days 2 --sleep-max-s 600,1800
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""How fast could the first call after a tool gap be, and where does it lose? (issue 18)
+"""How fast could the first call after a tool gap be, and where does it lose?
 
-    python scripts/tool_gap_bound.py --load L [--host-kv-gb G] [--kv-mult M] [--seed N]
+    python -m benchmarks.tool_gap_bound --load L [--host-kv-gb G] [--kv-mult M] [--seed N]
 
 Runs the `taskplane` preset on the agents bench's workload (4 x H100, L times the GPU-only
 capacity 0.835 tasks/s) and compares the first calls after a tool gap (>= 1 s) with warm
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.bench.anatomy import idle_prefill_s, step_costs
-from taskplane.bench.command import lifetimes_for
+from benchmarks.anatomy import idle_prefill_s, step_costs
 from taskplane.bench.runner import run_policy
+from taskplane.bench.suite import lifetimes_for
 from taskplane.bench.tiers import TOOL_GAP_S, tier_metrics
 from taskplane.bench.workloads import DEFAULT_WINDOW_S, agent_tenants, agent_workload, tasks_for
 from taskplane.scheduler.policies import build_policy
@@ -47,26 +47,14 @@ def p99_ms(xs: list[float]) -> float:
     return float(np.percentile(np.asarray(xs), 99)) * 1000
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--load", type=float, default=1.0)
-    ap.add_argument("--host-kv-gb", type=float, default=256.0)
-    ap.add_argument("--kv-mult", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=1)
-    a = ap.parse_args()
-    rate = a.load * CAPACITY
-    wl = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed)
-    blocks = int(default_kv_blocks("h100", "llama-3.1-8b", wl.block_size) * a.kv_mult) if a.kv_mult != 1 else None
-    cluster = ClusterSpec.fleet("h100:4", kv_blocks=blocks)
-    cluster.tiers = TierSpec(host_kv_gb=a.host_kv_gb)
-    policy = build_policy("taskplane", seed=a.seed, tenants=agent_tenants(), metrics=False)
-    res = run_policy(policy, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for("taskplane")).result
-
+def call_rows(res: Any, wl: Any) -> list[dict[str, Any]]:
+    """Every served call after a task's first: its TTFT and the parts of it, the context it
+    lost, and its bound had its whole previous context stayed cached."""
     spec = {(t.task_id, i): c for t in wl.tasks for i, c in enumerate(t.calls)}
     first: dict[tuple[str, int], float] = {}
     for c in res.calls:
-        k = (c.task_id, c.step)
-        first[k] = min(first.get(k, c.offered_s), c.offered_s)
+        key = (c.task_id, c.step)
+        first[key] = min(first.get(key, c.offered_s), c.offered_s)
     ok = {(c.task_id, c.step): c for c in res.calls if c.outcome is Outcome.SUCCESS and c.first_token_s is not None}
     rows: list[dict[str, Any]] = []
     for (tid, k), c in ok.items():
@@ -84,6 +72,25 @@ def main() -> None:
                      "lost": max(0, whole - c.cached_tokens), "new": s.append_tokens,
                      "moved": prev is not None and prev.replica != c.replica,
                      "bound": max(ttft - max(saved, 0.0), 0.0), "alone": prefill_s(s.append_tokens, whole)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--host-kv-gb", type=float, default=256.0)
+    ap.add_argument("--kv-mult", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rate = a.load * CAPACITY
+    wl = agent_workload(tasks_for(rate, DEFAULT_WINDOW_S), rate, a.seed)
+    blocks = int(default_kv_blocks("h100", "llama-3.1-8b", wl.block_size) * a.kv_mult) if a.kv_mult != 1 else None
+    cluster = ClusterSpec.fleet("h100:4", kv_blocks=blocks)
+    cluster.tiers = TierSpec(host_kv_gb=a.host_kv_gb)
+    policy = build_policy("taskplane", seed=a.seed, tenants=agent_tenants(), metrics=False)
+    res = run_policy(policy, wl, cluster, seed=a.seed, kv_lifetimes=lifetimes_for("taskplane")).result
+
+    rows = call_rows(res, wl)
     gap = [r for r in rows if r["gap"]]
     warm = [r for r in rows if not r["gap"]]
     tm = tier_metrics(res, wl)
@@ -110,7 +117,8 @@ def main() -> None:
               f" + engine queue {mean('queue') * 1000:.0f} + prefill {mean('prefill') * 1000:.0f}; moved "
               f"{mean('moved'):.0%}, context lost {mean('lost'):.0f} tokens; of all: moved {len(moved) / len(xs):.1%}; "
               f"p99 if no call had moved {no_move:.0f} ms")
-    print(f"  KV lifetimes {tm['kv_lifetimes']}; pins broken {policy.pipeline.handle.sessions.broken}")
+    broken = getattr(policy.pipeline.handle.sessions, "broken", None)  # the session book's pins broken, by reason
+    print(f"  KV lifetimes {tm['kv_lifetimes']}; pins broken {broken}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ prompts on many replicas plus per-session conversations), then times
 new sessions on a shared system prompt (wide replica masks) and unrelated prompts.
 Block hashes are computed beforehand, as the gateway does before deciding.
 
-    python -m taskplane.bench.decision [--replicas 16,256,1024] [--blocks 1000000]
+    python -m benchmarks.scheduler_decision [--replicas 16,256,1024] [--blocks 1000000]
                                        [--policies taskplane,...] [--decisions 3000]
 """
 
@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from taskplane.scheduler import build_policy, policy_names
+from taskplane.scheduler.feedback import RoutingMemory
+from taskplane.scheduler.flowcontrol.controller import FlowControl
 from taskplane.scheduler.hashing import chain_hashes
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.table import ReplicaTable
@@ -142,6 +144,16 @@ def make_requests(fleet: Fleet, n: int, seed: int = 2) -> list[CallRequest]:
     return out
 
 
+def share_index(sched: FlowControl, index: KVIndex) -> None:
+    """Point a freshly built policy at a prebuilt KV index: the pipeline's handle (what its
+    plugins read) and the hook that records routed prompts into the index."""
+    pipeline = sched.pipeline
+    pipeline.handle.kv_index = index
+    for hook in pipeline.hooks:
+        if isinstance(hook, RoutingMemory):
+            hook.kv_index = index
+
+
 def time_decisions(
     policy: str, fleet: Fleet, requests: list[CallRequest], warmup: int = 200, *, use_table: bool = True
 ) -> dict[str, float]:
@@ -151,7 +163,7 @@ def time_decisions(
     a list of views, which costs O(replicas) Python work per decision to convert.
     """
     sched = build_policy(policy, seed=0)
-    sched.kv_index = fleet.index  # share the 1M-block index (built once per fleet)
+    share_index(sched, fleet.index)  # the 1M-block index, built once per fleet
     replicas: ReplicaTable | list[ReplicaView] = ReplicaTable(fleet.replicas) if use_table else fleet.replicas
     for req in requests[:warmup]:
         sched.decide(req, replicas, 0.0)

@@ -6,8 +6,8 @@ placement, no rows; in its own process, or several), and through taskplane's fro
 as it runs. Every round runs the direct phase, then each plane; each round's TTFT ratio
 to its own direct phase, the medians, and the CPU per call of each plane's processes.
 
-    .venv/bin/python scripts/ext_proc_floor.py --calls 200 --rounds 6                 # bare, trivial, taskplane
-    .venv/bin/python scripts/ext_proc_floor.py --planes trivial --pickers 2              # two trivial pickers
+    .venv/bin/python -m benchmarks.ext_proc_floor --calls 200 --rounds 6                 # bare, trivial, taskplane
+    .venv/bin/python -m benchmarks.ext_proc_floor --planes trivial --pickers 2              # two trivial pickers
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from taskplane.bench import gateway_load as load
+from taskplane.bench import live_stack, load_client
 from taskplane.config import GatewayConfig
 from taskplane.dev.local import LocalCluster
 from taskplane.epp import protocol as P
@@ -121,7 +122,7 @@ def _bare(door: FrontDoor, endpoints: list[str]) -> dict[str, Any]:
 
 
 def _bootstrap(cluster: LocalCluster, door: FrontDoor) -> dict[str, Any]:
-    cfg = GatewayConfig.model_validate({"pools": [{"model": load.MODEL, "replicas": [{"url": r.url, "gpu": r.gpu}
+    cfg = GatewayConfig.model_validate({"pools": [{"model": load_client.MODEL, "replicas": [{"url": r.url, "gpu": r.gpu}
                                                                                      for r in cluster.replicas]}]})
     return bootstrap(cfg, door)
 
@@ -166,7 +167,7 @@ async def _floor_plane(cluster: LocalCluster, workdir: Path, stack: contextlib.A
                        pickers: int) -> Plane:
     """Envoy alone, or (``with_picker``) taskplane's bootstrap in front of ``pickers`` trivial pickers."""
     endpoints = [r.url.split("://", 1)[1] for r in cluster.replicas]
-    epp_ports, port = [free_port() for _ in range(pickers)], load.stable_port()
+    epp_ports, port = [free_port() for _ in range(pickers)], live_stack.stable_port()
     procs = []
     if with_picker:
         for p in epp_ports:
@@ -224,20 +225,20 @@ async def measure(cluster: LocalCluster, workdir: Path, planes: list[str], calls
             else:
                 running.append(await _floor_plane(cluster, workdir, stack, name != "bare", pickers))
         direct_urls = [f"{r.url}/v1/chat/completions" for r in cluster.replicas]
-        await load.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
+        await load_client.run_phase("warmup-direct", direct_urls, 50, 32, 300, headers)
         for plane in running:
-            await load.run_phase(f"warmup-{plane.name}", [f"{plane.url}/v1/chat/completions"], 50, 32, 300, headers)
+            await load_client.run_phase(f"warmup-{plane.name}", [f"{plane.url}/v1/chat/completions"], 50, 32, 300, headers)
         out: dict[str, Any] = {p.name: {"errors": 0, "rounds": [], "cpu_s": {}, "busy": []} for p in running}
         direct_p50: list[float] = []
         direct_busy: list[float] = []
         for i in range(rounds):
             machine0 = psutil.cpu_times()
-            direct, _ = await load.run_phase("direct", direct_urls, calls, 32, 300, headers)
+            direct, _ = await load_client.run_phase("direct", direct_urls, calls, 32, 300, headers)
             direct_busy.append(_busy(machine0, psutil.cpu_times()))
             direct_p50.append(round(direct.ttft_ms["p50"], 1))
             for plane in running[::-1 if i % 2 else 1]:
                 cpu0, machine0 = _cpu_of(plane), psutil.cpu_times()
-                stats, _ = await load.run_phase(plane.name, [f"{plane.url}/v1/chat/completions"], calls, 32, 300, headers)
+                stats, _ = await load_client.run_phase(plane.name, [f"{plane.url}/v1/chat/completions"], calls, 32, 300, headers)
                 fig = out[plane.name]
                 fig["busy"].append(_busy(machine0, psutil.cpu_times()))
                 for k, v in _cpu_of(plane).items():
@@ -283,9 +284,9 @@ def main() -> int:
     if args.serve:
         asyncio.run(serve(int(args.serve[0]), args.serve[1].split(",")))
         return 0
-    load._raise_fd_limit(4 * args.calls + 1024)
+    live_stack.raise_fd_limit(4 * args.calls + 1024)
     with tempfile.TemporaryDirectory(prefix="tp-floor-") as tmp:
-        cluster = load.pin_ports(LocalCluster(Path(tmp), replicas=args.replicas, speed=20.0, kv_blocks=8192,
+        cluster = live_stack.pin_ports(LocalCluster(Path(tmp), replicas=args.replicas, speed=20.0, kv_blocks=8192,
                                                 config_overrides=load.load_config(args.calls)))
         planes = args.planes.split(",")
         unknown = set(planes) - {"bare", "trivial", "taskplane"}

@@ -1,7 +1,7 @@
 """Measure the real-vLLM tier on this machine: replica start time, per-call latency and
 memory per replica. Prints one JSON object (the figures in docs/vllm.md come from it).
 
-    .venv/bin/python scripts/vllm_figures.py [--replicas 2] [--calls 30] [--num-blocks 64]
+    .venv/bin/python -m benchmarks.vllm_figures [--replicas 2] [--calls 30] [--num-blocks 64]
 
 Needs scripts/install-vllm.sh to have run. Everything it starts, it stops.
 """

@@ -1,7 +1,7 @@
 """Benchmark: orchestration overhead per LLM call (the activity round trip above the
 gateway call), on a real Temporal dev server.
 
-    python -m workflows.bench_overhead [--tasks 20] [--calls 20] [--concurrency 1] [--pause-s 1]
+    python -m benchmarks.orchestration_overhead [--tasks 20] [--calls 20] [--concurrency 1] [--pause-s 1]
         [--temporal-address HOST:PORT] [--gateway-url URL] [--out FILE]
 
 Without addresses it starts its own Temporal dev server and a one-replica local
@@ -67,11 +67,11 @@ def _history_segments(events: Any) -> dict[str, list[float]]:
 async def _measure(client: Any, gateway_url: str, tasks: int, calls: int, concurrency: int,
                    pause_s: float) -> dict[str, Any]:
     import taskplane
-    from workflows.bench_agents import overhead_probe
+    from benchmarks.overhead_agent import overhead_probe
     from workflows.worker import build_worker
 
     queue = f"bench-overhead-{uuid.uuid4().hex[:8]}"
-    worker = await build_worker(client, gateway_url, None, ["workflows.bench_agents"], task_queue=queue,
+    worker = await build_worker(client, gateway_url, None, ["benchmarks.overhead_agent"], task_queue=queue,
                                 include_examples=False)
     gaps: list[float] = []
     http: list[float] = []

@@ -1,16 +1,15 @@
-"""``python -m taskplane.epp.decisions`` made repeatable, for callgrind's instruction counts.
+"""``python -m benchmarks.picker_decisions`` made repeatable, for callgrind's instruction counts.
 
 Under valgrind (about 50x slower) session pins and tool-gap TTLs expire at other points
 than at full speed and from one run to the next (about 1.5 % between runs of the same
 code, docs/benchmarks.md). Here ``time.monotonic`` is a virtual clock that advances 10 us
 per read, and the caller sets ``PYTHONHASHSEED=0``; two runs of the same code then agreed
 within 0.4-1.1 % (call ids stay random). The figure is the difference of a 400- and a
-100-call run over 300 (start-up cancels). Run it with ``PYTHONPATH`` at the tree to
-measure: a script's directory, not the working directory, leads ``sys.path``, so
-without it the venv's editable install decides which tree is imported:
+100-call run over 300 (start-up cancels). Run it from the root of the tree to measure
+(``PYTHONPATH=.`` keeps that tree ahead of the venv's editable install):
 
     PYTHONPATH=. PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
-        python scripts/decisions_repeatable.py --calls 100   # and --calls 400
+        python -m benchmarks.decisions_repeatable --calls 100   # and --calls 400
         # --stream: streamed calls as taskplane's Envoy sends them
 
 ``--gc-off`` and ``--no-metrics`` are what-ifs (what the cyclic GC and the Prometheus
@@ -50,10 +49,10 @@ def main() -> None:
     p.add_argument("--gc-off", action="store_true")
     p.add_argument("--no-metrics", action="store_true")
     p.add_argument("--stream", action="store_true",
-                   help="streamed calls as taskplane's Envoy sends them (``taskplane.epp.decisions``); default unary")
+                   help="streamed calls as taskplane's Envoy sends them (``benchmarks.picker_decisions``); default unary")
     args = p.parse_args()
     time.monotonic = _virtual_monotonic  # before the picker's modules read the clock
-    from taskplane.epp import decisions
+    from benchmarks import picker_decisions as decisions
     from taskplane.logs import configure_logging
 
     configure_logging("warning")

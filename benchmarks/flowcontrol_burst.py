@@ -3,7 +3,7 @@ small fleet whose KV room binds while its compute is idle, so a working-set rule
 first calls for room costs latency and buys nothing. Prints, per policy, call latency (mean,
 p99), first-call latency, held time, cached share and deadlines met, side by side.
 
-    python scripts/flowcontrol_burst.py [SESSIONS] [REPLICAS] [KV_BLOCKS] [BURST_S] [SEED]
+    python -m benchmarks.flowcontrol_burst [SESSIONS] [REPLICAS] [KV_BLOCKS] [BURST_S] [SEED]
 
 ``taskplane-fixed`` is the taskplane preset with the holds as plain timed holds
 (``hold_pays=False``, no short-queue exemption): flow control before holds were priced.

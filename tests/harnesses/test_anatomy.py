@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taskplane.bench.anatomy import anatomy, band, idle_infinite_cache_ttft_s, ttft_parts
+from benchmarks.anatomy import anatomy, band, idle_infinite_cache_ttft_s, ttft_parts
 from taskplane.bench.ceiling import ceiling_tokens, open_call_hits
 from taskplane.sim.cluster import ClusterSpec, ReplicaSpec, round_robin, simulate
 from taskplane.sim.hosttier import TierSpec

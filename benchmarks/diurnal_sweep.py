@@ -1,6 +1,6 @@
 """taskplane's planner with other PlannerConfig settings on the diurnal bench, beside baselines.
 
-    python scripts/diurnal_sweep.py --out OUT [--replicas 4] [--seed 1] [--trace T] VARIANT...
+    python -m benchmarks.diurnal_sweep --out OUT [--replicas 4] [--seed 1] [--trace T] VARIANT...
 
 VARIANT: an autoscaler's name (``aibrix-kpa``, ``taskplane``: as the bench builds it, the
 baselines tuned from the fleet profile), a JSON object of PlannerConfig fields
@@ -28,6 +28,7 @@ from taskplane.autoscale.registry import Autoscaler
 from taskplane.autoscale.types import Plan, PoolSignals
 from taskplane.bench.diurnal import (
     DayCurve,
+    FleetBounds,
     autoscaler_metrics,
     default_generations,
     profile_fleet,
@@ -117,9 +118,9 @@ def main() -> None:
             name = "taskplane"
         else:
             scaler, name, cfg = tuned.get(variant) or TaskplaneAutoscaler(), variant, {}
-        res = run_autoscalers(wl, [name], factory, generations=gens, min_replicas=1, max_replicas=2 * a.replicas,
-                              fixed=math.ceil(a.replicas * curve.peak), horizon_s=curve.day_s, seed=a.seed,
-                              tuned={name: scaler})
+        bounds = FleetBounds(generations=gens, min_replicas=1, max_replicas=2 * a.replicas,
+                             fixed=math.ceil(a.replicas * curve.peak), horizon_s=curve.day_s, seed=a.seed)
+        res = run_autoscalers(wl, [name], factory, bounds, tuned={name: scaler})
         m = autoscaler_metrics(res[name], 1.0)
         row = {"variant": variant, "autoscaler": name, "config": cfg, "trace": str(a.trace) if a.trace else None,
                "seed": a.seed, "tasks": len(wl.tasks), **{k: m[k] for k in FIELDS}}

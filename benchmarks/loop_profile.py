@@ -1,7 +1,7 @@
 """Where the front door's event loop spends its busy time during a gateway_load burst.
 
-    python scripts/loop_profile.py OUT_PREFIX -- GATEWAY_LOAD_ARGS...
-    python scripts/loop_profile.py --classify RAW_FILE...
+    python -m benchmarks.loop_profile OUT_PREFIX -- GATEWAY_LOAD_ARGS...
+    python -m benchmarks.loop_profile --classify RAW_FILE...
 
 Runs ``python -m taskplane.bench.gateway_load`` with the given arguments, attaches py-spy
 (``pip install py-spy``: not a dependency) to the first ``taskplane gateway`` process once
@@ -25,7 +25,7 @@ RULES = [(name, re.compile(rx)) for name, rx in [
     ("settling + ledger (rows, leases, counters)",
      r"PickedCall\.(begin|succeeded|failed|cancel)|AttemptLedger|epp/book|epp/calls|AttemptLifecycle\.(begin|succeeded|failed)"),
     ("access-log receipt", r"epp/accesslog"),
-    ("route decision (Process, placement)", r"epp/server\.py|epp/decisions|epp/protocol|placement|AttemptLifecycle|scheduler/"),
+    ("route decision (Process, placement)", r"epp/server\.py|epp/protocol|placement|AttemptLifecycle|scheduler/"),
     ("KV events", r"kv_events|zmq"),
     ("HTTP app", r"uvicorn|fastapi|starlette|taskplane/api/|h11|http11"),
     ("timing probe / gc", r"epp/timing|gcfreeze"),

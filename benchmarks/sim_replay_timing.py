@@ -1,6 +1,6 @@
 """Wall time of the cluster simulator on the Mooncake trace (a benchmark, not a test).
 
-    python -m taskplane.sim.timing [--trace FILE] [--replicas 16] [--policy round-robin]
+    python -m benchmarks.sim_replay_timing [--trace FILE] [--replicas 16] [--policy round-robin]
                                    [--duration-s 3600] [--time-scale 1.0]
 
 Prints one JSON object: wall seconds to load the trace and to simulate it, the virtual
@@ -19,7 +19,7 @@ from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, round_robin, simulate
 from taskplane.sim.workloads.mooncake import load_mooncake
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 def time_mooncake_replay(

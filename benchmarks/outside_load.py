@@ -1,6 +1,6 @@
 """taskplane against round-robin, measured by a load generator nobody here wrote.
 
-    python -m taskplane.bench.outside_load --rounds 2 --out outside.json
+    python -m benchmarks.outside_load --rounds 2 --out outside.json
 
 Our own live benches (:mod:`taskplane.bench.agent_sessions`, :mod:`taskplane.bench.gateway_load`)
 drive the gateway with our own client; a client can flatter the system it was written
@@ -43,15 +43,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from taskplane.bench.agent_sessions import (
-    MODEL,
-    gateway_config,
-    reset_caches,
-    start_cluster,
-    wait_gateway_live,
-    workload,
-)
-from taskplane.bench.gateway_load import stable_port
+from taskplane.bench.agent_sessions import MODEL, gateway_config, workload
+from taskplane.bench.live_stack import reset_caches, stable_port, start_cluster, wait_gateway_live
 from taskplane.bench.real_workload import RealWorkload
 from taskplane.dev.local import LocalCluster, LocalReplica
 from taskplane.engines.vllm_launcher import find_vllm_python
@@ -270,7 +263,7 @@ def render_table(res: dict[str, Any]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taskplane.bench.outside_load", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.outside_load", description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, from: {', '.join(SCENARIOS)}")
     p.add_argument("--sessions", type=int, default=72)
     p.add_argument("--replicas", type=int, default=3)

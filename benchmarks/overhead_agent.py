@@ -1,4 +1,4 @@
-"""The agent the orchestration-overhead benchmark runs (``workflows.bench_overhead``).
+"""The agent the orchestration-overhead benchmark runs (``benchmarks.orchestration_overhead``).
 
 It makes ``n`` back-to-back LLM calls with nothing in between, so the time from one
 call's HTTP response to the next call's HTTP request is pure orchestration: activity
