@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
 from taskplane.engines.tokenize import tokenize
 from taskplane.sim import responses
-from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import EngineConfig, Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.faults import Faults, apply_updates, parse_fault_spec
 from taskplane.sim.metrics import E2E_BUCKETS, TTFT_BUCKETS, EngineCollector
 from taskplane.sim.openai_api import (
@@ -98,11 +98,11 @@ class SimReplica:
             raise ValueError("speed must be positive")
         self.gpu, self.model, self.seed, self.speed = gpu, model, seed, speed
         self.max_model_len = max_model_len
-        self.engine = SimEngine(
-            gpu, model, kv_blocks=kv_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+        self.engine = SimEngine(EngineConfig(
+            gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, model_loaded=cold_start_s <= 0,
             cold_start_s=max(cold_start_s, 0.0), emit_kv_events=kv_events_port is not None,
-        )
+        ))
         self.block_size = block_size
         self.root = engine_root(seed)
         self.faults = Faults()
