@@ -29,7 +29,7 @@ from taskplane.autoscale.baselines import (
 from taskplane.autoscale.registry import Autoscaler, build_autoscaler
 from taskplane.autoscale.types import Generation, work_units
 from taskplane.bench.metrics import policy_metrics
-from taskplane.sim.elastic import FleetResult, generation, simulate_fleet
+from taskplane.sim.elastic import FleetOptions, FleetResult, generation, simulate_fleet
 from taskplane.sim.hints import HintMode
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
@@ -150,10 +150,10 @@ def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *
             progress(f"diurnal: {name}")
         scaler = FixedPeak(fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
         initial = fixed if name == "fixed-peak" else max(min_replicas, 1)
-        out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=generations,
-                                   min_replicas=min_replicas, max_replicas=max_replicas, initial=initial,
-                                   horizon_s=horizon_s, seed=seed, model=workload.tasks[0].model if workload.tasks
-                                   else "llama-3.1-8b", hints=hints)
+        pool = FleetOptions(generations=generations, min_replicas=min_replicas, max_replicas=max_replicas,
+                            initial=initial, horizon_s=horizon_s)
+        out[name] = simulate_fleet(workload, policy_factory(), scaler, pool, seed=seed, hints=hints,
+                                   model=workload.tasks[0].model if workload.tasks else "llama-3.1-8b")
     return out
 
 
@@ -176,8 +176,9 @@ def profile_fleet(workload: Workload, replicas: int, policy: Any, *, window_s: f
     once like Dynamo's pre-deployment sweep) and the baselines' metrics at that load, which
     become their targets (each baseline is tuned to hold exactly this fleet at this load)."""
     gens = [generation("h100", model, max_replicas=replicas, capacity_per_s=1.0)]
-    res = simulate_fleet(workload, policy, FixedPeak(replicas), generations=gens, min_replicas=replicas,
-                         max_replicas=replicas, initial=replicas, horizon_s=window_s, seed=seed, model=model)
+    pool = FleetOptions(generations=gens, min_replicas=replicas, max_replicas=replicas, initial=replicas,
+                        horizon_s=window_s)
+    res = simulate_fleet(workload, policy, FixedPeak(replicas), pool, seed=seed, model=model)
     calls = res.cluster.calls
     work = sum(work_units(c.prompt_tokens - c.cached_tokens, c.completion_tokens)
                for c in calls if c.outcome is Outcome.SUCCESS)
