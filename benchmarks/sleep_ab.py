@@ -19,8 +19,9 @@ from taskplane.autoscale.planner import PlannerConfig, TaskplaneAutoscaler
 from taskplane.bench.diurnal import DayCurve, autoscaler_metrics, default_generations, profile_fleet
 from taskplane.bench.diurnal_command import PROBE_WINDOW_S, diurnal_workload, served_rate
 from taskplane.bench.workloads import agent_workload
+from taskplane.scheduler.flowcontrol.controller import FlowControl
 from taskplane.scheduler.policies import build_policy
-from taskplane.sim.elastic import simulate_fleet
+from taskplane.sim.elastic import FleetOptions, simulate_fleet
 from taskplane.sim.workloads.base import Workload
 
 
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
 
-    def factory() -> object:
+    def factory() -> FlowControl:
         return build_policy("taskplane", seed=a.seed, metrics=False)
 
     rate = served_rate(a.replicas, factory, a.seed)
@@ -54,9 +55,10 @@ def main() -> None:
     runs += [(int(lv), float(keep)) for lv in a.levels.split(",") if lv != "0" for keep in a.sleep_max_s.split(",")]
     for level, keep in runs:
         gens = default_generations(f"h100:{2 * a.replicas}", model, profile["capacity_per_s"])
-        res = simulate_fleet(wl, factory(), TaskplaneAutoscaler(PlannerConfig(sleep_max_s=keep)), generations=gens,
-                             min_replicas=1, max_replicas=2 * a.replicas, initial=1, horizon_s=horizon, seed=a.seed,
-                             model=model, sleep_level=level)
+        pool = FleetOptions(generations=gens, min_replicas=1, max_replicas=2 * a.replicas, initial=1,
+                            horizon_s=horizon, sleep_level=level)
+        res = simulate_fleet(wl, factory(), TaskplaneAutoscaler(PlannerConfig(sleep_max_s=keep)), pool, seed=a.seed,
+                             model=model)
         m = autoscaler_metrics(res, 1.0)
         name = "sleep_level=0" if level == 0 else f"sleep_level={level} sleep_max_s={keep:g}"
         rows[name] = {**m, "sleeps": res.stats.sleeps, "wakes": res.stats.wakes}
