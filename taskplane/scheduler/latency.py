@@ -224,25 +224,6 @@ class LatencyModel:
         times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)
         return OnePrediction(*times, _idle_total(times[1], cold_ms, base, per_seq, completion_tokens))
 
-    def predict_one(
-        self,
-        replica: ReplicaView,
-        *,
-        uncached_tokens: int,
-        completion_tokens: float,
-        queued_tokens: float | None = None,
-    ) -> Prediction:
-        """Convenience wrapper for a single replica (tests, tools)."""
-        q = self.queued_tokens(replica) if queued_tokens is None else queued_tokens
-        return self.predict(
-            params=self.gpu_params([replica.gpu]),
-            uncached_tokens=np.array([float(uncached_tokens)]),
-            queued_tokens=np.array([float(q)]),
-            running=np.array([float(replica.num_running)]),
-            loaded=np.array([replica.model_loaded]),
-            completion_tokens=completion_tokens,
-        )
-
     def queued_tokens(self, replica: ReplicaView) -> float:
         """Prefill work ahead of a new call on ``replica``."""
         return float(max(replica.inflight_prefill_tokens, replica.num_waiting * self.expected_prompt_tokens(replica.model)))

@@ -278,10 +278,6 @@ class SessionPins:
             self._count(reason, len(victims))
         return len(victims)
 
-    def pinned_on(self, replica: str, now_s: float) -> int:
-        """Live pins on ``replica`` (an engine may protect those sessions' blocks)."""
-        return sum(1 for s, p in list(self._pins.items()) if p.replica == replica and self.get(s, now_s))
-
     def _evict_oldest(self) -> None:
         # dicts keep insertion order: the first pin is the oldest session still tracked
         for session, pin in self._pins.items():

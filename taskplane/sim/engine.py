@@ -147,14 +147,6 @@ class SimEngine:
     def free_blocks(self) -> int:
         return self.kv.free_blocks()
 
-    def pending_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute (waiting requests count in full)."""
-        return self.batcher.pend_prefill
-
-    def pending_decode_tokens(self) -> int:
-        """Output tokens still to generate."""
-        return self.batcher.dec.pending_tokens() + self.batcher.pend_out
-
     def load(self) -> tuple[int, int, int, int, int]:
         """(running, waiting, free blocks, pending prefill tokens, pending decode tokens)
         in one call: the cluster refreshes a replica's view after every change."""

@@ -101,10 +101,6 @@ class PreciseIndex:
         rep = self._replicas.get(name)
         return rep.next_seq if rep else None
 
-    def block_size_of(self, name: str) -> int | None:
-        rep = self._replicas.get(name)
-        return rep.block_size if rep else None
-
     def blocks_of(self, name: str) -> set[int]:
         """Our hashes of the blocks ``name`` holds (for tests and introspection)."""
         rep = self._replicas.get(name)

@@ -79,9 +79,6 @@ class Predictor:
             self._open.popitem(last=False)
         return step
 
-    def observe_output(self, agent: str, tool: str | None, tokens: int) -> None:
-        self.outputs.observe(agent, tool, tokens)
-
     def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
         self.gaps.observe(agent, tool, gap_s)
 
