@@ -117,7 +117,7 @@ def autoscale_kube(
     from taskplane.autoscale.registry import parse_range
     from taskplane.autoscale.types import Generation
     from taskplane.config import load_gateway_config
-    from taskplane.engines.discovery import resolve_access
+    from taskplane.engines.kube_access import resolve_access
 
     mn, mx = parse_range(replicas)
     cfg = load_gateway_config(config)

@@ -54,7 +54,7 @@ from taskplane.bench.real_workload import (
 from taskplane.bench.render import REAL_TERMINAL, real_results_markdown, rich_table, write_results
 from taskplane.bench.targets import evaluate
 from taskplane.dev import processes as proc
-from taskplane.engines.registry import DEFAULT_PRICE_PER_HOUR
+from taskplane.engines.replica import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
     VllmNotInstalled,

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import failures
 from taskplane.gateway.attempts import Attempt, response_headers

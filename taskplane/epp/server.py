@@ -42,7 +42,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.epp import protocol as P
 from taskplane.epp.accesslog import settle_logged
 from taskplane.epp.book import StreamBook

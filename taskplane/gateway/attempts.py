@@ -20,7 +20,7 @@ from urllib.parse import quote
 import structlog
 
 from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.engines.registry import Lease, ReplicaState
+from taskplane.engines.replica import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway import costing, lost
 from taskplane.gateway.intake import INT32_MAX, Call

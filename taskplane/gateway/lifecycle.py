@@ -38,7 +38,8 @@ from typing import Any
 import structlog
 
 from taskplane.config import GatewayConfig
-from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.gateway.attempts import Attempt, AttemptLedger, AttemptSink
 from taskplane.gateway.failures import Failure, ReplicaFault

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from taskplane.engines.keepalive import REPLICA_IDLE_S
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.gateway import failures
 from taskplane.gateway.failures import Failure
 from taskplane.gateway.intake import Call

@@ -10,7 +10,8 @@ from typing import Any
 import structlog
 
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
-from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.replica import ReplicaState
 from taskplane.gateway.attempts import AttemptSink
 from taskplane.gateway.placement import Placer, ScheduledPlacer
 
