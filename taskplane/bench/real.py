@@ -58,6 +58,7 @@ from taskplane.engines.replica import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
     VllmNotInstalled,
+    VllmOptions,
     VllmReplica,
     VllmStartError,
     require_vllm_python,
@@ -90,7 +91,7 @@ def start_fleet(work: Path, n: int, num_blocks: int, attempts: int = 3) -> list[
     """
     for attempt in range(1, attempts + 1):
         try:
-            return start_replicas(work, n, num_blocks=num_blocks, extra_args=REPLICA_ARGS)
+            return start_replicas(work, n, VllmOptions(num_blocks=num_blocks, extra_args=REPLICA_ARGS))
         except VllmStartError:
             if attempt == attempts or not _lost_port_race(work):
                 raise

