@@ -284,10 +284,10 @@ def report(
              "(default: one user goal is one task and sub-agents' spend rolls up into it)")] = False,
 ) -> None:
     """The cost report from Postgres: cost per successful task, fully loaded."""
-    from taskplane.reports.command import run_report
+    from taskplane.reports.command import ReportOptions, run_report
 
-    run_report(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
-               database_url=database_url, state_dir=state_dir, count_sub_agents=count_sub_agents)
+    run_report(ReportOptions(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
+                             database_url=database_url, state_dir=state_dir, count_sub_agents=count_sub_agents))
 
 
 @app.command()
