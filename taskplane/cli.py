@@ -82,10 +82,10 @@ def dev_autoscaler(
 
     mn, mx = parse_range(autoscale)
     sim_wake_s = wake_seconds(dev.SIM_GPU, dev.POOL, sleep_level) if sleep_level else None
-    asyncio.run(dev.run(state_dir.resolve(), gateway_url=gateway_url, base_port=base_port, min_replicas=mn,
-                        max_replicas=mx, metrics_port=metrics_port,
-                        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level,
-                        sleep_max_s=sleep_max_s, replica_engine=engine, sim_wake_s=sim_wake_s))
+    asyncio.run(dev.run(state_dir.resolve(), dev.DevAutoscaleOptions(
+        gateway_url=gateway_url, base_port=base_port, min_replicas=mn, max_replicas=mx, metrics_port=metrics_port,
+        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level, sleep_max_s=sleep_max_s,
+        replica_engine=engine, sim_wake_s=sim_wake_s)))
 
 
 @autoscale_app.command("kube")
