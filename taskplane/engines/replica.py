@@ -60,7 +60,6 @@ class ReplicaState:
     #: begun (``Lease.started``): what the prefill gate waits for.
     unstarted_prompt_tokens: int = 0
     inflight_decode_tokens: int = 0
-    last_scrape: float = 0.0
     kv_events_live: bool = False
     sleeping: bool = False  # the engine reports vLLM sleep mode (healthy is then False)
     served_tokens: int = 0

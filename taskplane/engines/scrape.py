@@ -101,4 +101,3 @@ def _apply_metrics(s: ReplicaState, m: MetricsSnapshot) -> None:
         s.block_size = int(m.block_size)
     s.prefix_queries = float(m.prefix_cache_queries)
     s.prefix_hits = float(m.prefix_cache_hits)
-    s.last_scrape = time.monotonic()

@@ -30,7 +30,6 @@ from taskplane.engines.vllm_model import write_model_dir
 from taskplane.engines.vllm_processes import (
     SERVER_MODULE,
     alive,
-    is_server,
     ours_to_end,
     reap,
     spawn,
@@ -329,11 +328,6 @@ def stop_replicas(target: Path | Sequence[VllmReplica], timeout_s: float = 30.0)
     if root is not None and root.exists():
         gone = {r.pid for r in replicas}
         _save(root, [r for r in _load(root) if r.pid not in gone])
-
-
-def load_replicas(state_dir: Path) -> list[VllmReplica]:
-    """The replicas recorded under ``state_dir`` that are still running."""
-    return [r for r in _load(state_dir / "vllm") if is_server(r.pid, r.port)]
 
 
 def _load(root: Path) -> list[VllmReplica]:

@@ -105,9 +105,6 @@ class Outbox:
         """Attempts an earlier process left open (see ``inflight.take_orphans``)."""
         return inflight.take_orphans(self.conn)
 
-    def open_count(self) -> int:
-        return inflight.count_open(self.conn)
-
     def peek(self, limit: int) -> list[OutboxRow]:
         """The oldest ``limit`` rows, in append order."""
         cur = self.conn.execute("SELECT seq, kind, key, payload FROM outbox ORDER BY seq LIMIT ?", (limit,))
