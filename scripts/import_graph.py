@@ -10,7 +10,7 @@ what ``importlib.import_module`` loads is not read.
 
 The package graph lifts every module edge to its packages: the top-level subpackages and
 top modules of ``taskplane`` (``taskplane.scheduler``, ``taskplane.config``, ...),
-``taskplane`` itself for ``taskplane/__init__.py``, and ``workflows``. ``LAYERS`` names every
+``taskplane`` itself for ``taskplane/__init__.py``, ``workflows`` and ``benchmarks``. ``LAYERS`` names every
 package, lowest layer first; a package may import only packages of lower layers, so the
 package graph has no cycle either.
 
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("taskplane", "workflows")
+PACKAGES = ("taskplane", "workflows", "benchmarks")
 MAX_LINES = 600
 #: every package of the project, lowest layer first: a package may import only packages of lower layers
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -35,12 +35,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("taskplane.scheduler", "taskplane.temporal_names"),  # the pure scheduling core (also run by sim and bench)
     ("taskplane.config", "taskplane.context", "taskplane.store"),
     ("taskplane.engines",),
-    ("taskplane.dev",),
+    ("taskplane.calls", "taskplane.dev"),  # calls: the call lifecycle both data planes drive
     ("taskplane.autoscale", "taskplane.reports", "taskplane.sdk"),
-    ("taskplane", "taskplane.demo", "taskplane.gateway", "taskplane.integrations", "taskplane.sim"),
-    ("taskplane.epp", "workflows"),
+    ("taskplane", "taskplane.api", "taskplane.demo", "taskplane.integrations", "taskplane.sim"),  # api: the HTTP API
+    ("taskplane.epp", "taskplane.gateway", "workflows"),  # the two data planes: neither imports the other
     ("taskplane.bench",),
     ("taskplane.cli",),
+    ("benchmarks",),  # measurement harnesses and experiments: nothing shipped imports them
 )
 
 

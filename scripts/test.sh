@@ -22,7 +22,7 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
         || echo "[test] could not install chromium; browser tests will fail" >&2
 fi
 
-.venv/bin/ruff check taskplane workflows tests examples
+.venv/bin/ruff check taskplane workflows tests examples benchmarks
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
 set +e

@@ -258,14 +258,14 @@ def sim_engine(
     enable_sleep_mode: Annotated[bool, typer.Option(help="vLLM's sleep mode: POST /sleep, POST /wake_up, GET /is_sleeping")] = False,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
+    from taskplane.sim.http_replica import ReplicaOptions
     from taskplane.sim.server import serve
 
-    serve(
-        port=port, gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size,
-        kv_events_port=kv_events_port, seed=seed, speed=speed, host=host,
-        faults=fault or [], cold_start_s=cold_start_s, max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port,
-        enable_sleep_mode=enable_sleep_mode,
-    )
+    serve(ReplicaOptions(
+        gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, kv_events_port=kv_events_port,
+        seed=seed, speed=speed, host=host, faults=tuple(fault or ()), cold_start_s=cold_start_s,
+        max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port, enable_sleep_mode=enable_sleep_mode,
+    ), port=port)
 
 
 @app.command()
@@ -314,6 +314,7 @@ def bench(
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
+    from taskplane.bench.options import BenchOptions
 
     if matrix:
         from taskplane.bench.matrix import run_matrix
@@ -321,9 +322,10 @@ def bench(
         run_matrix(out, only=matrix_cells)
         return
 
-    run_bench(out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
-              time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
-              cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s)
+    run_bench(BenchOptions(
+        out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
+        time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
+        cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s))
 
 
 @app.command()

@@ -32,7 +32,7 @@ H_CALL_ID = "x-taskplane-call-id"
 # knows this call ends a tool gap and which tool it was (KV lifetimes learn gaps per tool).
 H_TOOL = "x-taskplane-tool"
 #: Every taskplane header a call's request may carry (the gateway reads no others but
-#: ``authorization``); Envoy's one-message exchange sends exactly these (``epp.envoy_config``).
+#: ``authorization``); Envoy's one-message exchange sends exactly these (``epp.envoy_names``).
 CALL_HEADERS = (H_TENANT, H_TASK, H_SESSION, H_STEP, H_STEPS_REMAINING, H_PRIORITY, H_BUDGET_MS, H_SUNK_COST,
                 H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID, H_TOOL)
 

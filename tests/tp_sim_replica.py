@@ -11,14 +11,15 @@ from typing import Any
 import uvicorn
 
 from taskplane.ports import free_port
-from taskplane.sim.server import SimReplica, create_app
+from taskplane.sim.http_replica import ReplicaOptions, SimReplica
+from taskplane.sim.server import create_app
 
 
 @contextlib.asynccontextmanager
 async def sim_replica(**replica: Any) -> AsyncIterator[str]:
-    """Serve ``SimReplica(**replica)`` on a free loopback port; yields its base URL."""
+    """Serve a replica of ``ReplicaOptions(**replica)`` on a free loopback port; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(**replica)), host="127.0.0.1",
+    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(ReplicaOptions(**replica))), host="127.0.0.1",
                                            port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     try:

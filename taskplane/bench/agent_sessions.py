@@ -43,10 +43,10 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import psutil
@@ -61,12 +61,19 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from taskplane.bench.gateway_load import cpu_by_process, cpu_seconds, embedded_postgres, pin_ports
+from taskplane.bench.live_stack import (
+    cpu_by_process,
+    cpu_seconds,
+    embedded_postgres,
+    pin_gateway_apart,
+    reset_caches,
+    start_cluster,
+    wait_gateway_live,
+)
 from taskplane.bench.real_client import HeaderStyle, Target, TaskRun, drive
 from taskplane.bench.real_metrics import histograms, parse_counters
 from taskplane.bench.real_workload import CPU_TENANTS, RealWorkload, real_agent_workload
 from taskplane.dev.local import LocalCluster, LocalReplica
-from taskplane.errors import UserError
 
 MODEL = "llama-3.1-8b"
 #: the replicas' own latency histograms: the time a call spent at its replica, without the
@@ -116,48 +123,6 @@ def _counters(client: httpx.Client, replicas: Sequence[LocalReplica]) -> list[di
             values[f"{key}_sum"], values[f"{key}_count"] = h.sum, h.count
         out.append(values)
     return out
-
-
-def start_cluster(cluster: LocalCluster, attempts: int = 3) -> LocalCluster:
-    """Start it on ports below the ephemeral range; a start that lost a port race to
-    another process on a shared machine is tried again on new ports."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return pin_ports(cluster).start()
-        except UserError as exc:
-            if attempt == attempts or "Address already in use" not in str(exc):
-                raise
-    raise AssertionError("unreachable")
-
-
-def reset_caches(client: httpx.Client, replicas: Sequence[LocalReplica], timeout_s: float = 30.0) -> None:
-    """Empty every replica's prefix cache (a run starts cold, as the last one did)."""
-    deadline = time.monotonic() + timeout_s
-    for r in replicas:
-        while client.post(f"{r.url}/reset_prefix_cache").status_code != 200:  # 500 while blocks are in use
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{r.name}: prefix cache still in use after {timeout_s} s")
-            time.sleep(0.2)
-
-
-def warm(client: httpx.Client, replicas: Sequence[LocalReplica]) -> None:
-    """One small call straight to each replica: its first full block makes it publish a KV
-    event, so the gateway (which subscribed after the replica started) sees its events live."""
-    for r in replicas:
-        prompt = uuid.uuid4().hex * 4  # 128 tokens: 8 full blocks
-        client.post(f"{r.url}/v1/completions", json={"model": r.model, "prompt": prompt, "max_tokens": 2}).raise_for_status()
-
-
-def wait_gateway_live(client: httpx.Client, url: str, replicas: Sequence[LocalReplica], timeout_s: float = 60.0) -> None:
-    """Until the gateway sees every replica healthy with its KV events live."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        view = client.get(f"{url}/admin/replicas", timeout=5.0).json()["replicas"]
-        if len(view) == len(replicas) and all(v["healthy"] and v.get("kv_events_live", True) for v in view):
-            return
-        warm(client, replicas)
-        time.sleep(0.5)
-    raise RuntimeError(f"gateway {url}: replicas not healthy with live KV events after {timeout_s} s")
 
 
 def _ms(xs: list[float]) -> dict[str, float | None]:
@@ -242,32 +207,6 @@ def process_cpu(cluster: LocalCluster) -> dict[str, float]:
             "replicas": replicas, "client": t.user + t.system}
 
 
-def pin_tree(pid: int, cores: set[int]) -> None:
-    """Pin every thread of a process and its descendants to ``cores``."""
-    root = psutil.Process(pid)
-    for p in (root, *root.children(recursive=True)):
-        with contextlib.suppress(psutil.Error):
-            for t in p.threads():
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(t.id, cores)
-
-
-def pin_gateway_apart(cluster: LocalCluster) -> dict[str, list[int]]:
-    """The gateway (picker and Envoy) on the last core, replicas and this client on the
-    others: a router host of its own, as in production, and every target's replicas and
-    client get the same CPU (the gateway idles in the round-robin run)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2 or cluster.gateway_pid is None:
-        raise RuntimeError("--pin needs at least 2 cores and a running gateway")
-    apart, rest = {cores[-1]}, set(cores[:-1])
-    pin_tree(cluster.gateway_pid, apart)
-    for r in cluster.replicas:
-        if r.pid is not None:
-            pin_tree(r.pid, rest)
-    pin_tree(os.getpid(), rest)
-    return {"gateway": sorted(apart), "replicas_and_client": sorted(rest)}
-
-
 def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Each target's call latency and TTFT over round-robin's of the same round, at the
     client (what an agent waits) and at the replicas (what placement changed, alone)."""
@@ -286,53 +225,79 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]
     return out
 
 
-def bench(*, sessions: int = 72, replicas: int = 3, rounds: int = 3, targets: Sequence[str] = tuple(TARGETS),
-          seed: int = 1, arrival: str = "burst", burst_s: float = 1.0, rate_per_s: float = 3.0, speed: float = 1.0,
-          kv_blocks: int = 4096, max_context: int = 4000, admission: bool = True, pin: bool = False, workdir: Path | None = None, calls_out: Path | None = None,
-          console: Console | None = None, postgres: bool = False) -> dict[str, Any]:
-    """Start the replicas and the gateway once, run every target ``rounds`` times (order
-    rotated each round), stop everything; return the figures."""
-    unknown = [t for t in targets if t not in TARGETS]
+@dataclass(frozen=True, kw_only=True)
+class SessionsOptions:
+    """One run of the bench (the command's flags; defaults as its)."""
+
+    sessions: int = 72  # agent tasks per run
+    replicas: int = 3
+    rounds: int = 3  # runs per target, the targets' order rotated each round
+    targets: tuple[str, ...] = tuple(TARGETS)
+    seed: int = 1
+    arrival: str = "burst"  # burst: every session within burst_s; phases: light then heavy (LIGHT_HEAVY)
+    burst_s: float = 1.0
+    rate_per_s: float = 3.0  # tasks per second before the phase multiplier (phases)
+    speed: float = 1.0  # the replicas' speed-up over their H100 timing model (1: GPU time)
+    kv_blocks: int = 4096  # KV blocks of 16 tokens per replica
+    max_context: int = 4000  # a task ends before its context would pass this many tokens
+    admission: bool = True
+    pin: bool = False  # the gateway on a core of its own (``pin_gateway_apart``)
+    postgres: bool = False  # an embedded Postgres for the gateway's attempt rows
+
+
+def bench(options: SessionsOptions, *, workdir: Path | None = None, calls_out: Path | None = None,
+          console: Console | None = None) -> dict[str, Any]:
+    """Start the replicas and the gateway once, run every target ``options.rounds`` times
+    (order rotated each round), stop everything; return the figures."""
+    o = options
+    unknown = [t for t in o.targets if t not in TARGETS]
     if unknown:
         raise ValueError(f"unknown targets {unknown} (choose from {', '.join(TARGETS)})")
     console = console or Console(stderr=True)
-    wl = workload(sessions, seed, arrival, burst_s, rate_per_s, max_context)
+    wl = workload(o.sessions, o.seed, o.arrival, o.burst_s, o.rate_per_s, o.max_context)
     pinned: dict[str, list[int]] | None = None
-    runs: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="tp-agents-live-") as tmp:
         wd = workdir or Path(tmp)
         with contextlib.ExitStack() as stack:
-            database_url = stack.enter_context(embedded_postgres(wd)) if postgres else None
-            cluster = start_cluster(LocalCluster(wd, replicas=replicas, speed=speed, kv_blocks=kv_blocks, model=MODEL,
-                                                 config_overrides=gateway_config(sessions, admission), database_url=database_url))
+            database_url = stack.enter_context(embedded_postgres(wd)) if o.postgres else None
+            cluster = start_cluster(LocalCluster(wd, replicas=o.replicas, speed=o.speed, kv_blocks=o.kv_blocks,
+                                                 model=MODEL, config_overrides=gateway_config(o.sessions, o.admission),
+                                                 database_url=database_url))
             stack.callback(cluster.stop)
             sink = stack.enter_context(calls_out.open("w")) if calls_out else None
             with httpx.Client(timeout=30.0, trust_env=False) as client:
                 wait_gateway_live(client, cluster.gateway_url, cluster.replicas)
-            pinned = pin_gateway_apart(cluster) if pin else None
-            for rnd in range(rounds):
-                order = [*targets[rnd % len(targets):], *targets[:rnd % len(targets)]]
-                runs.append({})
-                for target in order:
-                    with Progress(TextColumn(f"round {rnd + 1}/{rounds} {target:12}"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
-                        job = bar.add_task(target, total=wl.num_calls)
-
-                        def advance(n: int, bar: Progress = bar, job: TaskID = job) -> None:
-                            bar.update(job, completed=n)
-
-                        fig, tasks = one_run(cluster, target, wl, f"r{rnd}-{target}", progress=advance)
-                    runs[-1][target] = fig
-                    console.print(f"round {rnd + 1} {target}: {summary_line(fig)}")
-                    if sink is not None:
-                        for t in tasks:
-                            sink.write(json.dumps({"round": rnd, "target": target, **t.as_json()}) + "\n")
+            pinned = pin_gateway_apart(cluster) if o.pin else None
+            runs = [run_round(cluster, o, wl, rnd, console=console, sink=sink) for rnd in range(o.rounds)]
     return {
-        "sessions": len(wl.tasks), "calls_per_run": wl.num_calls, "replicas": replicas, "rounds": rounds,
-        "arrival": arrival, "speed": speed, "kv_blocks": kv_blocks, "block_size": 16, "seed": seed,
-        "admission": admission, "postgres": postgres, "max_context_tokens": max_context, "pinned": pinned, "cpu_count": os.cpu_count(), "workload": wl.meta,
-        "runs": runs, "ratios": [ratios(r) for r in runs],
+        "sessions": len(wl.tasks), "calls_per_run": wl.num_calls, "replicas": o.replicas, "rounds": o.rounds,
+        "arrival": o.arrival, "speed": o.speed, "kv_blocks": o.kv_blocks, "block_size": 16, "seed": o.seed,
+        "admission": o.admission, "postgres": o.postgres, "max_context_tokens": o.max_context, "pinned": pinned,
+        "cpu_count": os.cpu_count(), "workload": wl.meta, "runs": runs, "ratios": [ratios(r) for r in runs],
     }
+
+
+def run_round(cluster: LocalCluster, options: SessionsOptions, wl: RealWorkload, rnd: int, *, console: Console,
+              sink: IO[str] | None) -> dict[str, dict[str, Any]]:
+    """Round ``rnd``: every target in turn (the order rotated by the round), each task's calls to ``sink``."""
+    targets = options.targets
+    order = [*targets[rnd % len(targets):], *targets[:rnd % len(targets)]]
+    run: dict[str, dict[str, Any]] = {}
+    for target in order:
+        with Progress(TextColumn(f"round {rnd + 1}/{options.rounds} {target:12}"), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
+            job = bar.add_task(target, total=wl.num_calls)
+
+            def advance(n: int, bar: Progress = bar, job: TaskID = job) -> None:
+                bar.update(job, completed=n)
+
+            fig, tasks = one_run(cluster, target, wl, f"r{rnd}-{target}", progress=advance)
+        run[target] = fig
+        console.print(f"round {rnd + 1} {target}: {summary_line(fig)}")
+        if sink is not None:
+            for t in tasks:
+                sink.write(json.dumps({"round": rnd, "target": target, **t.as_json()}) + "\n")
+    return run
 
 
 def summary_line(fig: dict[str, Any]) -> str:
@@ -391,11 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls-out", type=Path, help="write every task and its calls as JSON lines here")
     args = p.parse_args(argv)
     console = Console(stderr=True)
-    res = bench(sessions=args.sessions, replicas=args.replicas, rounds=args.rounds,
-                targets=[t.strip() for t in args.targets.split(",") if t.strip()], seed=args.seed,
-                arrival=args.arrival, burst_s=args.burst_s, rate_per_s=args.rate, speed=args.speed,
-                kv_blocks=args.kv_blocks, max_context=args.max_context, admission=not args.no_admission, pin=args.pin, calls_out=args.calls_out, console=console,
-                postgres=args.postgres)
+    options = SessionsOptions(
+        sessions=args.sessions, replicas=args.replicas, rounds=args.rounds,
+        targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()), seed=args.seed,
+        arrival=args.arrival, burst_s=args.burst_s, rate_per_s=args.rate, speed=args.speed,
+        kv_blocks=args.kv_blocks, max_context=args.max_context, admission=not args.no_admission, pin=args.pin,
+        postgres=args.postgres)
+    res = bench(options, calls_out=args.calls_out, console=console)
     Console(width=200).print(render_table(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))

@@ -29,7 +29,7 @@ from taskplane.autoscale.baselines import (
 from taskplane.autoscale.registry import Autoscaler, build_autoscaler
 from taskplane.autoscale.types import Generation, work_units
 from taskplane.bench.metrics import policy_metrics
-from taskplane.sim.elastic import FleetResult, generation, simulate_fleet
+from taskplane.sim.elastic import FleetOptions, FleetResult, generation, simulate_fleet
 from taskplane.sim.hints import HintMode
 from taskplane.sim.workloads.base import Workload
 from taskplane.store.records import Outcome, TaskStatus
@@ -138,22 +138,33 @@ def autoscaler_metrics(res: FleetResult, hit_ceiling: float) -> dict[str, Any]:
     }
 
 
-def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, *, generations: list[Generation],
-                    min_replicas: int, max_replicas: int, fixed: int, horizon_s: float, seed: int,
-                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None,
-                    hints: HintMode = HintMode.AUTHOR) -> dict[str, FleetResult]:
-    """Each autoscaler on the same workload, a fresh placement policy each; ``hints``: what
-    the simulated SDK tells placement and the planner of each task's steps remaining."""
+@dataclass(frozen=True, kw_only=True)
+class FleetBounds:
+    """What every autoscaler of one diurnal run gets: the generations it may provision, its
+    replica bounds, the fixed-peak baseline's size, the simulated horizon, seed and hints."""
+
+    generations: list[Generation]
+    min_replicas: int
+    max_replicas: int
+    fixed: int  # replicas of the fixed-peak baseline
+    horizon_s: float
+    seed: int
+    hints: HintMode = HintMode.AUTHOR  # what the simulated SDK tells placement and the planner of steps left
+
+
+def run_autoscalers(workload: Workload, names: list[str], policy_factory: Any, bounds: FleetBounds, *,
+                    progress: Any = None, tuned: dict[str, Autoscaler] | None = None) -> dict[str, FleetResult]:
+    """Each autoscaler on the same workload within the same ``bounds``, a fresh placement policy each."""
     out: dict[str, FleetResult] = {}
     for name in names:
         if progress is not None:
             progress(f"diurnal: {name}")
-        scaler = FixedPeak(fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
-        initial = fixed if name == "fixed-peak" else max(min_replicas, 1)
-        out[name] = simulate_fleet(workload, policy_factory(), scaler, generations=generations,
-                                   min_replicas=min_replicas, max_replicas=max_replicas, initial=initial,
-                                   horizon_s=horizon_s, seed=seed, model=workload.tasks[0].model if workload.tasks
-                                   else "llama-3.1-8b", hints=hints)
+        scaler = FixedPeak(bounds.fixed) if name == "fixed-peak" else (tuned or {}).get(name) or build_autoscaler(name)
+        initial = bounds.fixed if name == "fixed-peak" else max(bounds.min_replicas, 1)
+        pool = FleetOptions(generations=bounds.generations, min_replicas=bounds.min_replicas,
+                            max_replicas=bounds.max_replicas, initial=initial, horizon_s=bounds.horizon_s)
+        out[name] = simulate_fleet(workload, policy_factory(), scaler, pool, seed=bounds.seed, hints=bounds.hints,
+                                   model=workload.tasks[0].model if workload.tasks else "llama-3.1-8b")
     return out
 
 
@@ -176,8 +187,9 @@ def profile_fleet(workload: Workload, replicas: int, policy: Any, *, window_s: f
     once like Dynamo's pre-deployment sweep) and the baselines' metrics at that load, which
     become their targets (each baseline is tuned to hold exactly this fleet at this load)."""
     gens = [generation("h100", model, max_replicas=replicas, capacity_per_s=1.0)]
-    res = simulate_fleet(workload, policy, FixedPeak(replicas), generations=gens, min_replicas=replicas,
-                         max_replicas=replicas, initial=replicas, horizon_s=window_s, seed=seed, model=model)
+    pool = FleetOptions(generations=gens, min_replicas=replicas, max_replicas=replicas, initial=replicas,
+                        horizon_s=window_s)
+    res = simulate_fleet(workload, policy, FixedPeak(replicas), pool, seed=seed, model=model)
     calls = res.cluster.calls
     work = sum(work_units(c.prompt_tokens - c.cached_tokens, c.completion_tokens)
                for c in calls if c.outcome is Outcome.SUCCESS)

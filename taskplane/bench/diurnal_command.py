@@ -20,6 +20,7 @@ from rich.console import Console
 from taskplane.autoscale.types import PREFILL_WEIGHT
 from taskplane.bench.diurnal import (
     DayCurve,
+    FleetBounds,
     autoscaler_metrics,
     default_generations,
     profile_fleet,
@@ -27,6 +28,7 @@ from taskplane.bench.diurnal import (
     tuned_baselines,
     warp_workload,
 )
+from taskplane.bench.options import BenchOptions
 from taskplane.bench.workloads import agent_workload, mooncake_workload
 from taskplane.sim.cluster import ClusterSpec, simulate
 from taskplane.sim.workloads.base import Workload
@@ -133,17 +135,18 @@ def write_plot(out: Path, curve: DayCurve, rate: float, results: dict[str, Any])
     return path
 
 
-def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed: int, trace: Path | None,
-                        day_s: float = 3600.0, autoscalers: str | None = None, cold_start_s: float | None = None,
-                        hints: str = "author") -> dict[str, Any]:
-    """``cold_start_s``: every replica's provisioning to first placement (None: the GPU's and
-    model's default); ``hints``: the steps hints the simulated SDK sends (sim/hints.py)."""
+def run_diurnal_command(options: BenchOptions) -> dict[str, Any]:
+    """``--workload diurnal``: the steps of the module docstring for ``options.replicas`` H100s
+    over a day of ``options.duration_s`` (default an hour); ``options.cold_start_s``: every
+    replica's provisioning to first placement (None: the GPU's and model's default);
+    ``options.hints``: the steps hints the simulated SDK sends (sim/hints.py)."""
     from taskplane.scheduler.policies import build_policy
     from taskplane.sim.hints import HintMode
 
+    out, replicas, seed, trace = options.out, options.replicas, options.seed, options.trace
+    day_s = options.duration_s or 3600.0
     console = Console()
-    placement = (policies or "taskplane").split(",")[0]
-    names = [n for n in (autoscalers.split(",") if autoscalers else AUTOSCALER_ORDER)]
+    placement = (options.policies or "taskplane").split(",")[0]
 
     def factory() -> Any:
         return build_policy(placement, seed=seed, metrics=False)
@@ -157,11 +160,12 @@ def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed:
     wl = diurnal_workload(rate, curve, seed, trace)
     fixed = math.ceil(replicas * curve.peak)
     gens = default_generations(f"h100:{2 * replicas}", wl.tasks[0].model, profile["capacity_per_s"],
-                               cold_start_s=cold_start_s)
-    mode = HintMode.parse(hints)
-    res = run_autoscalers(wl, names, factory, generations=gens, min_replicas=1, max_replicas=2 * replicas,
-                          fixed=fixed, horizon_s=day_s, seed=seed, tuned=tuned_baselines(profile),
-                          progress=console.print, hints=mode)
+                               cold_start_s=options.cold_start_s)
+    mode = HintMode.parse(options.hints)
+    fleet = FleetBounds(generations=gens, min_replicas=1, max_replicas=2 * replicas, fixed=fixed, horizon_s=day_s,
+                        seed=seed, hints=mode)
+    res = run_autoscalers(wl, list(AUTOSCALER_ORDER), factory, fleet, tuned=tuned_baselines(profile),
+                          progress=console.print)
     auto = {n: autoscaler_metrics(r, 1.0) for n, r in res.items()}
     results: dict[str, Any] = {
         "workload": "diurnal", "trace": str(trace) if trace else None, "replicas": replicas, "seed": seed,
@@ -175,9 +179,19 @@ def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed:
         "command": "taskplane " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = results_markdown(results)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    png = write_plot(out, curve, rate, res)
+    console.print("\n".join(lines))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {png}")
+    return results
+
+
+def results_markdown(results: dict[str, Any]) -> list[str]:
+    """results.md's lines: one row per autoscaler, the targets, the clairvoyant bound."""
     lines = ["| autoscaler | GPU-h | goodput/GPU-h | deadline met | fleet $/ok task | failed in flight | re-prefill tokens | cold starts |",
              "|---|---|---|---|---|---|---|---|"]
-    for n, m in auto.items():
+    for n, m in results["autoscalers"].items():
         lines.append(f"| {n} | {m['gpu_hours']} | {m['goodput_per_gpu_hour']} | {m['deadline_met_ratio']} | "
                      f"{m['fleet_cost_per_successful_task_usd']} | {m['failed_inflight_calls']} | "
                      f"{m['reprefill_tokens_after_scale_in']} | {m['cold_starts']} |")
@@ -188,8 +202,4 @@ def run_diurnal_command(out: Path, *, replicas: int, policies: str | None, seed:
                      f"{b['clairvoyant_gpu_hours']} GPU-h, goodput/GPU-h {b['clairvoyant_goodput_per_gpu_hour']} "
                      f"({b['clairvoyant_vs_best_baseline']}x the best baseline; taskplane "
                      f"{b['taskplane_vs_clairvoyant']}x of it)")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    png = write_plot(out, curve, rate, res)
-    console.print("\n".join(lines))
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {png}")
-    return results
+    return lines

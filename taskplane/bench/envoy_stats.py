@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from taskplane.epp.envoy_config import REPLICA_CLUSTER
+from taskplane.epp.envoy_names import REPLICA_CLUSTER
 
 #: The replica cluster's counters that say why a try failed or was retried (suffixes of
 #: ``cluster.<name>.``); every other counter is left out of the report.

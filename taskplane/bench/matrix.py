@@ -36,7 +36,7 @@ class Family:
     what: str  # the figure, in words
     lower_is_better: bool
     section: str = "policies"  # where results.json keeps the compared entries
-    defaults: dict[str, Any] = field(default_factory=dict)  # run_bench keywords of every cell
+    defaults: dict[str, Any] = field(default_factory=dict)  # BenchOptions fields of every cell
 
 
 PLACEMENT = Family("placement", "agents", "deadline_met_ratio", "tasks within deadline at 1.3x load",
@@ -117,12 +117,13 @@ def run_matrix(out: Path, *, only: str | None = None) -> dict[str, Any]:
 def run_cells(out: Path, chosen: Sequence[Cell]) -> dict[str, Any]:
     """Each cell an ordinary bench run in its own directory, then the one table of ratios."""
     from taskplane.bench.command import run_bench
+    from taskplane.bench.options import BenchOptions
 
     console = Console()
     rows: list[dict[str, Any]] = []
     for i, cell in enumerate(chosen, 1):
         console.rule(f"[bold]matrix cell {i}/{len(chosen)}: {cell.family.name} · {cell.label}")
-        results = run_bench(**cell.bench_args(out))
+        results = run_bench(BenchOptions(**cell.bench_args(out)))
         rows.append({"family": cell.family.name, "cell": cell.label, "figure": cell.family.what,
                      "metric": cell.family.metric, "dir": cell.slug, **score(cell.family, results)})
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]

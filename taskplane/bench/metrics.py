@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from taskplane.reports.compute import build_report
+from taskplane.reports.model import Report
 from taskplane.sim.cluster import ClusterResult, TaskResult
 from taskplane.store.records import Outcome, TaskStatus
 
@@ -84,29 +85,33 @@ def policy_metrics(
     cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """Every figure of one run (JSON-able; None where there is nothing to measure)."""
-    calls = result.calls
     ttft, e2e = latencies if latencies is not None else call_latencies(result)
-
-    tasks = result.tasks
-    task = task_figures(tasks)
-
+    task = task_figures(result.tasks)
     report = build_report(result.attempt_records(), result.task_records())
-    outcomes = report.calls_by_outcome
-    errors = [c.error_type for c in calls if c.outcome is not Outcome.SUCCESS]
-
-    fleet_s = result.fleet_gpu_seconds
-    busy_s = sum(r.busy_s for r in result.replicas)
-    fleet_cost = result.fleet_cost_usd
-    n_met = task["tasks_succeeded"]
-    prefix = report.cache_hit_ratio or 0.0
     dec = np.fromiter(decision_ns if decision_ns is not None else result.decision_ns, dtype=np.float64)
     dcpu = np.fromiter(decision_cpu_ns if decision_cpu_ns is not None else (), dtype=np.float64)
     out: dict[str, Any] = {
+        **_served(result, report, task, ttft, e2e),
+        **_spend(result, report, task["tasks_succeeded"], hit_ceiling),
+        **_failures(result, report),
+        **_decisions(dec, dcpu),
+        "makespan_s": result.end_s,
+        "wall_s": wall_s,
+        "cpu_s": None if cpu_s is None else round(cpu_s, 2),
+    }
+    return {k: _round(v) for k, v in out.items()}
+
+
+def _served(result: ClusterResult, report: Report, task: dict[str, Any], ttft: np.ndarray,
+            e2e: np.ndarray) -> dict[str, Any]:
+    """Calls and tasks served, deadlines met, and the latencies."""
+    calls = result.calls
+    return {
         "calls": len({(c.task_id, c.step) for c in calls}),
         "attempts": len(calls),
-        "calls_ok": int(outcomes.get(Outcome.SUCCESS.value, 0)),
+        "calls_ok": int(report.calls_by_outcome.get(Outcome.SUCCESS.value, 0)),
         "tasks": task["tasks"],
-        "tasks_succeeded": n_met,
+        "tasks_succeeded": task["tasks_succeeded"],
         "tasks_late": report.tasks_succeeded_late,
         "tasks_failed": report.tasks_failed,
         "tasks_unfinished": report.tasks_running,
@@ -119,6 +124,16 @@ def policy_metrics(
         "call_e2e_p99_ms": percentile(e2e, 99, 1000.0),
         "task_e2e_p50_s": task["task_e2e_p50_s"],
         "task_e2e_p99_s": task["task_e2e_p99_s"],
+    }
+
+
+def _spend(result: ClusterResult, report: Report, n_met: int, hit_ceiling: float) -> dict[str, Any]:
+    """The prefix cache's share, GPU time and what it cost, per successful task too."""
+    fleet_s = result.fleet_gpu_seconds
+    busy_s = sum(r.busy_s for r in result.replicas)
+    fleet_cost = result.fleet_cost_usd
+    prefix = report.cache_hit_ratio or 0.0
+    return {
         "prefix_hit_ratio": prefix,
         "hit_ceiling_ratio": prefix / hit_ceiling if hit_ceiling > 0 else None,
         "gpu_seconds": report.gpu_seconds,
@@ -132,11 +147,25 @@ def policy_metrics(
         "fleet_cost_per_successful_task_usd": fleet_cost / n_met if n_met else None,
         "cost_per_million_tokens_usd": report.cost_per_million_tokens_usd,
         "waste_share": report.waste.share_of_spend,
+    }
+
+
+def _failures(result: ClusterResult, report: Report) -> dict[str, Any]:
+    """Calls shed, retried, refused as unmeetable, timed out or failed at a replica."""
+    outcomes = report.calls_by_outcome
+    errors = [c.error_type for c in result.calls if c.outcome is not Outcome.SUCCESS]
+    return {
         "sheds": int(outcomes.get(Outcome.SHED.value, 0)),
-        "retries": sum(t.retries for t in tasks),
+        "retries": sum(t.retries for t in result.tasks),
         "unmeetable": sum(1 for e in errors if e == "deadline_unmeetable"),
         "timeouts": int(outcomes.get(Outcome.TIMEOUT.value, 0)),
         "replica_errors": sum(1 for e in errors if e == "replica_error"),
+    }
+
+
+def _decisions(dec: np.ndarray, dcpu: np.ndarray) -> dict[str, Any]:
+    """The placement decisions' count and wall (and CPU) time, in microseconds."""
+    return {
         "decisions": int(dec.size),
         "decision_p50_us": float(np.percentile(dec, 50)) / 1000.0 if dec.size else None,
         "decision_p90_us": float(np.percentile(dec, 90)) / 1000.0 if dec.size else None,
@@ -144,8 +173,4 @@ def policy_metrics(
         "decision_mean_us": float(dec.mean()) / 1000.0 if dec.size else None,
         "decision_cpu_p50_us": float(np.percentile(dcpu, 50)) / 1000.0 if dcpu.size else None,
         "decision_cpu_p99_us": float(np.percentile(dcpu, 99)) / 1000.0 if dcpu.size else None,
-        "makespan_s": result.end_s,
-        "wall_s": wall_s,
-        "cpu_s": None if cpu_s is None else round(cpu_s, 2),
     }
-    return {k: _round(v) for k, v in out.items()}

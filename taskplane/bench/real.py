@@ -29,11 +29,12 @@ from rich.console import Console
 
 from taskplane.bench.ceiling import prompt_hit_ceiling
 from taskplane.bench.machine import machine_info
+from taskplane.bench.options import BenchOptions
 from taskplane.bench.real_client import Target, TaskRun, run_workload
 from taskplane.bench.real_metrics import (
-    Histogram,
+    gateway_figures,
+    gateway_stats,
     group_cpu_seconds,
-    histograms,
     machine_busy_seconds,
     router_metrics,
     self_cpu_seconds,
@@ -175,28 +176,17 @@ def run_router(
     try:
         with httpx.Client(timeout=120.0) as client:
             _warm(client, replicas)
-            if spec.kind == "none":
-                target = Target(spec.name, [r.url for r in replicas], spec.headers, model=replicas[0].model)
-            else:
-                port, metrics_port = free_ports(2)
-                cmd = router_command(spec, replicas, port=port, metrics_port=metrics_port, work=work,
-                                     num_blocks=num_blocks, max_context_tokens=(num_blocks - 1) * BLOCK_SIZE)
-                log = work / "router.log"
-                log.write_text(f"# {shlex.join(cmd)}\n")
-                pid = proc.spawn(cmd, log, env={"TASKPLANE_STATE_DIR": str(work)})
-                url = f"http://127.0.0.1:{port}"
-                _wait_router(spec, url, pid, log, replicas)
-                target = Target(spec.name, [url], spec.headers, model=replicas[0].model)
+            target, pid = _start_router(spec, replicas, num_blocks=num_blocks, work=work)
             before = snapshot(client, replicas)
             machine0, client0 = machine_busy_seconds(), self_cpu_seconds()
             router_cpu = group_cpu_seconds(pid) if pid is not None else 0.0
-            gw_before = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
+            gw_before = gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             say(f"[dim]{spec.name}: running {workload.num_calls} calls …[/]")
             tasks, wall = run_workload(target, workload)
             after = snapshot(client, replicas)
             router_cpu = group_cpu_seconds(pid) - router_cpu if pid is not None else 0.0
             machine_s, client_s = machine_busy_seconds() - machine0, self_cpu_seconds() - client0
-            gw_after = _gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
+            gw_after = gateway_stats(client, target.urls[0]) if spec.kind == "taskplane" else None
             for r in replicas:  # the raw pages, for checking the figures by hand
                 (work / f"metrics-replica-{r.index}.txt").write_text(client.get(r.metrics_url).text)
         if pid is not None and not proc.alive(pid):
@@ -212,119 +202,89 @@ def run_router(
     metrics["other_cpu_s"] = round(max(other, 0.0), 1)
     metrics["other_cpu_share"] = round(max(other, 0.0) / (wall * len(os.sched_getaffinity(0))), 3) if wall > 0 else None
     if gw_before is not None and gw_after is not None:
-        metrics.update(_gateway_figures(gw_before, gw_after))
-    # Cost: the fleet for the run's wall time at the price book's CPU-replica price, over
-    # the tasks finished within deadline (the same rule for every router).
-    fleet_usd = len(replicas) * DEFAULT_PRICE_PER_HOUR["cpu"] * metrics["wall_s"] / 3600.0
-    metrics["fleet_cost_usd"] = round(fleet_usd, 6)
-    metrics["cost_per_successful_task_usd"] = (
-        float(f"{fleet_usd / metrics['tasks_succeeded']:.4g}") if metrics["tasks_succeeded"] else None
-    )
+        metrics.update(gateway_figures(gw_before, gw_after))
+    metrics.update(_cost_figures(metrics, len(replicas)))
     return metrics, tasks
 
 
-#: the gateway's own histograms read before and after each run of taskplane's gateway
-TTFT, DECISION = "taskplane_gateway_ttft_seconds", "taskplane_scheduler_decision_seconds"
+def _start_router(spec: RouterSpec, replicas: list[VllmReplica], *, num_blocks: int,
+                  work: Path) -> tuple[Target, int | None]:
+    """Where the workload's calls go: the replicas themselves (``none``), or ``spec``'s
+    router started in front of them and ready (its process id returned to stop it)."""
+    if spec.kind == "none":
+        return Target(spec.name, [r.url for r in replicas], spec.headers, model=replicas[0].model), None
+    port, metrics_port = free_ports(2)
+    cmd = router_command(spec, replicas, port=port, metrics_port=metrics_port, work=work,
+                         num_blocks=num_blocks, max_context_tokens=(num_blocks - 1) * BLOCK_SIZE)
+    log = work / "router.log"
+    log.write_text(f"# {shlex.join(cmd)}\n")
+    pid = proc.spawn(cmd, log, env={"TASKPLANE_STATE_DIR": str(work)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_router(spec, url, pid, log, replicas)
+    except BaseException:
+        proc.stop_pid(pid)
+        raise
+    return Target(spec.name, [url], spec.headers, model=replicas[0].model), pid
 
 
-def _gateway_stats(client: httpx.Client, url: str) -> dict[str, Histogram]:
-    """Cumulative figures from the gateway's /metrics: its own TTFT and the scheduler's decision time."""
-    return histograms(client.get(f"{url}/metrics").text, (TTFT, DECISION))
-
-
-def _gateway_figures(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, Any]:
-    """The gateway's own TTFT mean (from sending upstream: the rest of the client's TTFT is
-    the proxy and the client) and the scheduler's decision time over the run."""
-    out: dict[str, Any] = {}
-    t0, t1 = before[TTFT], after[TTFT]
-    if t1.count > t0.count:
-        out["gateway_ttft_mean_ms"] = round((t1.sum - t0.sum) / (t1.count - t0.count) * 1000, 1)
-    d0, d1 = before[DECISION], after[DECISION]
-    if d1.count > d0.count:
-        out["decision_mean_us"] = round((d1.sum - d0.sum) / (d1.count - d0.count) * 1e6, 1)
-        counts = {b: d1.buckets[b] - d0.buckets.get(b, 0.0) for b in sorted(d1.buckets)}
-        total = counts.get(float("inf"), d1.count - d0.count)
-        bound = next((b for b, n in counts.items() if n >= 0.99 * total), None)
-        if bound is not None and bound != float("inf"):
-            out["decision_p99_us"] = round(bound * 1e6, 1)  # upper bound: the histogram's bucket edge
-    return out
+def _cost_figures(metrics: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The fleet for the run's wall time at the price book's CPU-replica price, over the
+    tasks finished within deadline (the same rule for every router)."""
+    fleet_usd = replicas * DEFAULT_PRICE_PER_HOUR["cpu"] * metrics["wall_s"] / 3600.0
+    per_task = float(f"{fleet_usd / metrics['tasks_succeeded']:.4g}") if metrics["tasks_succeeded"] else None
+    return {"fleet_cost_usd": round(fleet_usd, 6), "cost_per_successful_task_usd": per_task}
 
 
 # ------------------------------------------------------------------ the command
 
 
 def run_real_bench(
-    out: Path, *, replicas: int, policies: str | None, seed: int, tasks: int | None, time_scale: float,
-    num_blocks: int = DEFAULT_NUM_BLOCKS, fresh_replicas: bool = True, pin_cores: bool | None = None,
-    console: Console | None = None,
+    options: BenchOptions, *, num_blocks: int = DEFAULT_NUM_BLOCKS, fresh_replicas: bool = True,
+    pin_cores: bool | None = None, console: Console | None = None,
 ) -> dict[str, Any]:
     """Run the comparison, write results.json / results.md / calls-<router>.jsonl under
-    ``out`` and print the table; returns results.json's content.
+    ``options.out`` and print the table; returns results.json's content.
 
     ``fresh_replicas=False`` (tests only) starts the replicas once and runs every router on
     them: quicker, but later routers meet caches the earlier ones warmed. ``pin_cores``
     (default: when there are at least as many cores as replicas) gives each replica a core
     of its own (see :func:`pin_replicas`).
     """
-    if not 1 <= replicas <= MAX_REPLICAS:
-        raise UserError(f"--engine vllm runs 1 to {MAX_REPLICAS} real replicas (about 2 GB of RAM and "
-                        f"a CPU core each); got --replicas {replicas}: pass --replicas 2")
-    if time_scale <= 0:
-        raise UserError(f"--time-scale must be positive, got {time_scale}")
-    if tasks is not None and tasks < 1:
-        raise UserError("--tasks must be at least 1")
-    routers = parse_routers(policies)
-    try:
-        require_vllm_python()
-    except VllmNotInstalled as exc:
-        raise UserError(str(exc)) from None
-    if any(r.needs_peers for r in routers):
-        require_peers_python()
+    routers = _check(options)
     console = console or Console()
     if pin_cores is None:
-        pin_cores = len(os.sched_getaffinity(0)) >= replicas
+        pin_cores = len(os.sched_getaffinity(0)) >= options.replicas
     max_context = min(MAX_CONTEXT_TOKENS, (num_blocks - 1) * BLOCK_SIZE - 64)
-    workload = real_agent_workload(tasks or DEFAULT_TASKS, seed, time_scale=time_scale,
+    workload = real_agent_workload(options.tasks or DEFAULT_TASKS, options.seed, time_scale=options.time_scale,
                                    max_context_tokens=max_context)
     ceiling = prompt_hit_ceiling(workload.prompts(), BLOCK_SIZE)
-    out.mkdir(parents=True, exist_ok=True)
+    options.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    fleets = _Fleets(options.out, options.replicas, num_blocks, fresh=fresh_replicas, pin=pin_cores, console=console)
     results_by_router: dict[str, dict[str, Any]] = {}
-    shared: list[VllmReplica] | None = None
     try:
         for spec in routers:
-            work = out / "work" / spec.name
-            if fresh_replicas or shared is None:
-                console.print(f"[bold]{spec.name}[/]: starting {replicas} fresh replicas …")
-                t0 = time.perf_counter()
-                fleet = start_fleet(work, replicas, num_blocks)
-                if pin_cores:
-                    pin_replicas(fleet)
-                start_s = round(time.perf_counter() - t0, 1)
-                shared = None if fresh_replicas else fleet
-            else:
-                fleet, start_s = shared, 0.0
+            fleet, start_s = fleets.for_router(spec.name)
             try:
-                metrics, task_results = run_router(spec, workload, fleet, num_blocks=num_blocks, work=work,
-                                                   ceiling=ceiling, console=console)
+                metrics, task_results = run_router(spec, workload, fleet, num_blocks=num_blocks,
+                                                   work=fleets.work(spec.name), ceiling=ceiling, console=console)
             finally:
-                if fresh_replicas:
-                    stop_replicas(fleet)
+                fleets.done(fleet)
             results_by_router[spec.name] = {"rule": spec.summary, **metrics, "replica_start_s": start_s}
-            with (out / f"calls-{spec.name}.jsonl").open("w") as f:
+            with (options.out / f"calls-{spec.name}.jsonl").open("w") as f:
                 for t in task_results:
                     f.write(json.dumps(t.as_json()) + "\n")
             console.print(f"  {spec.name}: prefix hits {metrics['prefix_hit_ratio']}, TTFT p50 "
                           f"{metrics['ttft_p50_ms']} ms, tasks in deadline {metrics['deadline_met_ratio']}")
     finally:
-        if shared is not None:
-            stop_replicas(shared)
+        fleets.close()
     results: dict[str, Any] = {
         "workload": WORKLOAD_NAME,
         "engine": "vllm",
-        "replicas": replicas,
-        "seed": seed,
-        "time_scale": time_scale,
+        "replicas": options.replicas,
+        "seed": options.seed,
+        "time_scale": options.time_scale,
         "hit_ceiling": round(ceiling, 5),
         "policies": results_by_router,
         "targets": evaluate(WORKLOAD_NAME, results_by_router),
@@ -337,26 +297,79 @@ def run_real_bench(
         "wall_s": round(time.perf_counter() - started, 1),
         "command": "taskplane " + shlex.join(sys.argv[1:]) if sys.argv else "",
     }
-    write_results(out, results, real_results_markdown)
-    console.print(rich_table(f"{WORKLOAD_NAME} on {replicas} real vLLM replicas (seed {seed})", results_by_router,
-                             REAL_TERMINAL, "router"))
-    for t in results["targets"]:
-        mark = "[green]met[/]" if t["met"] else "[red]not met[/]"
-        console.print(f"target: {t['target']}: ratio {t['ratio']} vs {t['best_baseline']} ({mark})")
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} ({results['wall_s']:.0f} s)")
+    _report(options, results, console)
     return results
 
 
-def run_bench(
-    out: Path, workload: str = "agents", trace: Path | None = None, replicas: int = 2, policies: str | None = None,
-    seed: int = 1, time_scale: float = 1.0, engine: str = "vllm", tasks: int | None = None,
-    load: str | None = None, fleet: str | None = None, duration_s: float | None = None,
-) -> dict[str, Any]:
-    """The signature :func:`taskplane.bench.command.run_bench` forwards with; the real
-    bench runs the agents workload only, on identical CPU replicas."""
-    if workload != "agents" or trace is not None:
+def _check(options: BenchOptions) -> list[RouterSpec]:
+    """The routers to compare, once the flags and the installed venvs allow the run."""
+    if not 1 <= options.replicas <= MAX_REPLICAS:
+        raise UserError(f"--engine vllm runs 1 to {MAX_REPLICAS} real replicas (about 2 GB of RAM and "
+                        f"a CPU core each); got --replicas {options.replicas}: pass --replicas 2")
+    if options.time_scale <= 0:
+        raise UserError(f"--time-scale must be positive, got {options.time_scale}")
+    if options.tasks is not None and options.tasks < 1:
+        raise UserError("--tasks must be at least 1")
+    routers = parse_routers(options.policies)
+    try:
+        require_vllm_python()
+    except VllmNotInstalled as exc:
+        raise UserError(str(exc)) from None
+    if any(r.needs_peers for r in routers):
+        require_peers_python()
+    return routers
+
+
+class _Fleets:
+    """The replicas each router runs on: fresh ones per router, or one fleet shared by all."""
+
+    def __init__(self, out: Path, replicas: int, num_blocks: int, *, fresh: bool, pin: bool,
+                 console: Console) -> None:
+        self.out, self.replicas, self.num_blocks = out, replicas, num_blocks
+        self.fresh, self.pin, self.console = fresh, pin, console
+        self.shared: list[VllmReplica] | None = None
+
+    def work(self, router: str) -> Path:
+        return self.out / "work" / router
+
+    def for_router(self, router: str) -> tuple[list[VllmReplica], float]:
+        """The fleet for ``router`` and the seconds its start took (0.0: already running)."""
+        if not self.fresh and self.shared is not None:
+            return self.shared, 0.0
+        self.console.print(f"[bold]{router}[/]: starting {self.replicas} fresh replicas …")
+        t0 = time.perf_counter()
+        fleet = start_fleet(self.work(router), self.replicas, self.num_blocks)
+        if self.pin:
+            pin_replicas(fleet)
+        if not self.fresh:
+            self.shared = fleet
+        return fleet, round(time.perf_counter() - t0, 1)
+
+    def done(self, fleet: list[VllmReplica]) -> None:
+        if self.fresh:
+            stop_replicas(fleet)
+
+    def close(self) -> None:
+        if self.shared is not None:
+            stop_replicas(self.shared)
+
+
+def _report(options: BenchOptions, results: dict[str, Any], console: Console) -> None:
+    write_results(options.out, results, real_results_markdown)
+    console.print(rich_table(f"{WORKLOAD_NAME} on {options.replicas} real vLLM replicas (seed {options.seed})",
+                             results["policies"], REAL_TERMINAL, "router"))
+    for t in results["targets"]:
+        mark = "[green]met[/]" if t["met"] else "[red]not met[/]"
+        console.print(f"target: {t['target']}: ratio {t['ratio']} vs {t['best_baseline']} ({mark})")
+    console.print(f"wrote {options.out / 'results.json'}, {options.out / 'results.md'} ({results['wall_s']:.0f} s)")
+
+
+def run_bench(options: BenchOptions) -> dict[str, Any]:
+    """``taskplane bench --engine vllm``: the real bench runs the agents workload only, on
+    identical CPU replicas."""
+    if options.workload != "agents" or options.trace is not None:
         raise UserError("--engine vllm runs the agents workload (agents-vllm); leave out --workload mooncake/--trace")
-    if load is not None or fleet is not None or duration_s is not None:
+    if options.load is not None or options.fleet is not None or options.duration_s is not None:
         raise UserError("--load, --fleet and --duration-s are for --engine sim; --engine vllm takes --replicas, "
                         "--tasks, --time-scale, --seed and --policies (router names)")
-    return run_real_bench(out, replicas=replicas, policies=policies, seed=seed, tasks=tasks, time_scale=time_scale)
+    return run_real_bench(options)

@@ -16,6 +16,7 @@ passed, whichever router serves it, so no router is charged for work nobody wait
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -190,28 +191,8 @@ async def _one_call(
                     text = (await resp.aread()).decode(errors="replace")
                     res.error = f"HTTP {resp.status_code}: {text[:200]}"
                     return res
-                res.replica = resp.headers.get("x-taskplane-replica")
-                if "x-taskplane-queue-ms" in resp.headers:
-                    try:
-                        res.queue_ms = float(resp.headers["x-taskplane-queue-ms"])
-                    except ValueError:
-                        pass
-                async for data in sse_data(resp):
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        res.error = f"stream error: {str(chunk['error'])[:200]}"
-                        return res
-                    if res.ttft_s is None:
-                        choices = chunk.get("choices") or []
-                        if choices and (choices[0].get("delta") or {}).get("content"):
-                            res.ttft_s = time.perf_counter() - start
-                    usage = chunk.get("usage")
-                    if usage:
-                        res.prompt_tokens = usage.get("prompt_tokens")
-                        details = usage.get("prompt_tokens_details") or {}
-                        res.cached_tokens = details.get("cached_tokens")
+                if not await _read_answer(resp, res, start):
+                    return res
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"[:200]
             return res
@@ -220,6 +201,32 @@ async def _one_call(
         if not res.ok:
             res.error = "no token streamed"
         return res
+
+
+async def _read_answer(resp: httpx.Response, res: CallResult, start: float) -> bool:
+    """Fill ``res`` from a 200 answer: the gateway's headers, the first token's time, the
+    usage; False when the stream carried an error instead (``res.error`` says which)."""
+    res.replica = resp.headers.get("x-taskplane-replica")
+    if "x-taskplane-queue-ms" in resp.headers:
+        with contextlib.suppress(ValueError):
+            res.queue_ms = float(resp.headers["x-taskplane-queue-ms"])
+    async for data in sse_data(resp):
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            res.error = f"stream error: {str(chunk['error'])[:200]}"
+            return False
+        if res.ttft_s is None:
+            choices = chunk.get("choices") or []
+            if choices and (choices[0].get("delta") or {}).get("content"):
+                res.ttft_s = time.perf_counter() - start
+        usage = chunk.get("usage")
+        if usage:
+            res.prompt_tokens = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            res.cached_tokens = details.get("cached_tokens")
+    return True
 
 
 async def _run_task(client: httpx.AsyncClient, target: Target, task: RealTask, t0: float) -> TaskRun:

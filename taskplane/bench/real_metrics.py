@@ -186,3 +186,30 @@ def router_metrics(
         "replicas": [{k: _r(v) for k, v in d.items()} for d in deltas],
     }
     return {k: _r(v) for k, v in out.items()}
+
+
+#: the gateway's own histograms read before and after each run of taskplane's gateway
+TTFT, DECISION = "taskplane_gateway_ttft_seconds", "taskplane_scheduler_decision_seconds"
+
+
+def gateway_stats(client: httpx.Client, url: str) -> dict[str, Histogram]:
+    """Cumulative figures from the gateway's /metrics: its own TTFT and the scheduler's decision time."""
+    return histograms(client.get(f"{url}/metrics").text, (TTFT, DECISION))
+
+
+def gateway_figures(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, Any]:
+    """The gateway's own TTFT mean (from sending upstream: the rest of the client's TTFT is
+    the proxy and the client) and the scheduler's decision time over the run."""
+    out: dict[str, Any] = {}
+    t0, t1 = before[TTFT], after[TTFT]
+    if t1.count > t0.count:
+        out["gateway_ttft_mean_ms"] = round((t1.sum - t0.sum) / (t1.count - t0.count) * 1000, 1)
+    d0, d1 = before[DECISION], after[DECISION]
+    if d1.count > d0.count:
+        out["decision_mean_us"] = round((d1.sum - d0.sum) / (d1.count - d0.count) * 1e6, 1)
+        counts = {b: d1.buckets[b] - d0.buckets.get(b, 0.0) for b in sorted(d1.buckets)}
+        total = counts.get(float("inf"), d1.count - d0.count)
+        bound = next((b for b, n in counts.items() if n >= 0.99 * total), None)
+        if bound is not None and bound != float("inf"):
+            out["decision_p99_us"] = round(bound * 1e6, 1)  # upper bound: the histogram's bucket edge
+    return out

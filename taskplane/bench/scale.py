@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from taskplane.bench.runner import TimedScheduler
-from taskplane.bench.scale_report import CellRun, kv_index_size, markdown, summarize
+from taskplane.bench.scale_report import CellRun, ScaleRun, kv_index_size, markdown, summarize
 from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.scheduler.kv.events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
@@ -99,37 +99,33 @@ def _cell_fleet(gpu: str, replicas: int, cell: int, cells: int) -> ClusterSpec:
     return ClusterSpec(fleet.replicas[cell::cells])
 
 
-def simulate_cell(
-    *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int, cell: int = 0, cells: int = 1,
-    tick: Callable[[int], None] | None = None, workload: Workload | None = None,
-) -> CellRun:
-    """Simulate one cell: its share of the fleet and of the tasks, with its own scheduler.
+def simulate_cell(run: ScaleRun, *, cell: int = 0, tick: Callable[[int], None] | None = None,
+                  workload: Workload | None = None) -> CellRun:
+    """Simulate cell ``cell`` of ``run``: its share of the fleet and of the tasks, with its own scheduler.
 
     ``workload``: the whole run's tasks when already generated (default: generate them)."""
     gc.collect()
     gc.disable()  # until the measures are taken: a collection then would walk every record
     try:
-        return _simulate_cell(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed,
-                              cell=cell, cells=cells, tick=tick, workload=workload)[0]
+        return _simulate_cell(run, cell=cell, tick=tick, workload=workload)[0]
     finally:
         gc.enable()
 
 
-def _simulate_cell(
-    *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int, cell: int, cells: int,
-    tick: Callable[[int], None] | None, workload: Workload | None,
-) -> tuple[CellRun, tuple[Any, ...]]:
+def _simulate_cell(run: ScaleRun, *, cell: int, tick: Callable[[int], None] | None,
+                   workload: Workload | None) -> tuple[CellRun, tuple[Any, ...]]:
     """:func:`simulate_cell` (with the collector already paused), and the simulation's
     objects: a caller about to exit keeps them alive rather than free them one by one."""
-    workload = workload if workload is not None else agent_workload(tasks, rate, seed)
+    cells = run.cells
+    workload = workload if workload is not None else agent_workload(run.tasks, run.arrival_rate, run.seed)
     if cells > 1:
         workload = Workload(workload.name, [t for t in workload.tasks if cell_of(t.task_id, cells) == cell],
                             workload.block_size, dict(workload.meta))
-    cluster = _cell_fleet(gpu, replicas, cell, cells)
-    sched = build_policy(policy, seed=seed, tenants=agent_tenants(), metrics=False)
+    cluster = _cell_fleet(run.gpu, run.replicas, cell, cells)
+    sched = build_policy(run.policy, seed=run.seed, tenants=agent_tenants(), metrics=False)
     timed = CountingScheduler(sched, tick)
     t1, c1 = time.perf_counter(), time.process_time()
-    result = simulate(cluster, workload, timed, seed=seed)
+    result = simulate(cluster, workload, timed, seed=run.seed)
     t_sim, c_sim = time.perf_counter() - t1, time.process_time() - c1
     return _measure(result, workload, timed, sched.kv_index, t_sim, c_sim), (result, workload, timed)
 
@@ -172,15 +168,15 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _cell_child(kwargs: dict[str, Any], done: Any, conn: Any) -> None:
+def _cell_child(run: ScaleRun, cell: int, workload: Workload, done: Any, conn: Any) -> None:
     def tick(n: int) -> None:
         done.value = n
 
     gc.collect()
     gc.disable()  # for good: the process ends right after reporting
     try:
-        run, _keep_alive = _simulate_cell(**kwargs, tick=tick)
-        conn.send(("ok", run))
+        measured, _keep_alive = _simulate_cell(run, cell=cell, tick=tick, workload=workload)
+        conn.send(("ok", measured))
     except BaseException as e:  # report it to the parent instead of dying silently
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
@@ -192,12 +188,13 @@ def _cell_child(kwargs: dict[str, Any], done: Any, conn: Any) -> None:
     os._exit(0)
 
 
-def _run_cells(kwargs: dict[str, Any], cells: int, tick: Callable[[int], None]) -> list[CellRun]:
+def _run_cells(run: ScaleRun, workload: Workload, tick: Callable[[int], None]) -> list[CellRun]:
     """One child process per cell (fork: the children share the parent's imports)."""
+    cells = run.cells
     ctx = mp.get_context("fork")
     counters = [ctx.Value("q", 0, lock=False) for _ in range(cells)]
     pipes = [ctx.Pipe(duplex=False) for _ in range(cells)]
-    procs = [ctx.Process(target=_cell_child, args=({**kwargs, "cell": c, "cells": cells}, counters[c], pipes[c][1]),
+    procs = [ctx.Process(target=_cell_child, args=(run, c, workload, counters[c], pipes[c][1]),
                          name=f"scale-cell-{c}", daemon=True) for c in range(cells)]
     for proc in procs:
         proc.start()
@@ -240,27 +237,16 @@ def _generate(tasks: int, rate: float, seed: int) -> Workload:
         gc.enable()
 
 
-def run_scale(
-    *,
-    replicas: int = 1000,
-    tasks: int = 100_000,
-    rate: float | None = None,
-    policy: str = "taskplane",
-    gpu: str = "h100",
-    seed: int = 1,
-    cells: int = 1,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Simulate ``tasks`` agent tasks on ``replicas`` replicas; returns the measurements.
+def run_scale(run: ScaleRun, *, console: Console | None = None) -> dict[str, Any]:
+    """Simulate ``run.tasks`` agent tasks on ``run.replicas`` replicas; returns the measurements.
 
-    ``cells`` > 1 splits the fleet and the tasks into that many cells, each with its own
+    ``run.cells`` > 1 splits the fleet and the tasks into that many cells, each with its own
     scheduler (gateway) in its own process, as docs/scale.md proposes for large fleets;
     the figures are then summed (rates, rows, index entries) or merged (decision times)."""
-    if cells < 1 or cells > replicas:
-        raise ValueError(f"cells must be between 1 and the number of replicas ({replicas}), got {cells}")
-    rate = rate if rate is not None else 0.15 * replicas
+    if run.cells < 1 or run.cells > run.replicas:
+        raise ValueError(f"cells must be between 1 and the number of replicas ({run.replicas}), got {run.cells}")
     t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu_s()
-    workload = _generate(tasks, rate, seed)  # once: forked cells inherit it
+    workload = _generate(run.tasks, run.arrival_rate, run.seed)  # once: forked cells inherit it
     n_calls = workload.num_calls
 
     progress = None
@@ -268,7 +254,7 @@ def run_scale(
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("calls"), TimeElapsedColumn(), console=console,
                             refresh_per_second=2)  # its thread shares a core with a cell
-        label = f"{tasks:,} tasks on {replicas:,} replicas" + (f" in {cells} cells" if cells > 1 else "")
+        label = f"{run.tasks:,} tasks on {run.replicas:,} replicas" + (f" in {run.cells} cells" if run.cells > 1 else "")
         bar = progress.add_task(label, total=n_calls)
         progress.start()
 
@@ -276,13 +262,13 @@ def run_scale(
         if progress is not None:
             progress.update(bar, completed=min(done, n_calls))
 
-    kwargs = dict(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed, workload=workload)
     # frozen, the tasks are skipped by every later collection, including each forked cell's
     # (which would otherwise walk them all and dirty their copy-on-write pages)
     gc.freeze()
     t1 = time.perf_counter()
     try:
-        runs = [simulate_cell(**kwargs, tick=tick)] if cells == 1 else _run_cells(kwargs, cells, tick)  # type: ignore[arg-type]
+        runs = ([simulate_cell(run, tick=tick, workload=workload)] if run.cells == 1
+                else _run_cells(run, workload, tick))
     finally:
         if progress is not None:
             progress.update(bar, completed=n_calls)
@@ -291,18 +277,13 @@ def run_scale(
     t_cells = time.perf_counter() - t1
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0 + _children_cpu_s() - k0  # the cells' processes included
-    return summarize(runs, replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed,
-                     wall_s=wall, cpu_s=cpu, cells_wall_s=t_cells)
+    return summarize(runs, run, wall_s=wall, cpu_s=cpu, cells_wall_s=t_cells)
 
 
-def run_scale_command(
-    *, out: Path | None, replicas: int = 1000, tasks: int = 100_000, rate: float | None = None,
-    policy: str = "taskplane", gpu: str = "h100", seed: int = 1, cells: int = 1,
-) -> dict[str, Any]:
+def run_scale_command(run: ScaleRun, *, out: Path | None) -> dict[str, Any]:
     """Run, print the table, and write ``scale.json`` and ``scale.md`` to ``out``."""
     console = Console(stderr=True)
-    r = run_scale(replicas=replicas, tasks=tasks, rate=rate, policy=policy, gpu=gpu, seed=seed, cells=cells,
-                  console=console)
+    r = run_scale(run, console=console)
     md = markdown(r)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -323,8 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cells", type=int, default=1, help="cells, each with its own scheduler and process")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    run_scale_command(out=a.out, replicas=a.replicas, tasks=a.tasks, rate=a.rate, policy=a.policy, gpu=a.gpu,
-                      seed=a.seed, cells=a.cells)
+    run_scale_command(ScaleRun(replicas=a.replicas, tasks=a.tasks, rate=a.rate, policy=a.policy, gpu=a.gpu,
+                               seed=a.seed, cells=a.cells), out=a.out)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the cells so that scale.py stays the simulation and this the accounting.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,23 @@ from taskplane.scheduler.kvindex import KVIndex
 EVENTS_PER_ACTIVITY = 6
 EVENTS_PER_WORKFLOW = 5
 _INT_BYTES = 36  # a CPython int holding a 64-bit hash (sys.getsizeof(2**63))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleRun:
+    """One fleet-scale run: the fleet, the tasks and their arrival rate, the policy, the cells."""
+
+    replicas: int = 1000
+    tasks: int = 100_000
+    rate: float | None = None  # task arrivals per second; None: 0.15 per replica
+    policy: str = "taskplane"
+    gpu: str = "h100"
+    seed: int = 1
+    cells: int = 1  # each with its own scheduler and process
+
+    @property
+    def arrival_rate(self) -> float:
+        return self.rate if self.rate is not None else 0.15 * self.replicas
 
 
 @dataclass(slots=True)
@@ -96,65 +114,27 @@ def _merge_index(runs: list[CellRun]) -> dict[str, Any]:
     return merged
 
 
-def summarize(
-    runs: list[CellRun], *, replicas: int, tasks: int, rate: float, policy: str, gpu: str, seed: int,
-    wall_s: float, cpu_s: float, cells_wall_s: float,
-) -> dict[str, Any]:
+def summarize(runs: list[CellRun], run: ScaleRun, *, wall_s: float, cpu_s: float,
+              cells_wall_s: float) -> dict[str, Any]:
     """The measurements of a run (one cell or several) as ``scale.json`` records them."""
     vt = max(r.virtual_s for r in runs)
     attempts = sum(r.attempts for r in runs)
     n_tasks = sum(r.tasks for r in runs)
-    met = sum(r.tasks_within_deadline for r in runs)
-    prompt = sum(r.prompt_tokens for r in runs)
-    cached = sum(r.cached_tokens for r in runs)
-    dec = np.concatenate([r.decision_ns for r in runs]).astype(np.float64) / 1000.0
-    dcpu = np.concatenate([r.decision_cpu_ns for r in runs]).astype(np.float64) / 1000.0
     activities = sum(r.activities for r in runs)
-    kv_batches = sum(r.kv_batches for r in runs)
-    kv_events = sum(r.kv_events for r in runs)
-    blocks = sum(r.blocks_stored + r.blocks_removed for r in runs)
-    sim_cpu = sum(r.simulate_cpu_s for r in runs)
 
     def per_s(x: float) -> float:
         return round(x / vt, 2) if vt > 0 else 0.0
 
-    def pct(a: np.ndarray, q: float) -> float | None:
-        return round(float(np.percentile(a, q)), 1) if a.size else None
-
     history = activities * EVENTS_PER_ACTIVITY + n_tasks * EVENTS_PER_WORKFLOW
     return {
-        "replicas": replicas, "gpu": gpu, "policy": policy, "seed": seed, "tasks": tasks,
+        "replicas": run.replicas, "gpu": run.gpu, "policy": run.policy, "seed": run.seed, "tasks": run.tasks,
         "cells": len(runs), "replicas_per_cell": [r.replicas for r in runs],
-        "arrival_rate_per_s": rate, "calls": sum(r.calls for r in runs), "attempts": attempts,
-        "timing": {
-            "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
-            "simulate_wall_s": round(cells_wall_s, 1), "simulate_cpu_s": round(sim_cpu, 1),
-            "cell_simulate_wall_s": [round(r.simulate_wall_s, 1) for r in runs],
-            "cpu_us_per_call": round(sim_cpu / max(attempts, 1) * 1e6, 1),
-            "virtual_s": round(vt, 1), "virtual_per_wall": round(vt / max(cells_wall_s, 1e-9), 2),
-            "target_wall_s": 300, "target_met": wall_s <= 300,
-        },
-        "decision": {
-            "count": int(dec.size),
-            "wall_p50_us": pct(dec, 50), "wall_p99_us": pct(dec, 99),
-            "cpu_p50_us": pct(dcpu, 50), "cpu_p99_us": pct(dcpu, 99),
-            "cpu_mean_us": round(float(dcpu.mean()), 1) if dcpu.size else None,
-            "cpu_total_s": round(float(dcpu.sum()) / 1e6, 1),
-        },
-        "outcome": {
-            "tasks_finished": sum(r.tasks_finished for r in runs), "tasks_within_deadline": met,
-            "deadline_met_ratio": round(met / max(n_tasks, 1), 4),
-            "calls_ok": sum(r.calls_ok for r in runs), "sheds": sum(r.sheds for r in runs),
-            "prefix_hit_ratio": round(cached / prompt, 4) if prompt else None,
-        },
+        "arrival_rate_per_s": run.arrival_rate, "calls": sum(r.calls for r in runs), "attempts": attempts,
+        "timing": _timing(runs, wall_s=wall_s, cpu_s=cpu_s, cells_wall_s=cells_wall_s),
+        "decision": _decision(runs),
+        "outcome": _outcome(runs),
         "kv_index": _merge_index(runs),
-        "kv_events": {
-            "batches": kv_batches, "events": kv_events,
-            "blocks_stored": sum(r.blocks_stored for r in runs), "blocks_removed": sum(r.blocks_removed for r in runs),
-            "batches_per_s": per_s(kv_batches), "events_per_s": per_s(kv_events), "blocks_per_s": per_s(blocks),
-            "batches_per_s_per_replica": round(per_s(kv_batches) / replicas, 3),
-            "block_size_tokens": runs[0].block_size,
-        },
+        "kv_events": _kv_events(runs, per_s, run.replicas),
         "store": {
             "attempt_rows": attempts, "task_rows": 2 * n_tasks,
             "attempt_rows_per_s": per_s(attempts), "task_rows_per_s": per_s(2 * n_tasks),
@@ -167,6 +147,65 @@ def summarize(
         },
         "peak_rss_mb": round(sum(r.peak_rss_mb for r in runs), 1),
         "machine": machine_info(),
+    }
+
+
+def _timing(runs: list[CellRun], *, wall_s: float, cpu_s: float, cells_wall_s: float) -> dict[str, Any]:
+    """Wall and CPU time of the run and of its simulations, against the five-minute target."""
+    vt = max(r.virtual_s for r in runs)
+    sim_cpu = sum(r.simulate_cpu_s for r in runs)
+    return {
+        "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
+        "simulate_wall_s": round(cells_wall_s, 1), "simulate_cpu_s": round(sim_cpu, 1),
+        "cell_simulate_wall_s": [round(r.simulate_wall_s, 1) for r in runs],
+        "cpu_us_per_call": round(sim_cpu / max(sum(r.attempts for r in runs), 1) * 1e6, 1),
+        "virtual_s": round(vt, 1), "virtual_per_wall": round(vt / max(cells_wall_s, 1e-9), 2),
+        "target_wall_s": 300, "target_met": wall_s <= 300,
+    }
+
+
+def _decision(runs: list[CellRun]) -> dict[str, Any]:
+    """Decision time per call, wall and the deciding thread's CPU, merged over the cells."""
+    dec = np.concatenate([r.decision_ns for r in runs]).astype(np.float64) / 1000.0
+    dcpu = np.concatenate([r.decision_cpu_ns for r in runs]).astype(np.float64) / 1000.0
+
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return round(float(np.percentile(a, q)), 1) if a.size else None
+
+    return {
+        "count": int(dec.size),
+        "wall_p50_us": pct(dec, 50), "wall_p99_us": pct(dec, 99),
+        "cpu_p50_us": pct(dcpu, 50), "cpu_p99_us": pct(dcpu, 99),
+        "cpu_mean_us": round(float(dcpu.mean()), 1) if dcpu.size else None,
+        "cpu_total_s": round(float(dcpu.sum()) / 1e6, 1),
+    }
+
+
+def _outcome(runs: list[CellRun]) -> dict[str, Any]:
+    """Tasks finished and within deadline, calls served and shed, the prefix-hit ratio."""
+    n_tasks = sum(r.tasks for r in runs)
+    met = sum(r.tasks_within_deadline for r in runs)
+    prompt = sum(r.prompt_tokens for r in runs)
+    cached = sum(r.cached_tokens for r in runs)
+    return {
+        "tasks_finished": sum(r.tasks_finished for r in runs), "tasks_within_deadline": met,
+        "deadline_met_ratio": round(met / max(n_tasks, 1), 4),
+        "calls_ok": sum(r.calls_ok for r in runs), "sheds": sum(r.sheds for r in runs),
+        "prefix_hit_ratio": round(cached / prompt, 4) if prompt else None,
+    }
+
+
+def _kv_events(runs: list[CellRun], per_s: Callable[[float], float], replicas: int) -> dict[str, Any]:
+    """KV-event fan-in into the schedulers: batches, events and blocks, per second too."""
+    kv_batches = sum(r.kv_batches for r in runs)
+    kv_events = sum(r.kv_events for r in runs)
+    blocks = sum(r.blocks_stored + r.blocks_removed for r in runs)
+    return {
+        "batches": kv_batches, "events": kv_events,
+        "blocks_stored": sum(r.blocks_stored for r in runs), "blocks_removed": sum(r.blocks_removed for r in runs),
+        "batches_per_s": per_s(kv_batches), "events_per_s": per_s(kv_events), "blocks_per_s": per_s(blocks),
+        "batches_per_s_per_replica": round(per_s(kv_batches) / replicas, 3),
+        "block_size_tokens": runs[0].block_size,
     }
 
 

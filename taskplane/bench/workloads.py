@@ -7,7 +7,9 @@ more work than the fleet can do, whatever the GPUs: see :func:`measure_capacity`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ CAPACITY_REFERENCES: tuple[str, ...] = (
 )
 #: a rate is within capacity when at least this share of tasks finish within deadline
 SLO_ATTAINMENT = 0.9
+#: the capacity search stops when its bounds are this close (a ratio)
+PRECISION = 1.05
 
 
 def agent_config(n_tasks: int, rate_per_s: float, seed: int, **kw: Any) -> AgentWorkloadConfig:
@@ -80,21 +84,16 @@ def measure_capacity(
     seed: int,
     window_s: float = DEFAULT_WINDOW_S,
     tasks: int | None = None,
-    references: tuple[str, ...] = CAPACITY_REFERENCES,
-    attainment: float = SLO_ATTAINMENT,
-    precision: float = 1.05,
     tenants: Any = None,
-    max_rate: float | None = None,
-    progress: Any = None,
-    **workload_kw: Any,
+    progress: Callable[[str], Any] | None = None,
 ) -> Capacity:
     """The highest arrival rate (tasks/s) at which the best baseline still finishes
-    ``attainment`` of the tasks within their deadlines (goodput capacity, as serving
+    ``SLO_ATTAINMENT`` of the tasks within their deadlines (goodput capacity, as serving
     papers define it: the load a system sustains at its SLO).
 
     Each probe runs the benchmark's own task mix and seed, arriving for ``window_s`` at
     the probed rate (or ``tasks`` tasks, if fixed). Each baseline's rate is found by
-    doubling, then bisecting in log space to within ``precision``. A baseline is first
+    doubling, then bisecting in log space to within ``PRECISION``. A baseline is first
     probed just above the best rate found so far and skipped if it fails there, so only
     baselines that could raise the maximum are searched. taskplane itself is never a
     reference: "1.3x" means 30 % more than any baseline can serve within its SLO.
@@ -102,45 +101,50 @@ def measure_capacity(
     from taskplane.scheduler.policies import build_policy
 
     probes: list[dict[str, Any]] = []
-    cap_rate = max_rate if max_rate is not None else 2.0 * len(cluster.replicas)
 
     def ok(policy: str, rate: float) -> bool:
         n = tasks_for(rate, window_s, tasks)
-        wl = agent_workload(n, rate, seed, **workload_kw)
+        wl = agent_workload(n, rate, seed)
         if progress is not None:
             progress(f"capacity probe: {policy} at {rate:.3f} tasks/s ({n} tasks)")
         res = simulate(cluster, wl, build_policy(policy, seed=seed, tenants=tenants, metrics=False), seed=seed)
         met = sum(1 for t in res.tasks if t.deadline_met) / max(len(res.tasks), 1)
         probes.append({"policy": policy, "rate_per_s": round(rate, 5), "tasks": n,
-                       "deadline_met_ratio": round(met, 4), "passed": met >= attainment})
-        return met >= attainment
+                       "deadline_met_ratio": round(met, 4), "passed": met >= SLO_ATTAINMENT})
+        return met >= SLO_ATTAINMENT
 
-    best, best_policy = 0.0, references[0]
-    for policy in references:
-        if best > 0:
-            if not ok(policy, best * precision):
-                continue
-            lo, hi = best * precision, best * precision * 2
+    best, best_policy = 0.0, CAPACITY_REFERENCES[0]
+    for policy in CAPACITY_REFERENCES:
+        rate = _highest_rate(functools.partial(ok, policy), best, first=0.1 * len(cluster.replicas),
+                             cap=2.0 * len(cluster.replicas))
+        if rate is not None and rate > best:
+            best, best_policy = rate, policy
+    return Capacity(best, best_policy, window_s, SLO_ATTAINMENT, probes)
+
+
+def _highest_rate(ok: Callable[[float], bool], best: float, *, first: float, cap: float) -> float | None:
+    """The highest rate ``ok`` passes, to within ``PRECISION``: from just above ``best`` (None
+    when that fails: this policy cannot raise the maximum), else from ``first``; at most ``cap``."""
+    if best > 0:
+        if not ok(best * PRECISION):
+            return None
+        lo, hi = best * PRECISION, best * PRECISION * 2
+    elif ok(first):
+        lo, hi = first, first * 2
+    else:
+        lo, hi = first / 2, first
+        while not ok(lo) and lo > 1e-4:
+            lo, hi = lo / 2, lo
+    while hi <= cap and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, cap)
+    while hi / lo > PRECISION:
+        mid = (lo * hi) ** 0.5
+        if ok(mid):
+            lo = mid
         else:
-            r = 0.1 * len(cluster.replicas)
-            if ok(policy, r):
-                lo, hi = r, r * 2
-            else:
-                lo, hi = r / 2, r
-                while not ok(policy, lo) and lo > 1e-4:
-                    lo, hi = lo / 2, lo
-        while hi <= cap_rate and ok(policy, hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, cap_rate)
-        while hi / lo > precision:
-            mid = (lo * hi) ** 0.5
-            if ok(policy, mid):
-                lo = mid
-            else:
-                hi = mid
-        if lo > best:
-            best, best_policy = lo, policy
-    return Capacity(best, best_policy, window_s, attainment, probes)
+            hi = mid
+    return lo
 
 
 def mooncake_workload(
@@ -149,7 +153,3 @@ def mooncake_workload(
     """A Mooncake-format trace (default: the conversation trace in ../shared/traces)."""
     path = trace or DEFAULT_TRACE
     return load_mooncake(path, time_scale=time_scale, duration_s=duration_s)
-
-
-def with_rate(config: AgentWorkloadConfig, rate: float) -> AgentWorkloadConfig:
-    return replace(config, arrival_rate_per_s=rate)

@@ -22,13 +22,13 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
 
+from taskplane.calls import failures
 from taskplane.engines.replica import ReplicaState
 from taskplane.epp.book import LogEntry, StreamBook
 from taskplane.epp.calls import PickedCall
-from taskplane.epp.envoy_config import TP_NAMESPACE
+from taskplane.epp.envoy_names import TP_NAMESPACE
 from taskplane.epp.protocol import struct_dict
 from taskplane.epp.timing import BurstTiming
-from taskplane.gateway import failures
 
 log = structlog.get_logger(__name__)
 

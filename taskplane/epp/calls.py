@@ -18,13 +18,13 @@ from typing import Any
 
 import structlog
 
+from taskplane.calls import failures
+from taskplane.calls.attempts import Attempt, response_headers
+from taskplane.calls.intake import Call
+from taskplane.calls.lifecycle import MAX_TRIES, AttemptLifecycle, Choice
+from taskplane.calls.metrics import GatewayMetrics
 from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.gateway import failures
-from taskplane.gateway.attempts import Attempt, response_headers
-from taskplane.gateway.intake import Call
-from taskplane.gateway.lifecycle import MAX_TRIES, AttemptLifecycle, Choice
-from taskplane.gateway.metrics import GatewayMetrics
 from taskplane.store.records import Outcome
 
 log = structlog.get_logger(__name__)

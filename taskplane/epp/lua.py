@@ -142,7 +142,7 @@ end
 """
 
 
-#: The request guard of the one-message exchange (``envoy_config.GUARD_FILTER``, after the
+#: The request guard of the one-message exchange (``envoy_names.GUARD_FILTER``, after the
 #: routing ext_proc filter). It holds the request's headers until its body has passed the
 #: picker (the routing filter skips the headers and lets them on at once). A request the picker routed carries its call key in the
 #: ``taskplane`` metadata; one without it never reached the picker (Envoy sends a body-less
@@ -193,7 +193,7 @@ def attribute_safe_lua(names: tuple[str, ...]) -> str:
     upload's clock: it waits for the whole body (buffered here, before the routing filter,
     so the picker still gets one message), marks the stream ``uploaded`` in the ``taskplane``
     metadata and clears the route cache, so the route without the upload limit applies
-    before the picker holds the call (``envoy_config.UPLOADED_KEY``)."""
+    before the picker holds the call (``envoy_names.UPLOADED_KEY``)."""
     listed = ", ".join(f'"{n}"' for n in names)
     return USAGE_LUA + f"""
 local ATTRIBUTE_HEADERS = {{{listed}}}

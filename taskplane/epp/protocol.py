@@ -31,7 +31,7 @@ def header_pairs(headers: pb.HttpHeaders) -> list[tuple[str, str]]:
 
 
 class RequestHeaders(Mapping[str, str]):
-    """A case-insensitive multi-map (with ``getlist``), the shape ``gateway.intake`` reads:
+    """A case-insensitive multi-map (with ``getlist``), the shape ``calls.intake`` reads:
     the strings Starlette's ``Headers`` would hold for the same bytes (the Python proxy's
     view, latin-1), found by one dict lookup instead of a scan of every header per name
     (intake asks for about thirty names per call)."""
@@ -93,7 +93,7 @@ def attribute(req: pb.ProcessingRequest, name: str) -> str | None:
 def attribute_headers(req: pb.ProcessingRequest) -> list[tuple[str, str]] | None:
     """The request's headers as a header message would carry them, from the attributes
     Envoy sends with the body when the routing filter skips the headers
-    (``envoy_config.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
+    (``envoy_names.REQUEST_ATTRIBUTES``: ``:method``, ``:path`` and each header by name).
     A repeated header comes joined with commas; a taskplane header's value is split back
     into its parts, so two different values are refused as from a header message (a single
     value with a comma then counts as repeated). A value that is not ASCII is read as the

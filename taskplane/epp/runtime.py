@@ -2,9 +2,10 @@
 GIE way by someone else) and ``taskplane gateway`` (Envoy on the client port, the picker
 and the Python HTTP app beside it, Envoy as a child process).
 
-The picker drives the very ``Gateway`` the Python HTTP app builds (its registry, placer,
+The picker drives the very ``CallService`` the HTTP API's app builds (its registry, placer,
 ledger, response cache, KV subscriptions and discovery): the app's lifespan builds it,
-and the gRPC server (ext_proc, access log, health) is served in the same event loop.
+and the gRPC server (ext_proc, access log, health) is served in the same event loop. The
+app serves the API's own routes behind Envoy (``envoy_routes``: everything but the calls).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from fastapi import FastAPI
 from grpc_health.v1 import health_pb2_grpc
 
+from taskplane.api.app import build_api
+from taskplane.api.errors import plain_error
+from taskplane.api.http11 import server_options
+from taskplane.api.state import call_service
+from taskplane.calls.service import CallService
 from taskplane.config import GatewayConfig, load_gateway_config, state_dir
 from taskplane.epp import health
 from taskplane.epp.accesslog import AccessLogs
@@ -35,9 +41,6 @@ from taskplane.epp.envoy_process import EnvoyProcess
 from taskplane.epp.gcfreeze import freeze_startup_objects
 from taskplane.epp.server import Picker
 from taskplane.epp.timing import BurstTiming, loop_probe, probe_period
-from taskplane.gateway.app import build_app
-from taskplane.gateway.http11 import MAX_HEADER_BYTES, protocol_class
-from taskplane.gateway.service import Gateway
 from taskplane.logs import configure_logging
 from taskplane.ports import free_port
 
@@ -70,6 +73,24 @@ class _Server(uvicorn.Server):
         yield
 
 
+class EnvoyCarriesCalls:
+    """The HTTP app's OpenAI routes on the front door: Envoy sends every POST on them to the
+    replicas through the picker, so only a request sent to the app's own port gets here."""
+
+    def __init__(self, calls: CallService) -> None:
+        self.calls = calls
+
+    async def answer(self, kind: str, raw: bytes, headers: Mapping[str, str]) -> Any:
+        return plain_error(404, "calls go through the front door's port, not the HTTP app's")
+
+    async def close(self) -> None:
+        pass
+
+
+def _front_door_app(config: GatewayConfig, database_url: str | None, outbox_dir: Path) -> FastAPI:
+    return build_api(config, EnvoyCarriesCalls, database_url=database_url or config.database_url, outbox_dir=outbox_dir)
+
+
 @dataclass
 class PickerServer:
     """The picker's gRPC server over one gateway: ext_proc, access log, health."""
@@ -81,13 +102,13 @@ class PickerServer:
     port: int
 
 
-async def start_picker(gw: Gateway, *, host: str, port: int, eds_file: Path | None) -> tuple[PickerServer, EndpointBook]:
+async def start_picker(calls: CallService, *, host: str, port: int, eds_file: Path | None) -> tuple[PickerServer, EndpointBook]:
     """Bind the picker on ``host:port`` (0: any free port) and start following the replicas."""
-    book = EndpointBook(gw.registry, eds_file)
+    book = EndpointBook(calls.registry, eds_file)
     book.refresh()
     streams = StreamBook()
-    timing = BurstTiming(gw.metrics.registry)
-    picker = Picker(gw, book, streams, timing)
+    timing = BurstTiming(calls.metrics.registry)
+    picker = Picker(calls, book, streams, timing)
     logs = AccessLogs(streams, picker.replica_at, timing)
     hs = health.new_health()
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000), ("grpc.max_receive_message_length", 64 << 20),
@@ -111,10 +132,10 @@ async def expire_streams(streams: StreamBook, max_age_s: float, every_s: float =
 
 
 @contextlib.asynccontextmanager
-async def gateway_of(app: FastAPI) -> AsyncIterator[Gateway]:
-    """The app's ``Gateway``, live for as long as the context (the app's own lifespan)."""
+async def calls_of(app: FastAPI) -> AsyncIterator[CallService]:
+    """The app's ``CallService``, live for as long as the context (the app's own lifespan)."""
     async with app.router.lifespan_context(app):
-        yield app.state.taskplane["gateway"]
+        yield call_service(app)
 
 
 def _keep_in_step(book: EndpointBook, ps: PickerServer, config: GatewayConfig) -> asyncio.Future[Any]:
@@ -149,9 +170,9 @@ async def run_epp(config_path: Path, *, host: str, port: int, database_url: str 
     """``taskplane epp``: the picker alone, until interrupted."""
     config = load_gateway_config(config_path)
     configure_logging()
-    app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "epp"))
-    async with gateway_of(app) as gw:
-        ps, book = await start_picker(gw, host=host, port=port, eds_file=eds_file)
+    app = _front_door_app(config, database_url, _outbox(config, port, "epp"))
+    async with calls_of(app) as calls:
+        ps, book = await start_picker(calls, host=host, port=port, eds_file=eds_file)
         follow = _keep_in_step(book, ps, config)
         _freeze(ps)
         stopping = asyncio.Event()
@@ -173,20 +194,17 @@ async def run_front_door(config_path: Path, *, host: str, port: int, database_ur
     """``taskplane gateway``: Envoy on ``host:port`` with the picker and the HTTP app beside it."""
     config = load_gateway_config(config_path)
     configure_logging()
-    app = build_app(config, database_url=database_url or config.database_url, outbox_dir=_outbox(config, port, "gateway"))
+    app = _front_door_app(config, database_url, _outbox(config, port, "gateway"))
     app_port, admin_port = free_port(), free_port()
     workdir = state_dir() / f"envoy-{port}"
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=app_port, log_level="warning", timeout_keep_alive=30,
-                                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                                           http=protocol_class(config.limits.header_timeout_s)))
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=app_port, **server_options(config.limits.header_timeout_s)))
     serving = asyncio.create_task(server.serve(), name="http-app")
     while not server.started:
         if serving.done():
             serving.result()
             return
         await asyncio.sleep(0.05)
-    gw: Gateway = app.state.taskplane["gateway"]
-    ps, book = await start_picker(gw, host="127.0.0.1", port=epp_port or 0, eds_file=workdir / "eds" / "replicas.json")
+    ps, book = await start_picker(call_service(app), host="127.0.0.1", port=epp_port or 0, eds_file=workdir / "eds" / "replicas.json")
     follow = _keep_in_step(book, ps, config)
     door = FrontDoor(host=host, port=port, epp_port=ps.port, app_port=app_port, admin_port=admin_port,
                      endpoints_file=book.eds_file or workdir / "eds" / "replicas.json")

@@ -18,11 +18,12 @@ import httpx
 import structlog
 from fastapi.responses import StreamingResponse
 
+from taskplane.calls import failures
+from taskplane.calls.attempts import Attempt, token_count
+from taskplane.calls.bodies import filter_usage_event
+from taskplane.calls.failures import Failure
+from taskplane.calls.lifecycle import AttemptLifecycle
 from taskplane.context import R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.gateway import failures
-from taskplane.gateway.attempts import Attempt, token_count
-from taskplane.gateway.failures import Failure
-from taskplane.gateway.lifecycle import AttemptLifecycle
 
 log = structlog.get_logger(__name__)
 
@@ -42,26 +43,6 @@ class ProxyStream(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self._settle()
 
-
-def filter_usage_event(event: bytes, usage: dict[str, Any], client_wants_usage: bool) -> bytes | None:
-    """Capture usage from the final SSE chunk into ``usage``; hide it if the client did not
-    ask for it (``None``: drop the event)."""
-    line = event.strip()
-    if not line.startswith(b"data:") or line == b"data: [DONE]" or b'"usage"' not in line:
-        return event  # most chunks: pass through without parsing (the proxy's hot path)
-    try:
-        data = json.loads(line[5:])
-    except ValueError:
-        return event
-    u = data.get("usage") if isinstance(data, dict) else None
-    if u:
-        usage.update(u)
-        if not client_wants_usage:
-            if not data.get("choices"):
-                return None
-            data["usage"] = None
-            return b"data: " + json.dumps(data).encode()
-    return event
 
 
 class StreamRelay:

@@ -1,4 +1,4 @@
-"""The gateway's HTTP side toward replicas: pooled clients, the body a replica is sent, a
+"""The proxy's HTTP side toward replicas: pooled clients, a
 send that gives up once the replica is marked down, and what a response says
 (``open_response``, ``read_completion``), turned into ``failures.Failure``s: the only
 httpx-specific part of an attempt.
@@ -13,12 +13,11 @@ from typing import Any
 
 import httpx
 
+from taskplane.calls import failures
+from taskplane.calls.failures import Failure
+from taskplane.calls.openai_extra import reply_usage
 from taskplane.engines.keepalive import REPLICA_IDLE_S
 from taskplane.engines.replica import ReplicaState
-from taskplane.gateway import failures
-from taskplane.gateway.failures import Failure
-from taskplane.gateway.intake import Call
-from taskplane.gateway.openai_extra import reply_usage
 
 UPSTREAM_POOLS = 8  # upstream connection pools per replica (see UpstreamClients.client_for)
 
@@ -58,17 +57,6 @@ class UpstreamClients:
                 await c.aclose()
         self._pools.clear()
 
-
-def upstream_body(call: Call, model: str) -> dict[str, Any]:
-    """The client's body for the replica: the model that serves it, and (when streaming)
-    usage in the last event, which the attempt's row needs whether the client asked or not."""
-    body = dict(call.body)
-    body["model"] = model
-    if call.stream:
-        opts = dict(body.get("stream_options") or {})
-        opts["include_usage"] = True
-        body["stream_options"] = opts
-    return body
 
 
 async def send_unless_down(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:

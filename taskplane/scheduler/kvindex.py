@@ -74,27 +74,6 @@ class KVIndex:
 
     # -- lookup
 
-    def match_array(
-        self,
-        block_hashes: Sequence[int],
-        replicas: Sequence[str],
-        *,
-        source: Source | str = Source.AUTO,
-        block_size: int | None = None,
-        tokenized: bool = True,
-    ) -> np.ndarray:
-        """Leading blocks of ``block_hashes`` held by each of ``replicas`` (an int array).
-
-        ``block_size``: the block size the hashes were computed with; replicas whose events
-        use another size cannot match precisely. ``tokenized=False`` (text hashes) consults
-        only the approximate index.
-        """
-        if not block_hashes or not replicas:
-            return np.zeros(len(replicas), dtype=np.int64)
-        return self.match_ids(
-            block_hashes, self.slots.ids_of(replicas), source=source, block_size=block_size, tokenized=tokenized
-        )
-
     def match_ids(
         self,
         block_hashes: Sequence[int],
@@ -104,7 +83,13 @@ class KVIndex:
         block_size: int | None = None,
         tokenized: bool = True,
     ) -> np.ndarray:
-        """``match_array`` for replica ids from ``slots.ids_of`` (the hot path: no names)."""
+        """Leading blocks of ``block_hashes`` held by each replica of ``ids`` (from
+        ``slots.ids_of``), an int array: the hot path, no names.
+
+        ``block_size``: the block size the hashes were computed with; replicas whose events
+        use another size cannot match precisely. ``tokenized=False`` (text hashes) consults
+        only the approximate index.
+        """
         n = len(ids)
         if not block_hashes or n == 0:
             return np.zeros(n, dtype=np.int64)
@@ -118,8 +103,8 @@ class KVIndex:
         precise = approx = None
         if use_precise:
             precise = self._counts(self.precise.owners, block_hashes, ids, self.precise.held)
-            if block_size is not None and self.precise.other_block_sizes(block_size):
-                sizes = self.precise.block_size_by_id(ids)
+            if block_size is not None and self.precise.publishers.other_block_sizes(block_size):
+                sizes = self.precise.publishers.block_size_by_id(ids)
                 precise[(sizes != 0) & (sizes != block_size)] = 0
         if use_approx and self._approx_matters(block_hashes[0], src, precise is not None):
             approx = self._counts(self.approx.owners, block_hashes, ids)
@@ -129,7 +114,7 @@ class KVIndex:
             return precise
         if src is Source.AUTO:
             # in-sync publishers are authoritative; others take the better of the two views
-            authoritative = self.precise.authoritative(ids)
+            authoritative = self.precise.publishers.authoritative(ids)
             return np.where(authoritative, precise, np.maximum(precise, approx))
         return np.maximum(precise, approx)
 
@@ -159,7 +144,7 @@ class KVIndex:
         holders = self.approx.owners.get(first)
         if not holders:
             return False
-        return not with_precise or src is not Source.AUTO or bool(holders & ~self.precise.auth_mask)
+        return not with_precise or src is not Source.AUTO or bool(holders & ~self.precise.publishers.auth_mask)
 
     def _match_one(
         self, hashes: Sequence[int], rid: int, src: Source, block_size: int | None, tokenized: bool
@@ -172,14 +157,14 @@ class KVIndex:
         if tokenized and src is not Source.APPROXIMATE:
             held = precise.held.get(rid)
             matched = held_prefix(held, hashes, 0) if held else 0
-            if matched and block_size is not None and precise.other_block_sizes(block_size):
-                size = precise.block_size_of_id(rid)
+            if matched and block_size is not None and precise.publishers.other_block_sizes(block_size):
+                size = precise.publishers.block_size_of_id(rid)
                 if size and size != block_size:
                     matched = 0
         approx_owners = self.approx.owners
         if not ((src is not Source.PRECISE or not tokenized) and approx_owners):
             return matched or 0
-        if matched is not None and src is Source.AUTO and precise.authoritative_id(rid):
+        if matched is not None and src is Source.AUTO and precise.publishers.authoritative_id(rid):
             return matched
         approx = extent(approx_owners.get, hashes, 0, self.slots.bit(rid))
         return approx if matched is None else max(matched, approx)
@@ -203,6 +188,10 @@ class KVIndex:
         block_size: int | None = None,
         tokenized: bool = True,
     ) -> dict[str, int]:
-        """``{replica: leading_blocks_matched}`` for the replicas with at least one block."""
-        arr = self.match_array(block_hashes, replicas, source=source, block_size=block_size, tokenized=tokenized)
+        """``{replica: leading_blocks_matched}`` for the replicas with at least one block
+        (:meth:`match_ids` by name)."""
+        if not block_hashes or not replicas:
+            return {}
+        arr = self.match_ids(block_hashes, self.slots.ids_of(replicas), source=source, block_size=block_size,
+                             tokenized=tokenized)
         return {replicas[int(i)]: int(arr[i]) for i in np.flatnonzero(arr)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from taskplane.scheduler.flowcontrol.assembly import assemble, assemble_from_config
+from taskplane.scheduler.flowcontrol.assembly import PipelineOptions, assemble, assemble_from_config
 from taskplane.scheduler.flowcontrol.controller import FlowControl
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.presets import PRESETS, Preset, policy_names
@@ -29,10 +29,9 @@ def build_scheduler(
     metrics: bool = True,
 ) -> FlowControl:
     """Build from a preset, with optional plugin overrides."""
-    return FlowControl(**assemble(
-        policy=policy, filters=filters, scorers=scorers, picker=picker, seed=seed, admission=admission,
-        response_cache_entries=response_cache_entries, tenants=tenants, pools=pools, name=name, metrics=metrics,
-    ))
+    options = PipelineOptions(policy=policy, filters=filters, scorers=scorers, picker=picker, seed=seed,
+                              admission=admission, response_cache_entries=response_cache_entries)
+    return FlowControl(**assemble(options, tenants=tenants, pools=pools, name=name, metrics=metrics))
 
 
 def scheduler_from_config(

@@ -9,8 +9,14 @@ meets the request's hashes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
 from taskplane.scheduler.hashing import ROOT
-from taskplane.sim.tokens import repeated_block_hash
+from taskplane.scheduler.kv.events import BlockStored
+from taskplane.sim.tokens import RepeatedBlocks, repeated_block_hash
 from taskplane.sim.workloads.base import TaskSpec
 
 _MASK64 = (1 << 64) - 1
@@ -43,3 +49,20 @@ def extend_hashes(spec: TaskSpec, contents: list[int], hashes: list[int], n_bloc
     for c in contents[len(hashes):n_blocks]:
         parent = repeated_block_hash(parent, c, block_size)
         hashes.append(parent)
+
+
+def stored_event(hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None, offset: int,
+                 parent: int | None, block_size: int) -> BlockStored:
+    """vLLM's BlockStored for ``run``, the blocks ``first..`` of ``hashes`` just cached:
+    their tokens (``token_ids`` of the whole request, ``hashes[0]`` being its block
+    ``offset``) and the hash before them (``parent`` when ``first`` is 0)."""
+    toks: Any = []
+    if token_ids is not None:
+        a = (offset + first) * block_size
+        toks = token_ids[a : a + len(run) * block_size]
+        # a list or array slice is a copy already; the simulator's lazy RepeatedBlocks is
+        # passed through (the index hashes it block by block, without 256 ints a block)
+        if not isinstance(toks, list | np.ndarray | RepeatedBlocks):
+            toks = list(toks)
+    return BlockStored(block_hashes=run, parent_block_hash=hashes[first - 1] if first > 0 else parent,
+                       token_ids=toks, block_size=block_size)

@@ -8,7 +8,7 @@ those calls are aborted and retried, and counted as failed in flight), or, with
 ``sleep_level``, sleeps once drained (vLLM sleep mode: its slot stays provisioned and paid
 for, its KV cache is dropped) until a plan wakes it (ready after the generation's
 ``wake_s``) or it has slept too long and stops. Placement is the
-same scheduler object for every autoscaler; :class:`FleetPolicy` around it keeps cordoned
+same scheduler object for every autoscaler; :class:`~taskplane.sim.fleet_policy.FleetPolicy` around it keeps cordoned
 replicas for their own sessions, holds calls while the pool has no ready replica, and
 remembers where each session's KV lives (the pinned working sets).
 """
@@ -31,14 +31,14 @@ from taskplane.autoscale.types import (
     WorkflowSignal,
     work_units,
 )
-from taskplane.scheduler.cordon import SessionHomes
-from taskplane.scheduler.types import Action, CallOutcome, CallRequest, Decision
 from taskplane.sim.calls import SimCall, TaskState
 from taskplane.sim.cluster import ClusterSim
 from taskplane.sim.events import Event
 from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
+from taskplane.sim.fleet_policy import FleetPolicy
 from taskplane.sim.gpus import default_cold_start_s, gpu_profile
 from taskplane.sim.hints import HintMode, steps_hint
+from taskplane.sim.policy import Policy
 from taskplane.sim.requests import Finished
 from taskplane.sim.results import ClusterResult
 from taskplane.sim.sleep import wake_seconds
@@ -92,70 +92,31 @@ class FleetResult:
         return sum(iv.hours(self.horizon_s) * iv.cost_per_hour_usd for iv in self.intervals)
 
 
-class FleetPolicy:
-    """The placement policy as the fleet lets it see the pool (see the module docstring)."""
-
-    def __init__(self, inner: Any, book: FleetBook) -> None:
-        self.inner, self.book = inner, book
-        self.homes = SessionHomes()  # session -> the replica holding its KV
-        self.held: list[CallRequest] = []
-        self.on_kv_events = getattr(inner, "on_kv_events", None)
-        if self.on_kv_events is None:
-            del self.on_kv_events
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("replica_failed",):
-            return getattr(self.inner, name)
-        raise AttributeError(name)
-
-    @property
-    def queued(self) -> int:
-        return len(self.held) + int(getattr(self.inner, "queued", 0))
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.held) or bool(getattr(self.inner, "pending", False))
-
-    def decide(self, req: CallRequest, replicas: Any, now_s: float) -> Decision:
-        self.homes.avoid(req, self.book.closed_to_new_sessions())
-        d: Decision = self.inner.decide(req, replicas, now_s)
-        if d.action is Action.NO_REPLICA:  # the pool is empty or waking: hold, never refuse
-            self.held.append(req)
-            return Decision(Action.QUEUE, reason="held while a replica wakes")
-        if d.action is Action.PLACE and d.replica is not None:
-            self.homes.placed(req, d.replica)
-        return d
-
-    def release(self, replicas: Any, now_s: float) -> list[tuple[CallRequest, Decision]]:
-        out: list[tuple[CallRequest, Decision]] = []
-        if self.held and any(self.book.placeable(n) for n in self.book.replicas):
-            held, self.held = self.held, []
-            for req in held:
-                out.append((req, self.decide(req, replicas, now_s)))
-        if getattr(self.inner, "pending", False):
-            for req, d in self.inner.release(replicas, now_s):
-                if d.action is Action.PLACE and d.replica is not None:
-                    self.homes.placed(req, d.replica)
-                out.append((req, d))
-        return out
-
-    def observe_completion(self, request: CallRequest, outcome: CallOutcome, now_s: float) -> None:
-        obs = getattr(self.inner, "observe_completion", None)
-        if obs is not None:
-            obs(request, outcome, now_s)
-
-
 #: a task's length before any of its agent's tasks has finished (the live signals' prior too)
 DEFAULT_TASK_STEPS = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetOptions:
+    """The autoscaled pool: the generations it may use, its bounds, the replicas ready at
+    the start, how long it runs and how often the autoscaler plans."""
+
+    generations: list[Generation]
+    min_replicas: int
+    max_replicas: int
+    initial: int  # replicas of the first generation ready at time 0
+    horizon_s: float
+    tick_s: float = 1.0
+    sleep_level: int = 0  # > 0: drained replicas sleep (vLLM sleep mode) instead of stopping
 
 
 class FleetSim(ClusterSim):
     """One run of a workload on an autoscaled pool. ``cluster`` holds every slot."""
 
-    def __init__(self, cluster: ClusterSpec, workload: Workload, policy: Any, autoscaler: Autoscaler, *,
-                 generations: list[Generation], min_replicas: int, max_replicas: int, initial: int,
-                 horizon_s: float, tick_s: float = 1.0, sleep_level: int = 0, **kw: Any) -> None:
+    def __init__(self, cluster: ClusterSpec, workload: Workload, policy: Policy, autoscaler: Autoscaler,
+                 options: FleetOptions, **kw: Any) -> None:
         pool = cluster.replicas[0].model
+        generations, sleep_level = options.generations, options.sleep_level
         self._slot_free = {g.gpu: [i for i, r in enumerate(cluster.replicas) if r.gpu == g.gpu] for g in generations}
         self._slot_of: dict[str, int] = {}
         if sleep_level:  # a sleeper's wake is its cold start: the planner's look-ahead while one exists
@@ -165,8 +126,8 @@ class FleetSim(ClusterSim):
         self.fleet_policy = FleetPolicy(policy, self.book)
         super().__init__(cluster, workload, self.fleet_policy, **kw)
         self.autoscaler, self.generations = autoscaler, generations
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
-        self.horizon_s, self.tick_s = horizon_s, tick_s
+        self.min_replicas, self.max_replicas = options.min_replicas, options.max_replicas
+        self.horizon_s, self.tick_s = options.horizon_s, options.tick_s
         self.stats = FleetStats()
         self._work_by_agent: dict[str, float] = {}
         self._calls_by_agent: dict[str, int] = {}
@@ -174,7 +135,7 @@ class FleetSim(ClusterSim):
         for i in range(len(self.fleet.engines)):
             self.fleet.healthy[i] = False
             self.fleet.mark(i)
-        for _ in range(initial):
+        for _ in range(options.initial):
             self._take_slot(generations[0].gpu, 0.0, ready=True)
         self._pending_tasks = deque(sorted(self.workload.tasks, key=lambda t: t.arrival_s))
         self._arrivals: deque[float] = deque()
@@ -405,11 +366,8 @@ def fleet_cluster(generations: list[Generation], model: str, kv_blocks: int | No
     return ClusterSpec(reps, hints=hints)
 
 
-def simulate_fleet(workload: Workload, policy: Any, autoscaler: Autoscaler, *, generations: list[Generation],
-                   min_replicas: int, max_replicas: int, initial: int, horizon_s: float, model: str = "llama-3.1-8b",
-                   seed: int = 0, tick_s: float = 1.0, sleep_level: int = 0,
-                   hints: HintMode = HintMode.AUTHOR) -> FleetResult:
-    cluster = fleet_cluster(generations, model, hints=hints)
-    return FleetSim(cluster, workload, policy, autoscaler, generations=generations, min_replicas=min_replicas,
-                    max_replicas=max_replicas, initial=initial, horizon_s=horizon_s, tick_s=tick_s,
-                    seed=seed, sleep_level=sleep_level).run_fleet()
+def simulate_fleet(workload: Workload, policy: Policy, autoscaler: Autoscaler, options: FleetOptions, *,
+                   model: str = "llama-3.1-8b", seed: int = 0, hints: HintMode = HintMode.AUTHOR) -> FleetResult:
+    """Run ``workload`` on a pool of ``model`` replicas that ``autoscaler`` sizes within ``options``."""
+    cluster = fleet_cluster(options.generations, model, hints=hints)
+    return FleetSim(cluster, workload, policy, autoscaler, options, seed=seed).run_fleet()

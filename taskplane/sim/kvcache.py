@@ -32,16 +32,13 @@ blocks are its own without touching their ``ref`` entries. Stamps are otherwise 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
-from typing import Any
 
-import numpy as np
-
-from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from taskplane.sim.tokens import RepeatedBlocks
+from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, KVEvent
+from taskplane.sim.blocks import stored_event
+from taskplane.sim.kvruns import EvictableRuns, tail_first_run
 
 
 @dataclass(slots=True, eq=False)
@@ -58,8 +55,8 @@ class Holding:
 class KVCache:
     """Block accounting and prefix lookup for one replica."""
 
-    __slots__ = ("_active", "_demoted", "_head", "_live", "_plan", "_runs", "_stamp", "block_size", "emit", "events", "free_uncached",
-                 "n_evictable", "num_blocks", "ref", "removed_per_block", "spill", "version")
+    __slots__ = ("_active", "_live", "_lru", "_plan", "_runs", "_stamp", "block_size", "emit", "events",
+                 "free_uncached", "n_evictable", "num_blocks", "ref", "removed_per_block", "spill", "version")
 
     def __init__(self, num_blocks: int, block_size: int, *, emit_events: bool = True,
                  removed_per_block: bool = True) -> None:
@@ -77,13 +74,8 @@ class KVCache:
         self.ref: dict[int, int] = {}
         self.n_evictable = 0
         self._active: dict[int, Holding] = {}  # stamp -> holding of a request not released
-        # stamp -> blocks of an ended request, oldest first, evicted from the end
-        self._runs: dict[int, list[int]] = {}
-        self._live: dict[int, int] = {}  # stamp -> how many of its run's entries are live
-        self._head = (0, 0)  # (stamp, entries at the end of that run eviction walked past)
-        # blocks the control plane expects no use of (a session likely over): evicted before
-        # any other when room is needed; a list emptied by its owner no longer counts
-        self._demoted: deque[list[int]] = deque()
+        self._lru = EvictableRuns()  # the blocks of ended requests, and the demoted ones
+        self._runs, self._live = self._lru.runs, self._lru.live  # (its dicts, read on every acquire)
         self._stamp = 0
         # match's last run found: (version, stamp, owned from, run length); see _match_run
         self._plan = (-1, 0, 0, 0)
@@ -169,8 +161,8 @@ class KVCache:
         if p:
             self._take(hold, islice(blocks, p))
         self._unqueue(stamp, n - p, hold)  # the whole run: dropped
-        if self._head[0] == stamp:  # (eviction never stops in a run whose tail is live)
-            self._head = (0, 0)
+        if self._lru.head[0] == stamp:  # (eviction never stops in a run whose tail is live)
+            self._lru.head = (0, 0)
         if len(blocks) > n:
             self._take(hold, islice(blocks, n, None))
         if len(set(hold.counted)) < len(hold.counted):
@@ -225,30 +217,8 @@ class KVCache:
         n -= take
         if n <= 0:
             return
-        ref, runs, live = self.ref, self._runs, self._live
         removed: list[int] = []
-        if self._demoted:
-            n = self._evict_demoted(n, removed)
-        head, pos = self._head
-        while n:
-            stamp = next(iter(runs))  # the oldest run
-            if stamp != head:  # (the run eviction stopped in was revived whole since)
-                head, pos = stamp, 0
-            mark, left = -stamp, live[stamp]
-            for h in islice(reversed(runs[stamp]), pos, None):
-                pos += 1
-                if ref.get(h) == mark:  # live: the oldest evictable block
-                    del ref[h]
-                    removed.append(h)
-                    left -= 1
-                    n -= 1
-                    if not n or not left:
-                        break
-            if left:
-                live[stamp] = left
-            else:
-                del live[stamp], runs[stamp]
-        self._head = (head, pos)
+        self._lru.evict(n, self.ref, self._active, removed)
         self.n_evictable -= len(removed)
         if self.emit:
             if self.removed_per_block:
@@ -310,31 +280,12 @@ class KVCache:
             self._announce(hashes, run_start, run, token_ids, offset, parent)
         return stored
 
-    def _announce(
-        self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
-        offset: int, parent: int | None,
-    ) -> None:
+    def _announce(self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
+                  offset: int, parent: int | None) -> None:
         if self.spill is not None:
             self.spill(run)
-        if not self.emit:
-            return
-        bs = self.block_size
-        toks: Any = []
-        if token_ids is not None:
-            a = (offset + first) * bs
-            toks = token_ids[a : a + len(run) * bs]
-            # a list or array slice is a copy already; the simulator's lazy RepeatedBlocks is
-            # passed through (the index hashes it block by block, without 256 ints a block)
-            if not isinstance(toks, list | np.ndarray | RepeatedBlocks):
-                toks = list(toks)
-        self.events.append(
-            BlockStored(
-                block_hashes=run,
-                parent_block_hash=hashes[first - 1] if first > 0 else parent,
-                token_ids=toks,
-                block_size=bs,
-            )
-        )
+        if self.emit:
+            self.events.append(stored_event(hashes, first, run, token_ids, offset, parent, self.block_size))
 
     def release(self, hold: Holding, unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""
@@ -344,7 +295,8 @@ class KVCache:
         self._active.pop(me, None)
         ref, mine = self.ref, -me
         if hold.repeated:
-            n = self._release_general(hold)
+            hold.blocks = tail_first_run(ref, mine, hold.blocks)
+            n = len(hold.blocks)
         else:
             n = hold.owned  # they are evictable now, as this request ended
             for h in hold.counted:
@@ -355,47 +307,13 @@ class KVCache:
                     ref[h] = mine
                     n += 1
         if n:
-            self._runs[me] = hold.blocks
-            self._live[me] = n
+            self._lru.add(me, hold.blocks, n)
             self.n_evictable += n
-
-    def _release_general(self, hold: Holding) -> int:
-        """Release by walking the blocks tail first, as vLLM does (a hash may repeat): the
-        run is rebuilt from the blocks this release makes evictable, in that order."""
-        ref, mine = self.ref, -hold.stamp
-        run = []
-        for h in reversed(hold.blocks):
-            c = ref[h]
-            if c == mine:
-                run.append(h)
-            elif c == 1:
-                ref[h] = mine
-                run.append(h)
-            elif c > 1:
-                ref[h] = c - 1
-        run.reverse()
-        hold.blocks = run
-        return len(run)
 
     def discard(self, hashes: Iterable[int]) -> int:
         """Evict these cached blocks now if nobody references them (a session the control
         plane lets go); returns how many left. Blocks held or counted stay."""
-        ref, active, live = self.ref, self._active, self._live
-        removed: list[int] = []
-        for h in hashes:
-            c = ref.get(h)
-            if c is None or c > 0 or -c in active:
-                continue
-            stamp = -c
-            del ref[h]
-            removed.append(h)
-            left = live[stamp] - 1
-            if left:
-                live[stamp] = left
-            else:
-                del live[stamp], self._runs[stamp]
-                if self._head[0] == stamp:
-                    self._head = (0, 0)
+        removed = self._lru.discard(hashes, self.ref, self._active)
         if removed:
             self.version += 1
             self.n_evictable -= len(removed)
@@ -408,36 +326,7 @@ class KVCache:
         """Let these cached blocks go first when room is needed (a session the control plane
         expects not to come back), in the list's order from its end; returns the list the
         cache keeps: the caller empties it to take the demotion back (the session returned)."""
-        kept = list(hashes)
-        if kept:
-            self._demoted.append(kept)
-        return kept
-
-    def _evict_demoted(self, n: int, removed: list[int]) -> int:
-        """Evict up to ``n`` demoted blocks still unreferenced, into ``removed``; returns
-        how many more are needed."""
-        ref, active, live = self.ref, self._active, self._live
-        while n and self._demoted:
-            hashes = self._demoted[0]
-            while hashes and n:
-                h = hashes.pop()
-                c = ref.get(h)
-                if c is None or c > 0 or -c in active:
-                    continue
-                stamp = -c
-                del ref[h]
-                removed.append(h)
-                n -= 1
-                left = live[stamp] - 1
-                if left:
-                    live[stamp] = left
-                else:
-                    del live[stamp], self._runs[stamp]
-                    if self._head[0] == stamp:
-                        self._head = (0, 0)
-            if not hashes:
-                self._demoted.popleft()
-        return n
+        return self._lru.demote(hashes)
 
     def clear_unused(self) -> bool:
         """vLLM's reset_prefix_cache: drop every cached block; refused (False) while any
@@ -451,11 +340,9 @@ class KVCache:
         """Forget everything (an engine restart); announces AllBlocksCleared."""
         self.version += 1
         self.ref.clear()
-        self._runs.clear()
-        self._live.clear()
+        self._lru.clear()
         self._active.clear()
-        self._demoted.clear()
-        self._head, self.n_evictable = (0, 0), 0
+        self.n_evictable = 0
         self.free_uncached = self.num_blocks
         if self.emit:
             self.events.append(AllBlocksCleared())

@@ -14,7 +14,7 @@ from typing import Any
 
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import ReplicaView
-from taskplane.sim.engine import SimEngine
+from taskplane.sim.engine import EngineConfig, SimEngine
 from taskplane.sim.fleet import ClusterSpec
 from taskplane.sim.gpus import model_profile
 from taskplane.sim.hosttier import ReplicaTiers, TierSpec, TierStore
@@ -39,12 +39,11 @@ class SimReplicas:
             if r.name in self._index:
                 raise ValueError(f"duplicate replica name {r.name!r}")
             self._index[r.name] = i
-            eng = SimEngine(
-                r.gpu, r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
+            eng = SimEngine(EngineConfig(
+                gpu=r.gpu, model=r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
                 max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
                 cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=first_tokens,
-                removed_per_block=False, tiers=_tiers(spec, remote, r.model, block_size, kv_events),
-            )
+                removed_per_block=False), tiers=_tiers(spec, remote, r.model, block_size, kv_events))
             price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd
             self.engines.append(eng)
             self.prices.append(price)

@@ -83,3 +83,17 @@ def decode_steps_by(span: float, strict: bool, k_max: int, a: float, c0: int, d:
     while k > 1 and not starts(k - 1):
         k -= 1
     return k, decode_span(k, a, c0, d, t_kv, slow)
+
+
+def decode_run(span: float, strict: bool, k_max: int, a: float, c0: int, d: int, t_kv: float,
+               slow: float) -> tuple[int, float]:
+    """The pure decode steps up to the next completion (``k_max`` of them) that start within
+    ``span``, and their duration: all of them when the last does, else at least the first
+    (the one starting now) and those after it that start by then."""
+    last = decode_span(k_max - 1, a, c0, d, t_kv, slow)
+    if last < span if strict else last <= span:  # the last step starts by now: through the completion
+        return k_max, decode_span(k_max, a, c0, d, t_kv, slow)
+    dur = decode_span(1, a, c0, d, t_kv, slow)  # the usual: only the step starting now (after a completion)
+    if dur < span if strict else dur <= span:  # step 1 starts by now too
+        return decode_steps_by(span, strict, k_max - 1, a, c0, d, t_kv, slow)
+    return 1, dur

@@ -106,7 +106,7 @@ class SleepCollector(Collector):
 
 
 def attach_router(app: FastAPI, rep: Any) -> None:
-    """Add the sleep-mode endpoints for ``rep`` (a :class:`~taskplane.sim.server.SimReplica`
+    """Add the sleep-mode endpoints for ``rep`` (a :class:`~taskplane.sim.http_replica.SimReplica`
     whose ``sleep`` is a :class:`SleepState`)."""
     router = APIRouter()
     st: SleepState = rep.sleep

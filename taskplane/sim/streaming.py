@@ -1,6 +1,6 @@
 """One simulated call in flight, its OpenAI response bodies and its SSE stream.
 
-The replica (``sim/server.py``) owns the engine and the clock; this module only shapes
+The replica (``sim/http_replica.py``) owns the engine and the clock; this module only shapes
 what a call returns: the non-streamed completion, or the chunks vLLM streams (role,
 content pieces as the engine decodes them, tool calls, finish, usage, ``[DONE]``).
 """

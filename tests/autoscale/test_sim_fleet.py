@@ -11,7 +11,7 @@ from taskplane.bench.diurnal import DayCurve, autoscaler_metrics, warp_workload
 from taskplane.bench.diurnal_command import diurnal_workload
 from taskplane.bench.workloads import agent_workload
 from taskplane.scheduler.policies import build_policy
-from taskplane.sim.elastic import generation, simulate_fleet
+from taskplane.sim.elastic import FleetOptions, generation, simulate_fleet
 from taskplane.sim.hints import HintMode
 from taskplane.store.records import TaskStatus
 
@@ -21,8 +21,9 @@ DAY = DayCurve(day_s=900.0, ramp_s=150.0, peak_s=200.0)
 def run(scaler: object, initial: int = 1, min_replicas: int = 1) -> object:
     wl = warp_workload(agent_workload(int(0.5 * DAY.mean() * DAY.day_s), 0.5, 3), DAY)
     gens = [generation("h100", "llama-3.1-8b", max_replicas=4, capacity_per_s=1400.0)]
-    return simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False), scaler, generations=gens,
-                          min_replicas=min_replicas, max_replicas=4, initial=initial, horizon_s=DAY.day_s, seed=1)
+    pool = FleetOptions(generations=gens, min_replicas=min_replicas, max_replicas=4, initial=initial,
+                        horizon_s=DAY.day_s)
+    return simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False), scaler, pool, seed=1)
 
 
 def test_warp_follows_the_curve() -> None:
@@ -116,10 +117,10 @@ def test_with_sleep_mode_scale_in_sleeps_and_the_next_ramp_wakes_instead_of_cold
     out = {}
     for level in (0, 1):
         gens = [generation("h100", "llama-3.1-8b", max_replicas=4, capacity_per_s=1400.0)]
+        pool = FleetOptions(generations=gens, min_replicas=1, max_replicas=4, initial=1, horizon_s=2 * DAY.day_s,
+                            sleep_level=level)
         out[level] = simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False),  # type: ignore[arg-type]
-                                    TaskplaneAutoscaler(PlannerConfig(scale_in_delay_s=30.0)), generations=gens,
-                                    min_replicas=1, max_replicas=4, initial=1, horizon_s=2 * DAY.day_s, seed=1,
-                                    sleep_level=level)
+                                    TaskplaneAutoscaler(PlannerConfig(scale_in_delay_s=30.0)), pool, seed=1)
     off, on = out[0], out[1]
     assert off.stats.sleeps == off.stats.wakes == 0
     assert on.stats.sleeps >= 1 and on.stats.wakes >= 1
@@ -151,8 +152,8 @@ def _watched(hints: HintMode) -> tuple[_Watching, dict[str, int]]:
     wl = agent_workload(40, 0.5, 3)
     gens = [generation("h100", "llama-3.1-8b", max_replicas=2, capacity_per_s=1400.0)]
     scaler = _Watching()
-    simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False), scaler, generations=gens, min_replicas=2,
-                   max_replicas=2, initial=2, horizon_s=120.0, seed=1, hints=hints)
+    pool = FleetOptions(generations=gens, min_replicas=2, max_replicas=2, initial=2, horizon_s=120.0)
+    simulate_fleet(wl, build_policy("taskplane", seed=1, metrics=False), scaler, pool, seed=1, hints=hints)
     return scaler, {t.task_id: len(t.calls) for t in wl.tasks}
 
 

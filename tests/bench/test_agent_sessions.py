@@ -16,15 +16,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taskplane.bench.agent_sessions import TARGETS, bench, render_table
+from taskplane.bench.agent_sessions import TARGETS, SessionsOptions, bench, render_table
 from taskplane.dev import processes as proc
 from taskplane.procfs import group_members
 
 
 def test_agent_sessions_every_target_serves_every_task_without_refusal(tmp_path: Path) -> None:
     calls_out = tmp_path / "calls.jsonl"
-    res = bench(sessions=6, replicas=3, rounds=1, speed=10.0, kv_blocks=4096, calls_out=calls_out,
-                console=Console(file=io.StringIO()))
+    options = SessionsOptions(sessions=6, replicas=3, rounds=1, speed=10.0, kv_blocks=4096)
+    res = bench(options, calls_out=calls_out, console=Console(file=io.StringIO()))
 
     (run,) = res["runs"]
     assert set(run) == set(TARGETS)

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from taskplane.bench.ceiling import hit_ceiling
-from taskplane.bench.command import Point, preset_factories, run_bench, run_point, run_suite
+from taskplane.bench.command import run_bench
 from taskplane.bench.metrics import WALL_CLOCK_FIELDS
+from taskplane.bench.options import BenchOptions
+from taskplane.bench.suite import Point, preset_factories, run_point, run_suite
 from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.errors import UserError
 from taskplane.scheduler.policies import policy_names
@@ -38,8 +40,8 @@ def _tiny_trace(path: Path) -> Path:
 def test_tiny_run_of_every_policy_completes(tmp_path: Path) -> None:
     cluster = ClusterSpec.fleet("h100:2,l40s:1")
     factories = preset_factories(policy_names(), seed=3, tenants=agent_tenants())
-    results, _ = run_suite(workload="agents", cluster=cluster, fleet="h100:2,l40s:1", factories=factories,
-                                seed=3, tasks=6, loads=[0.5, 1.3], capacity_per_s=0.2)
+    options = BenchOptions(out=tmp_path, workload="agents", seed=3, tasks=6, load="0.5,1.3")
+    results, _ = run_suite(options, cluster, "h100:2,l40s:1", factories, capacity_per_s=0.2)
     assert set(results["policies"]) == set(policy_names())
     assert [p["load"] for p in results["sweep"]] == [0.5, 1.3]
     for name, m in results["policies"].items():
@@ -51,8 +53,8 @@ def test_tiny_run_of_every_policy_completes(tmp_path: Path) -> None:
     assert {t["metric"] for t in results["targets"]} == {"deadline_met_ratio", "cost_per_successful_task_usd"}
 
     trace = _tiny_trace(tmp_path / "trace.jsonl")
-    results, _ = run_suite(workload="mooncake", cluster=ClusterSpec.fleet("h100:2"), fleet="h100:2",
-                           factories=preset_factories(policy_names(), seed=3), trace=trace)
+    options = BenchOptions(out=tmp_path, workload="mooncake", seed=3, trace=trace)
+    results, _ = run_suite(options, ClusterSpec.fleet("h100:2"), "h100:2", preset_factories(policy_names(), seed=3))
     assert results["workload_info"]["requests"] == 30
     assert all(m["calls_ok"] == 30 for m in results["policies"].values())
     assert {t["metric"] for t in results["targets"]} == {"hit_ceiling_ratio", "ttft_p50_ms", "ttft_p99_ms"}
@@ -92,8 +94,8 @@ def test_same_seed_same_results_json(tmp_path: Path) -> None:
     trace = _tiny_trace(tmp_path / "trace.jsonl")
     args = dict(workload="mooncake", trace=trace, replicas=3, policies="round-robin,llm-d-scorers,taskplane",
                 seed=7, time_scale=0.5)
-    run_bench(out=tmp_path / "a", **args)  # type: ignore[arg-type]
-    run_bench(out=tmp_path / "b", **args)  # type: ignore[arg-type]
+    run_bench(BenchOptions(out=tmp_path / "a", **args))  # type: ignore[arg-type]
+    run_bench(BenchOptions(out=tmp_path / "b", **args))  # type: ignore[arg-type]
     a = json.loads((tmp_path / "a" / "results.json").read_text())
     b = json.loads((tmp_path / "b" / "results.json").read_text())
     assert _numbers(a) == _numbers(b)
@@ -109,14 +111,14 @@ def test_agents_command_writes_the_sweep_and_its_plot(tmp_path: Path) -> None:
     # a capacity measured before is reused from capacity.json (here: planted, to keep it quick)
     out = tmp_path / "agents"
     out.mkdir()
-    from taskplane.bench.command import _capacity_key
+    from taskplane.bench.suite import _capacity_key
 
     (out / "capacity.json").write_text(json.dumps({
         "key": _capacity_key("h100:2", 5, 60.0, None),
         "capacity": {"tasks_per_s": 0.1, "reference_policy": "llm-d-scorers", "window_s": 60.0,
                      "slo_attainment": 0.9, "probes": []}}))
-    res = run_bench(out=out, workload="agents", replicas=2, policies="session-hash,taskplane", seed=5,
-                    load="0.5,1.3", duration_s=60.0)
+    res = run_bench(BenchOptions(out=out, workload="agents", replicas=2, policies="session-hash,taskplane", seed=5,
+                                 load="0.5,1.3", duration_s=60.0))
     assert res["capacity"]["tasks_per_s"] == 0.1
     assert [p["load"] for p in res["sweep"]] == [0.5, 1.3]
     assert [p["tasks"] for p in res["sweep"]] == [10, 10]  # at least ten tasks per point
@@ -141,4 +143,4 @@ def test_agents_command_writes_the_sweep_and_its_plot(tmp_path: Path) -> None:
 )
 def test_user_errors(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UserError, match=message):
-        run_bench(out=tmp_path, **kwargs)
+        run_bench(BenchOptions(out=tmp_path, **kwargs))

@@ -3,6 +3,7 @@ run by separate processes; what it writes and the figures it derives."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,16 +12,18 @@ from pathlib import Path
 import pytest
 
 from taskplane.bench.command import run_bench
-from taskplane.bench.scale import cell_of, simulate_cell
+from taskplane.bench.options import BenchOptions
+from taskplane.bench.scale import ScaleRun, cell_of, simulate_cell
 from taskplane.bench.workloads import agent_workload
 from taskplane.errors import UserError
 
-SMALL = dict(replicas=12, tasks=60, rate=1.8, policy="taskplane", gpu="h100", seed=3)
+SMALL = ScaleRun(replicas=12, tasks=60, rate=1.8, policy="taskplane", gpu="h100", seed=3)
 
 
 def test_cells_partition_tasks_and_replicas_exactly() -> None:
-    wl = agent_workload(SMALL["tasks"], SMALL["rate"], SMALL["seed"])  # type: ignore[arg-type]
-    runs = [simulate_cell(**SMALL, cell=c, cells=3) for c in range(3)]  # type: ignore[arg-type]
+    wl = agent_workload(SMALL.tasks, SMALL.arrival_rate, SMALL.seed)
+    thirds = dataclasses.replace(SMALL, cells=3)
+    runs = [simulate_cell(thirds, cell=c) for c in range(3)]
     assert [r.replicas for r in runs] == [4, 4, 4]
     assert sum(r.tasks for r in runs) == len(wl.tasks)
     assert all(r.tasks > 0 for r in runs)  # the hash spreads 60 tasks over 3 cells
@@ -31,15 +34,15 @@ def test_cells_partition_tasks_and_replicas_exactly() -> None:
 
 
 def test_one_cell_is_the_whole_fleet_and_deterministic() -> None:
-    a = simulate_cell(**SMALL)  # type: ignore[arg-type]
-    b = simulate_cell(**SMALL)  # type: ignore[arg-type]
+    a = simulate_cell(SMALL)
+    b = simulate_cell(SMALL)
     assert a.replicas == 12 and a.tasks == 60
     assert (a.calls, a.calls_ok, a.cached_tokens, a.virtual_s) == (b.calls, b.calls_ok, b.cached_tokens, b.virtual_s)
     assert a.cached_tokens > 0 and a.kv_index["replica_block_entries"] > 0
 
 
 def test_bench_scale_in_two_processes_writes_its_figures(tmp_path: Path) -> None:
-    r = run_bench(out=tmp_path, workload="scale", replicas=12, tasks=60, seed=3, cells=2)
+    r = run_bench(BenchOptions(out=tmp_path, workload="scale", replicas=12, tasks=60, seed=3, cells=2))
     doc = json.loads((tmp_path / "scale.json").read_text())
     assert doc == json.loads(json.dumps(r))
     assert doc["cells"] == 2 and doc["replicas_per_cell"] == [6, 6]
@@ -58,13 +61,13 @@ def test_bench_scale_in_two_processes_writes_its_figures(tmp_path: Path) -> None
 ])
 def test_bad_scale_options_are_one_clear_error(tmp_path: Path, kw: dict[str, object], message: str) -> None:
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        run_bench(out=tmp_path, **{"workload": "scale", "replicas": 12, "tasks": 10, **kw})  # type: ignore[arg-type]
+        run_bench(BenchOptions(out=tmp_path, **{"workload": "scale", "replicas": 12, "tasks": 10, **kw}))  # type: ignore[arg-type]
     assert not (tmp_path / "scale.json").exists()
 
 
 def test_cells_are_refused_outside_the_scale_workload(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--workload scale only"):
-        run_bench(out=tmp_path, workload="agents", replicas=4, tasks=5, cells=2)
+        run_bench(BenchOptions(out=tmp_path, workload="agents", replicas=4, tasks=5, cells=2))
 
 
 def test_cli_runs_the_scale_workload(tmp_path: Path) -> None:

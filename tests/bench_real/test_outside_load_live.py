@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskplane.bench.outside_load import FIGURES, bench
+from benchmarks.outside_load import FIGURES, bench
 
 
 @pytest.mark.vllm

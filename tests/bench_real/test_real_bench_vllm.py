@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from taskplane.bench.options import BenchOptions
 from taskplane.bench.real import run_real_bench
 from taskplane.bench.real_routers import peers_python
 from taskplane.engines.metrics import parse_metrics, relevant_lines
@@ -27,8 +28,9 @@ def test_tiny_run_reports_the_replicas_own_counters(tmp_path: Path) -> None:
     routers = ["taskplane", "round-robin"]
     if peers_python() is not None:
         routers.insert(1, "vllm-router-consistent-hash")
-    results = run_real_bench(tmp_path, replicas=2, policies=",".join(routers), seed=5, tasks=4, time_scale=0.2,
-                             num_blocks=96, fresh_replicas=False)
+    options = BenchOptions(out=tmp_path, engine="vllm", replicas=2, policies=",".join(routers), seed=5, tasks=4,
+                           time_scale=0.2)
+    results = run_real_bench(options, num_blocks=96, fresh_replicas=False)
 
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["workload"] == "agents-vllm" and saved["replicas"] == 2 and saved["seed"] == 5

@@ -11,6 +11,7 @@ import pytest
 
 from taskplane.bench.ceiling import prompt_hit_ceiling
 from taskplane.bench.metrics import task_figures
+from taskplane.bench.options import BenchOptions
 from taskplane.bench.real import run_bench, run_real_bench
 from taskplane.bench.real_client import CallResult, TaskRun, routing_headers, task_outcome
 from taskplane.bench.real_routers import ROUTERS, gateway_config, parse_routers, router_command
@@ -183,13 +184,13 @@ def test_a_task_counts_as_succeeded_by_the_rule_of_the_simulated_bench() -> None
 
 def test_refusals_come_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--replicas 2"):
-        run_real_bench(tmp_path, replicas=16, policies=None, seed=1, tasks=None, time_scale=1.0)
+        run_real_bench(BenchOptions(out=tmp_path, engine="vllm", replicas=16))
     with pytest.raises(UserError, match="agents workload"):
-        run_bench(tmp_path, workload="mooncake")
+        run_bench(BenchOptions(out=tmp_path, engine="vllm", replicas=2, workload="mooncake"))
     with pytest.raises(UserError, match="--engine sim"):
-        run_bench(tmp_path, load="1.0")
+        run_bench(BenchOptions(out=tmp_path, engine="vllm", replicas=2, load="1.0"))
     with pytest.raises(UserError, match="unknown router"):
-        run_real_bench(tmp_path, replicas=2, policies="bogus", seed=1, tasks=None, time_scale=1.0)
+        run_real_bench(BenchOptions(out=tmp_path, engine="vllm", replicas=2, policies="bogus"))
     assert not any(tmp_path.iterdir())
 
 
@@ -197,8 +198,7 @@ def test_the_gateway_histograms_are_read_over_every_label_set() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client import Histogram as PromHistogram
 
-    from taskplane.bench.real import DECISION, TTFT, _gateway_figures
-    from taskplane.bench.real_metrics import histograms
+    from taskplane.bench.real_metrics import DECISION, TTFT, gateway_figures, histograms
 
     reg = CollectorRegistry()
     ttft = PromHistogram(TTFT, "ttft", ["model"], registry=reg, buckets=(0.1, 1.0))
@@ -217,7 +217,7 @@ def test_the_gateway_histograms_are_read_over_every_label_set() -> None:
     after = histograms(page(), (TTFT, DECISION))
     assert after[TTFT].count == 2 and after[TTFT].sum == pytest.approx(0.6)
     assert after[DECISION].buckets[50e-6] == 99 and after[DECISION].buckets[float("inf")] == 100
-    figures = _gateway_figures(before, after)
+    figures = gateway_figures(before, after)
     assert figures["gateway_ttft_mean_ms"] == 300.0
     assert figures["decision_mean_us"] == pytest.approx((99 * 40 + 500) / 100, abs=0.1)
     assert figures["decision_p99_us"] == 50.0  # 99 of 100 within the 50 µs bucket

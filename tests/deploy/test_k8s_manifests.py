@@ -451,7 +451,7 @@ def test_overlays_differ_where_they_should() -> None:
 
 
 def test_dev_credentials_are_the_documented_ones(tmp_path: Path) -> None:
-    from taskplane.gateway.auth import sha256_hex
+    from taskplane.calls.auth import sha256_hex
 
     dev = Rendered("dev", kustomize(K8S / "overlays" / "dev"))
     cfg = _gateway_config(dev, tmp_path)

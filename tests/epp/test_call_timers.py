@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from taskplane.config import GatewayConfig
-from taskplane.epp.envoy_config import NUM_RETRIES, FrontDoor, bootstrap
+from taskplane.epp.envoy_config import FrontDoor, bootstrap
+from taskplane.epp.envoy_names import NUM_RETRIES
 
 _DOOR = FrontDoor(host="127.0.0.1", port=8080, epp_port=9001, app_port=9002, admin_port=9003, endpoints_file=Path("/tmp/eds.json"))
 
@@ -54,7 +55,7 @@ def test_envoy_drops_idle_replica_connections_before_the_replica_does() -> None:
     replica closed it lost the request with it (issue 19: a failed try and its error row,
     then a retry). Envoy must give the connection up first."""
     from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
-    from taskplane.epp.envoy_config import REPLICA_CLUSTER
+    from taskplane.epp.envoy_names import REPLICA_CLUSTER
 
     config = GatewayConfig.model_validate({"pools": [{"model": "m", "replicas": [{"url": "http://127.0.0.1:8000", "gpu": "h100"}]}]})
     clusters = bootstrap(config, _DOOR)["static_resources"]["clusters"]

@@ -1,5 +1,5 @@
 """The routing filter sends the picker one message per call, the body with the request's
-headers as attributes (``envoy_config.REQUEST_ATTRIBUTES``). Everything a headers message
+headers as attributes (``envoy_names.REQUEST_ATTRIBUTES``). Everything a headers message
 would carry must hold without one: a body-less request is refused with the contract's JSON
 error and never reaches a replica (the picker gets no message for it), a GET is the app's,
 repeated taskplane headers with different values, missing or wrong keys and a priority above

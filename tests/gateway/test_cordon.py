@@ -6,9 +6,9 @@ replica set with ``cordoned: true``)."""
 
 from __future__ import annotations
 
+from taskplane.calls.wiring import build_placer
 from taskplane.config import GatewayConfig, ReplicaConfig
 from taskplane.engines.registry import ReplicaRegistry
-from taskplane.gateway.wiring import build_placer
 from taskplane.scheduler.types import Action, CallRequest
 
 MODEL = "llama-3.1-8b"

@@ -9,10 +9,10 @@ import asyncio
 
 from tp_sim_replica import sim_replica
 
+from taskplane.calls.placement import ScheduledPlacer
+from taskplane.calls.wiring import build_placer
 from taskplane.config import GatewayConfig, ReplicaConfig
 from taskplane.engines.registry import ReplicaRegistry
-from taskplane.gateway.placement import ScheduledPlacer
-from taskplane.gateway.wiring import build_placer
 from taskplane.scheduler.types import Action, CallRequest
 
 MODEL = "llama-3.1-8b"

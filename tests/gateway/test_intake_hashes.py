@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
+from taskplane.calls.intake import prepare_call
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.engines.tokenize import chat_tokens
-from taskplane.gateway.intake import prepare_call
 from taskplane.scheduler.hashing import SessionChains, chain_hashes
 
 CONFIG = GatewayConfig.model_validate({

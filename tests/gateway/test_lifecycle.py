@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+from taskplane.calls import failures
+from taskplane.calls.attempts import AttemptSink
+from taskplane.calls.lifecycle import AttemptLifecycle, Choice
+from taskplane.calls.metrics import GatewayMetrics
+from taskplane.calls.wiring import build_placer
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType
-from taskplane.gateway import failures
-from taskplane.gateway.attempts import AttemptSink
-from taskplane.gateway.lifecycle import AttemptLifecycle, Choice
-from taskplane.gateway.metrics import GatewayMetrics
-from taskplane.gateway.wiring import build_placer
 from taskplane.store.records import AttemptRecord, Outcome
 
 

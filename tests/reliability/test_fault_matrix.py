@@ -313,7 +313,7 @@ async def test_kill_and_restart_the_gateway(stack: RelStack, client: Client) -> 
     row = await run_case(stack, client, "kill -9 the gateway", inject, clear, 2.0)
     _check(row)
     # the strike waits for calls in flight: the attempts it cut off are rows too, written
-    # by the restarted gateway from the dead one's in-flight journal (gateway/lost.py)
+    # by the restarted gateway from the dead one's in-flight journal (calls/lost.py)
     assert row["rows_gateway_lost"] >= 1, row
 
 

@@ -20,9 +20,9 @@ import asyncpg
 import httpx
 import pytest
 
+from taskplane.calls import lost
 from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
-from taskplane.gateway import lost
 from taskplane.store.inflight import Orphan
 from taskplane.store.outbox import FILE_NAME
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome

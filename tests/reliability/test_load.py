@@ -10,7 +10,8 @@ from taskplane.bench import gateway_load
 
 
 def test_concurrent_streams_through_the_gateway_have_no_errors(tmp_path: Path) -> None:
-    res = gateway_load.run(calls=200, replicas=3, max_tokens=16, timeout_s=240, workdir=tmp_path, rounds=2)
+    options = gateway_load.LoadOptions(calls=200, replicas=3, max_tokens=16, timeout_s=240, rounds=2)
+    res = gateway_load.run(options, workdir=tmp_path)
     print("\n" + gateway_load.render(res))
     assert res["errors"] == {"direct": 0, "gateway": 0}, res["gateway"]["error_samples"]
     assert res["gateway"]["calls"] == 200

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from tp_rel_env import ADMIN_TOKEN, KEYS, bearer, secured_config
 
+from taskplane.calls import auth
 from taskplane.config import GatewayConfig, parse_gateway_config
 from taskplane.dev.local import LocalCluster
 from taskplane.dev.parts import gateway_config as dev_gateway_config
-from taskplane.gateway import auth
 
 MODEL = "llama-3.1-8b"
 

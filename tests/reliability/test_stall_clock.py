@@ -12,7 +12,7 @@ import time
 
 CHILD = textwrap.dedent("""
     import time
-    from taskplane.gateway.stalls import StallClock
+    from taskplane.calls.stalls import StallClock
     clock = StallClock()
     t0, w0 = clock.now(), time.monotonic()
     print("ready", flush=True)
@@ -38,7 +38,7 @@ def test_a_sigstop_is_not_counted() -> None:
 
 
 def test_no_stall_no_correction() -> None:
-    from taskplane.gateway.stalls import StallClock
+    from taskplane.calls.stalls import StallClock
 
     clock = StallClock()
     t0, w0 = clock.now(), time.monotonic()

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from taskplane.bench.gateway_load import pin_ports, stable_port
+from taskplane.bench.live_stack import pin_ports, stable_port
 from taskplane.dev import processes as proc
 from taskplane.dev.local import LocalCluster
 from taskplane.store import embedded

@@ -9,7 +9,7 @@ from taskplane.scheduler import build_policy, policy_names
 from taskplane.scheduler.config import PluginConfig, SchedulerConfig
 from taskplane.scheduler.framework.plugin import Kind
 from taskplane.scheduler.framework.registry import REGISTRY
-from taskplane.scheduler.policies import build_scheduler
+from taskplane.scheduler.policies import build_scheduler, scheduler_from_config
 
 
 def test_every_plugin_documents_every_parameter() -> None:
@@ -71,9 +71,8 @@ def test_from_scheduler_config_with_overrides() -> None:
         admission=False,
         response_cache_entries=16,
     )
-    from taskplane.scheduler import FlowControl
 
-    s = FlowControl.from_config(cfg)
+    s = scheduler_from_config(cfg)
     assert [x.type_name for x in s.pipeline.scorers] == ["least-loaded"]
     assert [x.type_name for x in s.pipeline.filters] == [
         "healthy", "tenant-gpu", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"
@@ -81,7 +80,7 @@ def test_from_scheduler_config_with_overrides() -> None:
     assert s.admission is None and s.pipeline.seed == 7
     assert s.response_cache is not None and s.response_cache.max_entries == 16
     with pytest.raises(ConfigError, match="scheduler scorer 'x'"):
-        FlowControl.from_config({"policy": "taskplane", "scorers": [{"type": "x"}]})
+        scheduler_from_config({"policy": "taskplane", "scorers": [{"type": "x"}]})
 
 
 def test_every_preset_builds_and_baselines_have_no_admission() -> None:

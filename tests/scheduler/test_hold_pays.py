@@ -14,6 +14,7 @@ from taskplane.scheduler import Action, CallOutcome, build_policy
 from taskplane.scheduler.flowcontrol.controller import FlowControl
 from taskplane.scheduler.flowcontrol.flowset import build_flow
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
+from taskplane.scheduler.policies import scheduler_from_config
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
 BS = 16
@@ -91,7 +92,7 @@ def test_late_binding_holds_only_what_pays_and_no_longer() -> None:
 
 
 def test_flow_control_plugins_from_yaml_config() -> None:
-    s = FlowControl.from_config({"policy": "taskplane", "flow_control": [
+    s = scheduler_from_config({"policy": "taskplane", "flow_control": [
         {"type": "working-set-room", "params": {"hold_s": 5, "short_queue_ms": None}},
         {"type": "prefill-backlog", "params": {"max_prefill_backlog_ms": None}},
     ]})
@@ -101,18 +102,18 @@ def test_flow_control_plugins_from_yaml_config() -> None:
     deep = [replica("r0", inflight_prefill_tokens=DEEP)]
     assert s.decide(request(tokens(3, 256), call_id="c"), deep, 0.0).action is Action.PLACE  # late binding off
     with pytest.raises(ConfigError, match=r"working-set-room.*hold"):
-        FlowControl.from_config({"policy": "taskplane", "flow_control": [
+        scheduler_from_config({"policy": "taskplane", "flow_control": [
             {"type": "working-set-room", "params": {"hold": 5}}]})
     with pytest.raises(ConfigError, match="limits"):
-        FlowControl.from_config({"policy": "taskplane", "flow_control": [
+        scheduler_from_config({"policy": "taskplane", "flow_control": [
             {"type": "working-set-room", "params": {"limits": {"standard": 1.5}}}]})
     with pytest.raises(ConfigError, match="two plugins for role 'room'"):
-        FlowControl.from_config({"policy": "taskplane", "flow_control": [
+        scheduler_from_config({"policy": "taskplane", "flow_control": [
             {"type": "working-set-room"}, {"type": "working-set-room"}]})
     with pytest.raises(ConfigError, match="no such plugin type"):
-        FlowControl.from_config({"policy": "taskplane", "flow_control": [{"type": "leaky-bucket"}]})
+        scheduler_from_config({"policy": "taskplane", "flow_control": [{"type": "leaky-bucket"}]})
     # a baseline never gains flow control
-    assert FlowControl.from_config({"policy": "round-robin", "flow_control": [{"type": "shed"}]}).admission is None
+    assert scheduler_from_config({"policy": "round-robin", "flow_control": [{"type": "shed"}]}).admission is None
 
 
 def test_settings_and_plugins_are_one_configuration() -> None:

@@ -77,7 +77,7 @@ def random_stream(rng: random.Random, names: list[str], bs: int, steps: int) -> 
 def index_state(idx: KVIndex) -> tuple[Any, ...]:
     p = idx.precise
     return (dict(p.owners), {n: (dict(r.eng2ours), dict(r.extra)) for n, r in p._replicas.items()},
-            p.unchained_blocks, set(p.block_sizes))
+            p.unchained_blocks, set(p.publishers.block_sizes))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -208,6 +208,6 @@ def test_auth_mask_mirrors_the_authoritative_array(seed: int) -> None:
         else:
             idx.apply_batch(name, idx.precise.expected_seq(name) or 0, events)
         ids = np.arange(idx.slots.capacity + 1)
-        auth = idx.precise.authoritative(ids)
-        mask = idx.precise.auth_mask
+        auth = idx.precise.publishers.authoritative(ids)
+        mask = idx.precise.publishers.auth_mask
         assert [bool(mask >> int(i) & 1) for i in ids] == auth.tolist()

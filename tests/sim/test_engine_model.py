@@ -8,7 +8,7 @@ import random
 import pytest
 
 from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from taskplane.sim.engine import Finished, FirstToken, KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import EngineConfig, Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import GPUS, default_kv_blocks
 
 
@@ -33,7 +33,7 @@ def finished(events: list[object]) -> dict[object, Finished]:
 
 
 def test_single_request_timing_is_plausible_for_h100() -> None:
-    e = SimEngine("h100", kv_blocks=2000)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=2000))
     ev = drive(e, [(0.0, SimRequest("a", 2048, 101, list(range(1, 129))))])
     f = finished(ev)["a"]
     assert f.error is None and f.output_tokens == 101
@@ -46,7 +46,7 @@ def test_single_request_timing_is_plausible_for_h100() -> None:
 def test_gpu_generations_are_ordered_by_speed() -> None:
     ttft = {}
     for gpu in ("b200", "h200", "h100", "a100", "l40s", "cpu"):
-        e = SimEngine(gpu, kv_blocks=2000)
+        e = SimEngine(EngineConfig(gpu=gpu, kv_blocks=2000))
         ttft[gpu] = finished(drive(e, [(0.0, SimRequest("a", 4096, 64, list(range(1, 257))))]))["a"].time
     assert ttft["b200"] < ttft["h200"] < ttft["h100"] < ttft["a100"] < ttft["l40s"] < ttft["cpu"]
     assert default_kv_blocks("h200", "llama-3.1-8b", 16) > default_kv_blocks("h100", "llama-3.1-8b", 16)
@@ -54,7 +54,7 @@ def test_gpu_generations_are_ordered_by_speed() -> None:
 
 
 def test_prefix_hit_counts_tokens_and_recomputes_last_block() -> None:
-    e = SimEngine("h100", kv_blocks=1000, block_size=16)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=1000, block_size=16))
     hs = list(range(1, 65))
     ev = drive(e, [(0.0, SimRequest("a", 1024, 10, hs)), (5.0, SimRequest("b", 1024, 10, hs)),
                    (9.0, SimRequest("c", 1024 + 40, 10, [*hs, 99, 98]))])
@@ -67,7 +67,7 @@ def test_prefix_hit_counts_tokens_and_recomputes_last_block() -> None:
 
 
 def test_lru_eviction_emits_block_removed_tail_first() -> None:
-    e = SimEngine("h100", kv_blocks=10, block_size=16)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=10, block_size=16))
     a = SimRequest("a", 16 * 6, 1, [1, 2, 3, 4, 5, 6])
     b = SimRequest("b", 16 * 6, 1, [11, 12, 13, 14, 15, 16])
     ev = drive(e, [(0.0, a), (1.0, b)])
@@ -91,9 +91,9 @@ def test_decode_jumps_match_step_by_step() -> None:
         sess = rng.randrange(12)
         arrivals.append((t, SimRequest(k, n * 16 + rng.randrange(16), rng.randrange(1, 200),
                                        [sess * 1000 + j for j in range(n)])))
-    fast = SimEngine("h100", kv_blocks=2500)
-    slow = SimEngine("h100", kv_blocks=2500)
-    slow._decode_only = lambda: False  # type: ignore[method-assign]
+    fast = SimEngine(EngineConfig(gpu="h100", kv_blocks=2500))
+    slow = SimEngine(EngineConfig(gpu="h100", kv_blocks=2500))
+    slow.batcher.decode_only = lambda: False  # type: ignore[method-assign]
     a, b = finished(drive(fast, arrivals)), finished(drive(slow, arrivals))
     assert a.keys() == b.keys() and len(a) == 150
     for k in a:
@@ -103,7 +103,7 @@ def test_decode_jumps_match_step_by_step() -> None:
 
 
 def test_batching_shares_steps_and_queue_waits_for_blocks() -> None:
-    e = SimEngine("h100", kv_blocks=40, block_size=16, max_num_seqs=4)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=40, block_size=16, max_num_seqs=4))
     reqs = [(0.0, SimRequest(i, 160, 100, [i * 100 + j for j in range(10)])) for i in range(8)]
     f = finished(drive(e, reqs))
     assert all(x.error is None for x in f.values())
@@ -113,7 +113,7 @@ def test_batching_shares_steps_and_queue_waits_for_blocks() -> None:
 
 
 def test_abort_reset_and_reject() -> None:
-    e = SimEngine("h100", kv_blocks=20, block_size=16)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=20, block_size=16))
     e.submit(SimRequest("big", 16 * 30, 10, list(range(30))), 0.0)
     e.submit(SimRequest("a", 64, 100, [1, 2, 3, 4]), 0.0)
     e.submit(SimRequest("b", 64, 100, [5, 6, 7, 8]), 0.0)  # waits: 11 + 11 blocks > 20
@@ -129,6 +129,6 @@ def test_abort_reset_and_reject() -> None:
 
 
 def test_cold_start_delays_first_request() -> None:
-    e = SimEngine("h100", kv_blocks=100, model_loaded=False, cold_start_s=30.0)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=100, model_loaded=False, cold_start_s=30.0))
     f = finished(drive(e, [(1.0, SimRequest("a", 64, 2, [1, 2, 3, 4])), (40.0, SimRequest("b", 64, 2, [9]))]))
     assert f["a"].first_token > 31.0 and f["b"].first_token < 40.1

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from taskplane.bench.command import lifetimes_for
+from taskplane.bench.suite import lifetimes_for
 from taskplane.errors import UserError
 from taskplane.scheduler.policies import build_policy
 from taskplane.scheduler.types import CallRequest, Decision

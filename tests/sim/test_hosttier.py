@@ -12,7 +12,7 @@ from taskplane.scheduler.kv.events import BlockRemoved, BlockStored
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.policies import build_policy
 from taskplane.sim.cluster import ClusterSpec, simulate
-from taskplane.sim.engine import Finished, KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import EngineConfig, Finished, KVEvents, SimEngine, SimRequest
 from taskplane.sim.gpus import model_profile
 from taskplane.sim.hosttier import ReplicaTiers, TierSpec, TierStore
 from taskplane.sim.workloads.agents import AgentWorkloadConfig, generate_agent_tasks
@@ -41,7 +41,7 @@ def test_tier_store_is_lru_with_cpu_events_and_touch_on_match() -> None:
 def _evict_then_return(tiers: ReplicaTiers | None) -> tuple[Finished, SimEngine]:
     """Request a (64 blocks), then b (an unrelated 64 blocks) evicts it from a 100-block GPU
     cache, then a's prompt again."""
-    e = SimEngine("h100", kv_blocks=100, block_size=16, tiers=tiers)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=100, block_size=16), tiers=tiers)
     a, b = list(range(1, 65)), list(range(1001, 1065))
     ev = drive(e, [(0.0, SimRequest("a", 1024, 8, a)), (5.0, SimRequest("b", 1024, 8, b)),
                    (10.0, SimRequest("a2", 1024, 8, a))])
@@ -64,7 +64,7 @@ def test_host_tier_turns_an_evicted_prefix_into_a_load_not_a_recompute() -> None
 
 def test_engine_events_carry_medium_and_the_index_tracks_host_depth() -> None:
     tiers = _tiers(1000)
-    e = SimEngine("h100", kv_blocks=100, block_size=16, tiers=tiers)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=100, block_size=16), tiers=tiers)
     tokens = list(range(1024))
     from taskplane.scheduler.hashing import chain_hashes
 
@@ -133,7 +133,7 @@ def test_lifetime_planner_keeps_short_gaps_prefetches_long_ones_and_drops_finish
 
 def test_engine_prefetch_and_drop() -> None:
     tiers = _tiers(1000)
-    e = SimEngine("h100", kv_blocks=100, block_size=16, tiers=tiers)
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=100, block_size=16), tiers=tiers)
     a, b = list(range(1, 65)), list(range(1001, 1065))
     drive(e, [(0.0, SimRequest("a", 1024, 8, a)), (5.0, SimRequest("b", 1024, 8, b))])
     before = e.kv.match(a, 64)
@@ -185,9 +185,10 @@ def test_bench_refuses_tiers_for_real_engines_and_negative_sizes(tmp_path: Any) 
     import pytest
 
     from taskplane.bench.command import run_bench
+    from taskplane.bench.options import BenchOptions
     from taskplane.errors import UserError
 
     with pytest.raises(UserError, match="--engine sim"):
-        run_bench(out=tmp_path, workload="agents", engine="vllm", host_kv_gb=8.0)
+        run_bench(BenchOptions(out=tmp_path, workload="agents", engine="vllm", host_kv_gb=8.0))
     with pytest.raises(UserError, match=">= 0"):
-        run_bench(out=tmp_path, workload="agents", host_kv_gb=-1.0)
+        run_bench(BenchOptions(out=tmp_path, workload="agents", host_kv_gb=-1.0))

@@ -13,7 +13,7 @@ import numpy as np
 from taskplane.engines.kv_events import KVEventSubscriber
 from taskplane.scheduler.hashing import chain_hashes
 from taskplane.scheduler.policies import build_policy
-from taskplane.sim.engine import KVEvents, SimEngine, SimRequest
+from taskplane.sim.engine import EngineConfig, KVEvents, SimEngine, SimRequest
 from taskplane.sim.publisher import KVEventPublisher
 from tests.sim.conftest import free_port_pair
 from tests.sim.test_engine_model import drive
@@ -26,7 +26,7 @@ OTHER = list(range(5000, 6024))
 def engine_batches() -> list[list[Any]]:
     """A GPU of 100 blocks with a host tier: prompt a, then prompt b evicts a from the GPU
     (its host copy stays); the engine's KV event batches, GPU and CPU medium."""
-    e = SimEngine("h100", kv_blocks=100, block_size=16, tiers=_tiers(1000))
+    e = SimEngine(EngineConfig(gpu="h100", kv_blocks=100, block_size=16), tiers=_tiers(1000))
     ev = drive(e, [(0.0, SimRequest("a", 1024, 8, chain_hashes(TOKENS, 16), token_ids=TOKENS)),
                    (5.0, SimRequest("b", 1024, 8, chain_hashes(OTHER, 16), token_ids=OTHER))])
     return [x.events for x in ev if isinstance(x, KVEvents)]

@@ -50,7 +50,7 @@ async def test_seeded_predictor_knows_the_agents_task_lengths(fresh_db_url: str)
 async def test_the_gateway_seeds_its_pipeline_at_start_up(fresh_db_url: str) -> None:
     from types import SimpleNamespace
 
-    from taskplane.gateway.wiring import seed_predictions
+    from taskplane.calls.wiring import seed_predictions
     from taskplane.scheduler.policies import build_policy
 
     engine = db.create_engine(fresh_db_url)

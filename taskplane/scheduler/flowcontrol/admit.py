@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.flowset import FlowSet
-from taskplane.scheduler.flowcontrol.ordering import make_queue
+from taskplane.scheduler.flowcontrol.pools import PoolQueues
 from taskplane.scheduler.flowcontrol.queue import AdmissionQueue
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings, band_rank
 from taskplane.scheduler.flowcontrol.tally import account, account_placed
 from taskplane.scheduler.flowcontrol.workingset import Room
 from taskplane.scheduler.framework.normalise import any_true
 from taskplane.scheduler.framework.state import CycleState
-from taskplane.scheduler.metrics import BACKLOG_HELD, DECISIONS, GATE_HELD, QUEUE_DEPTH, SHED
+from taskplane.scheduler.metrics import BACKLOG_HELD, DECISIONS, GATE_HELD, SHED
 from taskplane.scheduler.table import ReplicaTable, as_table
 from taskplane.scheduler.types import Action, CallRequest, Decision, ReplicaView
 
@@ -43,11 +42,8 @@ class Admission:
                 plugin.bind(pipeline.handle)
             pipeline.handle.load = flow.load()
         self._admission = flow.settings() if flow is not None else None
-        self._queues: dict[str, AdmissionQueue] = {}
-        # new tasks held for working-set room, apart so they never block the line of the rest
-        self._room_queues: dict[str, AdmissionQueue] = {}
+        self.queues = PoolQueues(self.name, flow, self._tenant_weight, metrics=self.metrics)
         self._displaced: list[tuple[CallRequest, Decision]] = []
-        self._depth_gauges: dict[str, dict[str, Any]] = {}
         self._placed = DECISIONS.labels(self.name, Action.PLACE.value)
         self._unmeetable = DECISIONS.labels(self.name, Action.UNMEETABLE.value)
 
@@ -57,26 +53,6 @@ class Admission:
         return self._admission
 
     # ------------------------------------------------------------------ queues
-
-    def queue_for(self, model: str) -> AdmissionQueue:
-        q = self._queues.get(model)
-        if q is None:
-            q = self._queues[model] = self._new_queue(model)
-        return q
-
-    def room_queue_for(self, model: str) -> AdmissionQueue:
-        """The queue of ``model``'s new tasks held for working-set room."""
-        q = self._room_queues.get(model)
-        if q is None:
-            q = self._room_queues[model] = self._new_queue(f"{model}#room")
-        return q
-
-    def _new_queue(self, pool: str) -> AdmissionQueue:
-        flow = self.flow
-        return make_queue(pool, flow.ordering if flow else None, flow.fairness if flow else None, self._tenant_weight)
-
-    def _all_queues(self) -> list[tuple[str, AdmissionQueue]]:
-        return [*self._queues.items(), *self._room_queues.items()]
 
     def _tenant_weight(self, tenant: str) -> float:
         t = self.pipeline.handle.tenants.get(tenant)
@@ -88,7 +64,7 @@ class Admission:
         room = self.flow.room if self.flow is not None else None
         if room is not None and room.on:
             return False
-        q = self._queues.get(req.model)
+        q = self.queues.capacity.get(req.model)
         return q is not None and q.has_at_or_above(band_rank(req.priority))
 
     # ------------------------------------------------------------------ decide
@@ -97,16 +73,16 @@ class Admission:
         """None: go ahead (candidates narrowed to where the call may go); else QUEUE/SHED."""
         assert self.flow is not None
         req = state.request
-        queue = self.queue_for(state.model)
+        queue = self.queues.for_capacity(state.model)
         band = band_rank(req.priority)
         room = self.flow.room
         if room is not None and room.on and room.blocks(state):
-            verdict, _ = room.judge(state, self._drain_wait_s(state, self.room_queue_for(state.model), band))
+            verdict, _ = room.judge(state, self._drain_wait_s(state, self.queues.for_room(state.model), band))
             if verdict is Room.REFUSE:
                 return self._shed(req, "working_set", room.params.retry_after_s,
                                   "no replica has KV room for a new task next to the sessions in flight")
             if verdict is Room.HOLD:  # apart: the calls queued for capacity alone go on past it
-                return self._enqueue(state, self.room_queue_for(state.model), band, now)
+                return self._enqueue(state, self.queues.for_room(state.model), band, now)
             free, n_free = room.admit_past(state)
         else:
             free = ~state.c(state.saturated)
@@ -151,7 +127,7 @@ class Admission:
                 return self._shed(req, "queue_full", wait_s, f"admission queue of {state.model!r} is full")
         entry = queue.push(req, now, service_s=service_s)
         entry.max_hold_s = max_hold_s
-        self._update_depth(queue)
+        self.queues.update_depth(queue)
         return Decision(Action.QUEUE, model=state.model, predicted_queue_ms=wait_s * 1000.0,
                         reason=f"held by admission control ({len(queue)} queued for {state.model!r})")
 
@@ -161,16 +137,6 @@ class Admission:
         shed = self.flow.shedding if self.flow is not None else None
         retry = shed.retry_after(wait_s) if shed is not None else _DEFAULT.retry_after(wait_s)
         return Decision(Action.SHED, model=req.model, retry_after_s=retry, reason=message)
-
-    def _update_depth(self, queue: AdmissionQueue) -> None:
-        if self.metrics:
-            gauges = self._depth_gauges.get(queue.pool)
-            if gauges is None:
-                gauges = self._depth_gauges[queue.pool] = {
-                    band: QUEUE_DEPTH.labels(self.name, queue.pool, band) for band in queue.depths()
-                }
-            for band, depth in queue.depths().items():
-                gauges[band].set(depth)
 
     # ------------------------------------------------------------------ the prefill gate
 
@@ -218,7 +184,7 @@ class Admission:
         if self._held_in_gate():
             table = _private(replicas)
             out.extend(self._release_gated(table, now_s))
-        for model, queue in self._all_queues():
+        for model, queue in self.queues.all():
             for entry in queue.expired(now_s):
                 reason = f"deadline can no longer be met after {now_s - entry.enqueued_s:.1f} s in the admission queue"
                 out.append((entry.call, Decision(Action.UNMEETABLE, model=model, reason=reason)))
@@ -228,7 +194,7 @@ class Admission:
                 if table is None:  # a private copy: this pass accounts for its own placements
                     table = _private(replicas)
                 self._drain(model, queue, table, now_s, out)
-            self._update_depth(queue)
+            self.queues.update_depth(queue)
         return out
 
     def _drain(self, model: str, queue: AdmissionQueue, table: ReplicaTable, now_s: float,
@@ -307,29 +273,25 @@ class Admission:
 
     def cancel(self, request: CallRequest) -> bool:
         """Drop a held call (its client went away)."""
-        for _, queue in self._all_queues():
+        for _, queue in self.queues.all():
             if queue.remove(request) is not None:
-                self._update_depth(queue)
+                self.queues.update_depth(queue)
                 return True
         gate = self.flow.gate if self.flow is not None else None
         return gate is not None and gate.gate.remove(request)
 
     @property
     def queued(self) -> int:
-        return sum(len(q) for _, q in self._all_queues()) + self._held_in_gate()
+        return self.queues.held() + self._held_in_gate()
 
     @property
     def pending(self) -> bool:
         """Can ``release`` hand anything out (calls queued or gated, or displaced from a full queue)?"""
-        return bool(self._displaced) or bool(self._held_in_gate()) or any(len(q) for _, q in self._all_queues())
+        return bool(self._displaced) or bool(self._held_in_gate()) or any(len(q) for _, q in self.queues.all())
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Held calls per pool and priority band (held for working-set room and in the gate included)."""
-        out: dict[str, dict[str, int]] = {}
-        for model, q in self._all_queues():
-            depths = out.setdefault(model, {})
-            for band, n in q.depths().items():
-                depths[band] = depths.get(band, 0) + n
+        out = self.queues.depths()
         gate = self.flow.gate if self.flow is not None else None
         for model, bands in (gate.gate.depths() if gate is not None else {}).items():
             depths = out.setdefault(model, {})

@@ -4,6 +4,7 @@ optional plugin overrides) or a ``taskplane.scheduler.config.SchedulerConfig``."
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,24 +27,34 @@ def _build_list(kind: Kind, specs: Iterable[Any], policy: str) -> list[Any]:
     return [REGISTRY.build(kind, spec, policy=policy) for spec in specs]
 
 
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions:
+    """What a flow control is made of: a preset, the plugins overriding its own (None keeps
+    the preset's), its admission control, and the flow-control plugins replacing the
+    preset's role by role."""
+
+    policy: str = "taskplane"
+    filters: Iterable[Any] | None = None
+    scorers: Iterable[Any] | None = None
+    picker: Any | None = None
+    seed: int = 0
+    admission: bool | AdmissionSettings | None = None
+    response_cache_entries: int = 0
+    flow_control: Iterable[Any] | None = None
+
+
 def assemble(
+    options: PipelineOptions,
     *,
-    policy: str = "taskplane",
-    filters: Iterable[Any] | None = None,
-    scorers: Iterable[Any] | None = None,
-    picker: Any | None = None,
-    seed: int = 0,
-    admission: bool | AdmissionSettings | None = None,
-    response_cache_entries: int = 0,
     tenants: Iterable[Any] | None = None,
     pools: Iterable[Any] | None = None,
     name: str | None = None,
     metrics: bool = True,
-    flow_control: Iterable[Any] | None = None,
 ) -> dict[str, Any]:
-    """A preset's pipeline (with optional plugin overrides) and the flow-control plugins
-    around it (the preset's, each of ``flow_control`` replacing the plugin of its role), as
+    """The pipeline and flow control of ``options`` for the gateway's tenants and pools, as
     the keyword arguments of ``FlowControl``."""
+    o = options
+    policy, filters, scorers, picker, admission = o.policy, o.filters, o.scorers, o.picker, o.admission
     preset = PRESETS.get(policy)
     if preset is None:
         raise ConfigError(
@@ -59,13 +70,13 @@ def assemble(
         settings = AdmissionSettings() if preset.admission else None
     else:
         settings = AdmissionSettings() if (admission and preset.admission) else None
-    flow = flow_from_settings(settings, flow_control, policy=label)
+    flow = flow_from_settings(settings, o.flow_control, policy=label)
     pipeline = Scheduler(
         name=label,
         filters=built_filters,
         scorers=built_scorers,
         picker=built_picker,
-        seed=seed,
+        seed=o.seed,
         tenants=tenants,
         load=flow.load() if flow is not None else None,
         sticky=preset.sticky,
@@ -77,7 +88,7 @@ def assemble(
         "pipeline": pipeline,
         "flow": flow,
         "fallbacks": fallbacks,
-        "response_cache_entries": response_cache_entries,
+        "response_cache_entries": o.response_cache_entries,
     }
 
 
@@ -102,7 +113,7 @@ def assemble_from_config(
             config = SchedulerConfig.model_validate(dict(config))
         except ValidationError as exc:
             raise ConfigError(f"scheduler config: {exc}") from None
-    return assemble(
+    options = PipelineOptions(
         policy=config.policy,
         filters=config.filters,
         scorers=config.scorers,
@@ -110,9 +121,6 @@ def assemble_from_config(
         seed=config.seed if seed is None else seed,
         admission=bool(config.admission),
         response_cache_entries=config.response_cache_entries,
-        tenants=tenants,
-        pools=pools,
-        name=name,
-        metrics=metrics,
         flow_control=getattr(config, "flow_control", None),
     )
+    return assemble(options, tenants=tenants, pools=pools, name=name, metrics=metrics)

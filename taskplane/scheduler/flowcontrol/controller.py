@@ -28,7 +28,6 @@ from typing import Any
 
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.flowcontrol.admit import Admission
-from taskplane.scheduler.flowcontrol.assembly import assemble_from_config
 from taskplane.scheduler.flowcontrol.flowset import FlowSet, flow_from_settings
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.framework.handle import SessionsView
@@ -64,19 +63,6 @@ class FlowControl(Admission):
         self._seconds = DECISION_SECONDS.labels(self.name)
         # filters that may send a pinned session's call to the pool (most pipelines: none)
         self._pin_releasers = [f for f in pipeline.filters if type(f).releases_pin is not Filter.releases_pin]
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        *,
-        tenants: Iterable[Any] | None = None,
-        pools: Iterable[Any] | None = None,
-        name: str | None = None,
-        metrics: bool = True,
-    ) -> FlowControl:
-        """Build from ``taskplane.scheduler.config.SchedulerConfig`` (or a mapping of its fields)."""
-        return cls(**assemble_from_config(config, tenants=tenants, pools=pools, name=name, metrics=metrics))
 
     # what the pipeline holds, for callers that read it (tests, tools, the bench)
     @property

@@ -15,8 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from taskplane.scheduler.hashing import ROOT, chain_hashes
 from taskplane.scheduler.kv.events import (
     BlockRemoved,
@@ -27,6 +25,7 @@ from taskplane.scheduler.kv.events import (
     normalize_event,
     stored_indexable,
 )
+from taskplane.scheduler.kv.publishers import PublisherColumns
 from taskplane.scheduler.kv.slots import ReplicaSlots
 from taskplane.scheduler.kv.tiers import TierIndex
 from taskplane.scheduler.metrics import (
@@ -81,49 +80,12 @@ class PreciseIndex:
         self._replicas: dict[str, _PreciseReplica] = {}
         self.held: dict[int, set[int]] = {}  # by replica id: its ``_PreciseReplica.held``
         self.unchained_blocks = 0
-        self.block_sizes: set[int] = set()  # every block size seen in events
-        self._auth = np.zeros(64, dtype=bool)  # by replica id: known publisher and in sync
-        self.auth_mask = 0  # the same as a bitmask: lets a match skip the approximate view
-        self._bs = np.zeros(64, dtype=np.int64)  # by replica id: block size of its events
+        self.publishers = PublisherColumns(slots)  # by replica id: exact or not, block size
         self.tiers = TierIndex()  # host-tier blocks (events of medium CPU)
-
-    @staticmethod
-    def _grow(arr: np.ndarray, size: int) -> np.ndarray:
-        if len(arr) >= size:
-            return arr
-        grown = np.zeros(max(size, 2 * len(arr)), dtype=arr.dtype)
-        grown[: len(arr)] = arr
-        return grown
 
     def _set_sync(self, name: str, rep: _PreciseReplica, value: bool) -> None:
         rep.in_sync = value
-        rid = self.slots.ensure(name)
-        self._auth = self._grow(self._auth, rid + 1)
-        self._auth[rid] = value
-        self.auth_mask = self.auth_mask | (1 << rid) if value else self.auth_mask & ~(1 << rid)
-
-    def authoritative(self, ids: np.ndarray) -> np.ndarray:
-        """By replica id (as from ``ReplicaSlots.ids_of``): is the precise view exact?"""
-        self._auth = self._grow(self._auth, self.slots.capacity + 1)
-        return self._auth[ids]
-
-    def authoritative_id(self, rid: int) -> bool:
-        """``authoritative`` for one id (from ``auth_mask``: no numpy scalar)."""
-        return bool(self.auth_mask >> rid & 1)
-
-    def block_size_of_id(self, rid: int) -> int:
-        """``block_size_by_id`` for one id."""
-        return int(self._bs[rid]) if rid < len(self._bs) else 0
-
-    def other_block_sizes(self, block_size: int) -> bool:
-        """Have events used a block size other than ``block_size``? (Rarely: one model.)"""
-        sizes = self.block_sizes
-        return len(sizes) > 1 or (bool(sizes) and block_size not in sizes)
-
-    def block_size_by_id(self, ids: np.ndarray) -> np.ndarray:
-        """Block size of each replica's events (0 when unknown)."""
-        self._bs = self._grow(self._bs, self.slots.capacity + 1)
-        return self._bs[ids]
+        self.publishers.set_sync(self.slots.ensure(name), value)
 
     # -- state
 
@@ -223,14 +185,10 @@ class PreciseIndex:
         if rep is not None:
             self._drop_blocks(name, rep)
             rid = self.slots.get(name)
-            if rid is not None and self.held.get(rid) is rep.held:
-                del self.held[rid]
-            if rid is not None and rid < len(self._auth):
-                self._auth[rid] = False
             if rid is not None:
-                self.auth_mask &= ~(1 << rid)
-            if rid is not None and rid < len(self._bs):
-                self._bs[rid] = 0
+                if self.held.get(rid) is rep.held:
+                    del self.held[rid]
+                self.publishers.forget(rid)
         self._gauge()
 
     # -- events
@@ -320,10 +278,7 @@ class PreciseIndex:
             return
         if rep.block_size != bs:
             rep.block_size = bs
-            self.block_sizes.add(bs)
-            rid = self.slots.ensure(rep.name)
-            self._bs = self._grow(self._bs, rid + 1)
-            self._bs[rid] = bs
+            self.publishers.set_block_size(self.slots.ensure(rep.name), bs)
         if parent_block_hash is None:
             parent = ROOT
         else:

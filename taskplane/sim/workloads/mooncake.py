@@ -48,7 +48,6 @@ def load_mooncake(
     """
     if block_size <= 0 or TRACE_BLOCK % block_size:
         raise ValueError(f"block_size must divide {TRACE_BLOCK}, got {block_size}")
-    sub = TRACE_BLOCK // block_size
     owner: dict[int, int] = {}  # hash id -> session index
     named: dict[object, int] = {}  # a trace's own session ids -> session index
     sessions: list[TaskSpec] = []
@@ -67,31 +66,42 @@ def load_mooncake(
             ids: list[int] = list(rec["hash_ids"])
             inp = int(rec["input_length"])
             out = max(1, int(rec["output_length"]))
-            sess = -1
-            sid = rec.get("session_id")
-            if sid is not None:  # the trace names its sessions: no derivation
-                sess = named.setdefault(sid, len(sessions))
-            else:
-                for k in range(len(ids) - 1, min_shared_blocks - 2, -1):
-                    s = owner.get(ids[k])
-                    if s is not None:
-                        sess = s
-                        break
+            sess = _session_of(rec.get("session_id"), ids, owner, named, len(sessions), min_shared_blocks)
             if sess < 0 or sess == len(sessions):
                 sess = len(sessions)
                 sessions.append(TaskSpec(task_id=f"mc-{sess}", arrival_s=ts * time_scale, calls=[],
                                          agent="mooncake", tenant=tenant, priority=priority, model=model))
             for h in ids:
                 owner.setdefault(h, sess)
-            full = inp // TRACE_BLOCK
-            if sub == 1:
-                contents = ids[:full]
-            else:
-                contents = [h * TRACE_BLOCK + k for h in ids[:full] for k in range(sub)]
-                contents += [ids[full] * TRACE_BLOCK + k for k in range((inp % TRACE_BLOCK) // block_size)] \
-                    if full < len(ids) else []
             sessions[sess].calls.append(CallSpec(output_tokens=out, at_s=ts * time_scale, prompt_tokens=inp,
-                                                 contents=contents))
+                                                 contents=_contents(ids, inp, block_size)))
             n += 1
     return Workload(name="mooncake", tasks=sessions, block_size=block_size,
                     meta={"trace": str(path), "requests": n, "time_scale": time_scale})
+
+
+def _session_of(sid: object, ids: list[int], owner: dict[int, int], named: dict[object, int], n_sessions: int,
+                min_shared_blocks: int) -> int:
+    """The session of a request: the trace's own session id when it has one, else the
+    session of its longest prefix (at least ``min_shared_blocks``) an earlier request
+    introduced; -1 for a new one."""
+    if sid is not None:  # the trace names its sessions: no derivation
+        return named.setdefault(sid, n_sessions)
+    for k in range(len(ids) - 1, min_shared_blocks - 2, -1):
+        s = owner.get(ids[k])
+        if s is not None:
+            return s
+    return -1
+
+
+def _contents(ids: list[int], inp: int, block_size: int) -> list[int]:
+    """The content ids of a prompt's full blocks of ``block_size`` tokens: each trace
+    block of 512 split into sub-blocks, the last partial trace block's full sub-blocks too."""
+    full = inp // TRACE_BLOCK
+    sub = TRACE_BLOCK // block_size
+    if sub == 1:
+        return ids[:full]
+    contents = [h * TRACE_BLOCK + k for h in ids[:full] for k in range(sub)]
+    contents += [ids[full] * TRACE_BLOCK + k for k in range((inp % TRACE_BLOCK) // block_size)] \
+        if full < len(ids) else []
+    return contents

@@ -1,0 +1,1 @@
+"""The call lifecycle both data planes share: intake, admission, placement, attempts and their rows."""
