@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 RULES = [(name, re.compile(rx)) for name, rx in [
-    ("cost writer (outbox, asyncpg, SQLAlchemy)", r"store/writer|store/outbox|asyncpg|sqlalchemy|store/inflight"),
-    ("metrics scrape (replicas + /metrics)", r"generate_latest|engines/metrics|engines/probe|parse_metrics|engines/discovery"),
+    ("cost writer (outbox, asyncpg, SQLAlchemy)", r"store/writer|store/appender|store/delivery|store/upserts|store/outbox|asyncpg|sqlalchemy|store/inflight"),
+    ("metrics scrape (replicas + /metrics)", r"generate_latest|engines/metrics|engines/probe|engines/scrape|parse_metrics|engines/discovery|engines/kube_"),
     ("settling + ledger (rows, leases, counters)",
      r"PickedCall\.(begin|succeeded|failed|cancel)|AttemptLedger|epp/book|epp/calls|AttemptLifecycle\.(begin|succeeded|failed)"),
     ("access-log receipt", r"epp/accesslog"),

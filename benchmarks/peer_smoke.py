@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from taskplane.engines.metrics import parse_metrics
-from taskplane.engines.vllm_launcher import VllmReplica, start_replicas, stop_replicas
+from taskplane.engines.vllm_launcher import VllmOptions, VllmReplica, start_replicas, stop_replicas
 from taskplane.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def main() -> None:
         raise SystemExit("peer routers not installed: run scripts/install-peers.sh")
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="taskplane-peers-") as tmp:
-        replicas = start_replicas(Path(tmp), 2, model_name=MODEL, num_blocks=64, extra_args=["--enable-scale-out"])
+        replicas = start_replicas(Path(tmp), 2, VllmOptions(model_name=MODEL, num_blocks=64, extra_args=["--enable-scale-out"]))
         try:
             with httpx.Client(timeout=300.0) as client:
                 port, metrics_port = free_ports(2)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from taskplane.engines.vllm_launcher import VllmReplica, start_replicas, stop_replicas
+from taskplane.engines.vllm_launcher import VllmOptions, VllmReplica, start_replicas, stop_replicas
 
 
 def _memory_mib(replica: VllmReplica) -> dict[str, int]:
@@ -70,7 +70,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="taskplane-vllm-figures-") as tmp:
         t0 = time.monotonic()
-        replicas = start_replicas(Path(tmp), args.replicas, num_blocks=args.num_blocks)
+        replicas = start_replicas(Path(tmp), args.replicas, VllmOptions(num_blocks=args.num_blocks))
         start_s = time.monotonic() - t0
         try:
             r = replicas[0]

@@ -82,10 +82,10 @@ def dev_autoscaler(
 
     mn, mx = parse_range(autoscale)
     sim_wake_s = wake_seconds(dev.SIM_GPU, dev.POOL, sleep_level) if sleep_level else None
-    asyncio.run(dev.run(state_dir.resolve(), gateway_url=gateway_url, base_port=base_port, min_replicas=mn,
-                        max_replicas=mx, metrics_port=metrics_port,
-                        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level,
-                        sleep_max_s=sleep_max_s, replica_engine=engine, sim_wake_s=sim_wake_s))
+    asyncio.run(dev.run(state_dir.resolve(), dev.DevAutoscaleOptions(
+        gateway_url=gateway_url, base_port=base_port, min_replicas=mn, max_replicas=mx, metrics_port=metrics_port,
+        database_url=os.environ.get("TASKPLANE_DATABASE_URL"), sleep_level=sleep_level, sleep_max_s=sleep_max_s,
+        replica_engine=engine, sim_wake_s=sim_wake_s)))
 
 
 @autoscale_app.command("kube")
@@ -117,7 +117,7 @@ def autoscale_kube(
     from taskplane.autoscale.registry import parse_range
     from taskplane.autoscale.types import Generation
     from taskplane.config import load_gateway_config
-    from taskplane.engines.discovery import resolve_access
+    from taskplane.engines.kube_access import resolve_access
 
     mn, mx = parse_range(replicas)
     cfg = load_gateway_config(config)
@@ -284,10 +284,10 @@ def report(
              "(default: one user goal is one task and sub-agents' spend rolls up into it)")] = False,
 ) -> None:
     """The cost report from Postgres: cost per successful task, fully loaded."""
-    from taskplane.reports.command import run_report
+    from taskplane.reports.command import ReportOptions, run_report
 
-    run_report(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
-               database_url=database_url, state_dir=state_dir, count_sub_agents=count_sub_agents)
+    run_report(ReportOptions(since=since, until=until, group_by=group_by, fmt=fmt, out=out, tenant=tenant,
+                             database_url=database_url, state_dir=state_dir, count_sub_agents=count_sub_agents))
 
 
 @app.command()

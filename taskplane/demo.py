@@ -137,10 +137,10 @@ def run_demo(state_dir: Path, *, tasks: int = 24, engine: str = "sim", base_port
         console.print(f"[yellow]injected fault:[/] {crashed} was set to crash but got too few calls to do so")
     console.print(f"{ok} tasks succeeded, {failed} failed (tight deadlines fail on purpose)")
     console.rule("[bold]cost report for this run")
-    from taskplane.reports.command import run_report
+    from taskplane.reports.command import ReportOptions, run_report
 
-    run_report(since=started.isoformat(), until=None, group_by="tenant", fmt="table", out=None, tenant=None,
-               database_url=info["database_url"], state_dir=state_dir)
+    run_report(ReportOptions(since=started.isoformat(), fmt="table", database_url=info["database_url"],
+                             state_dir=state_dir))
     console.print(f"Temporal UI: {info.get('temporal_ui_url')}  (try the filter: TaskplaneTenant = 'acme')")
     console.print(f"The stack stays up for the UI and `taskplane report`; stop it with "
                   f"`taskplane dev down --state-dir {state_dir}`.")

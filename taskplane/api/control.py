@@ -13,7 +13,7 @@ from taskplane.api.errors import error_response
 from taskplane.api.state import ApiState, api_state
 from taskplane.calls import auth
 from taskplane.calls.metrics import exposition
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 
 router = APIRouter()

@@ -21,8 +21,6 @@ class AutoscaleMetrics:
                              registry=self.registry)
         self.workflows = Gauge("taskplane_autoscaler_workflows_in_flight", "live workflows seen", ["pool"],
                                registry=self.registry)
-        self.failed_inflight = Counter("taskplane_autoscaler_failed_inflight_calls",
-                                       "calls in flight killed at scale-in", ["pool"], registry=self.registry)
 
     def acted(self, pool: str, autoscaler: str, action: str, replica: str) -> None:
         """An action the actuator took on its own after a plan (``sleep``: a drained replica slept)."""

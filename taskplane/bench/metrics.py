@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.reports.compute import Report, build_report
+from taskplane.reports.compute import build_report
+from taskplane.reports.model import Report
 from taskplane.sim.cluster import ClusterResult, TaskResult
 from taskplane.store.records import Outcome, TaskStatus
 

@@ -55,10 +55,11 @@ from taskplane.bench.real_workload import (
 from taskplane.bench.render import REAL_TERMINAL, real_results_markdown, rich_table, write_results
 from taskplane.bench.targets import evaluate
 from taskplane.dev import processes as proc
-from taskplane.engines.registry import DEFAULT_PRICE_PER_HOUR
+from taskplane.engines.replica import DEFAULT_PRICE_PER_HOUR
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
     VllmNotInstalled,
+    VllmOptions,
     VllmReplica,
     VllmStartError,
     require_vllm_python,
@@ -91,7 +92,7 @@ def start_fleet(work: Path, n: int, num_blocks: int, attempts: int = 3) -> list[
     """
     for attempt in range(1, attempts + 1):
         try:
-            return start_replicas(work, n, num_blocks=num_blocks, extra_args=REPLICA_ARGS)
+            return start_replicas(work, n, VllmOptions(num_blocks=num_blocks, extra_args=REPLICA_ARGS))
         except VllmStartError:
             if attempt == attempts or not _lost_port_race(work):
                 raise

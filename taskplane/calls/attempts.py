@@ -25,7 +25,7 @@ from taskplane.calls.metrics import GatewayMetrics
 from taskplane.calls.placement import Placer
 from taskplane.calls.stalls import CLOCK
 from taskplane.context import R_CACHED_TOKENS, R_COST, R_GPU, R_MODEL, R_QUEUE_MS, R_REPLICA
-from taskplane.engines.registry import Lease, ReplicaState
+from taskplane.engines.replica import Lease, ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.scheduler.types import Decision
 from taskplane.store.records import GATEWAY_LOST, AttemptRecord, Outcome, Stored

@@ -44,7 +44,8 @@ from taskplane.calls.metrics import GatewayMetrics
 from taskplane.calls.placement import Placer
 from taskplane.calls.stalls import CLOCK
 from taskplane.config import GatewayConfig
-from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.scheduler.hashing import SessionChains
 from taskplane.scheduler.types import Action, Decision

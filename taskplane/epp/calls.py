@@ -23,7 +23,7 @@ from taskplane.calls.attempts import Attempt, response_headers
 from taskplane.calls.intake import Call
 from taskplane.calls.lifecycle import MAX_TRIES, AttemptLifecycle, Choice
 from taskplane.calls.metrics import GatewayMetrics
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.errors import ErrorType, TaskplaneError
 from taskplane.store.records import Outcome
 

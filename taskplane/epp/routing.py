@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from taskplane.calls.bodies import upstream_body
 from taskplane.calls.intake import Call
 from taskplane.calls.service import CallService
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.epp import protocol as P
 from taskplane.epp.book import StreamBook
 from taskplane.epp.calls import PickedCall

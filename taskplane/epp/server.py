@@ -38,7 +38,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from taskplane.calls.service import CallService
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 from taskplane.epp.accesslog import settle_logged
 from taskplane.epp.answers import ResponseSettling
 from taskplane.epp.book import StreamBook

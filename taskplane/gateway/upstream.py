@@ -17,7 +17,7 @@ from taskplane.calls import failures
 from taskplane.calls.failures import Failure
 from taskplane.calls.openai_extra import reply_usage
 from taskplane.engines.keepalive import REPLICA_IDLE_S
-from taskplane.engines.registry import ReplicaState
+from taskplane.engines.replica import ReplicaState
 
 UPSTREAM_POOLS = 8  # upstream connection pools per replica (see UpstreamClients.client_for)
 

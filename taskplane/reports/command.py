@@ -6,13 +6,15 @@ import asyncio
 import os
 import re
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskplane.errors import UserError
-from taskplane.reports.compute import GROUP_BY, Report, build_report
+from taskplane.reports.compute import GROUP_BY, build_report
+from taskplane.reports.model import Report
 from taskplane.reports.render import FORMATS, render, table_renderable
 from taskplane.store import repo
 from taskplane.store.db import create_engine, describe_url, is_unreachable
@@ -90,35 +92,46 @@ async def _load_from_url(database_url: str, **kw: object) -> Report:
         await engine.dispose()
 
 
-def run_report(
-    since: str | None,
-    until: str | None,
-    group_by: str,
-    fmt: str,
-    out: Path | None,
-    tenant: str | None,
-    database_url: str | None,
-    state_dir: Path,
-    count_sub_agents: bool = False,
-) -> None:
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What ``taskplane report`` is asked for: its flags as given (dates not parsed yet)."""
+
+    since: str | None = None
+    until: str | None = None
+    group_by: str = "tenant"
+    fmt: str = "table"
+    out: Path | None = None
+    tenant: str | None = None
+    database_url: str | None = None  # None: the dev stack's under state_dir
+    state_dir: Path = Path(".taskplane")
+    count_sub_agents: bool = False
+
+
+def run_report(options: ReportOptions) -> None:
     """``taskplane report``: validate the flags, read Postgres, print or write the report."""
-    fmt = _check_choice(fmt, FORMATS, "--format")
-    group_by = _check_choice(group_by, GROUP_BY, "--group-by")
-    start, end = parse_when(since, "--since"), parse_when(until, "--until")
+    fmt = _check_choice(options.fmt, FORMATS, "--format")
+    group_by = _check_choice(options.group_by, GROUP_BY, "--group-by")
+    start, end = parse_when(options.since, "--since"), parse_when(options.until, "--until")
     if start is not None and end is not None and end <= start:
         raise UserError(f"--until ({end.isoformat()}) must be later than --since ({start.isoformat()})")
+    database_url = options.database_url
     if database_url is None:
         from taskplane.dev.stack import resolve_database_url
 
-        database_url = resolve_database_url(None, state_dir)
-    report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=tenant, group_by=group_by,
-                                        count_sub_agents=count_sub_agents))
+        database_url = resolve_database_url(None, options.state_dir)
+    report = asyncio.run(_load_from_url(database_url, since=start, until=end, tenant=options.tenant,
+                                        group_by=group_by, count_sub_agents=options.count_sub_agents))
     if fmt == "html" and not os.environ.get("TASKPLANE_TEMPORAL_UI_URL"):
         from taskplane.dev.stack import status
 
-        ui = status(state_dir).get("temporal_ui_url")
+        ui = status(options.state_dir).get("temporal_ui_url")
         if ui:  # failed tasks link to the dev stack's Temporal UI
             os.environ["TASKPLANE_TEMPORAL_UI_URL"] = str(ui)
+    _output(report, fmt, options.out)
+
+
+def _output(report: Report, fmt: str, out: Path | None) -> None:
+    """Write the report to ``out``, or print it (the table through rich)."""
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

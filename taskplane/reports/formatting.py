@@ -7,7 +7,7 @@ shown; its own module so that the HTML page and the format dispatcher in
 
 from __future__ import annotations
 
-from taskplane.reports.compute import Report
+from taskplane.reports.model import Report
 
 
 def usd(value: float | None) -> str:

@@ -14,8 +14,8 @@ import threading
 from urllib.parse import quote
 
 from taskplane.reports import plots
-from taskplane.reports.compute import Report
 from taskplane.reports.formatting import count, pct, usd, window_text
+from taskplane.reports.model import Report
 from taskplane.store.records import Outcome
 
 _PLOT_LOCK = threading.Lock()
@@ -115,13 +115,9 @@ def _failed_table(report: Report, temporal_ui_url: str | None) -> str:
     return f'<table id="failed-tasks">{head}{body}</table>'
 
 
-def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
-    """The whole report as one HTML document.
-
-    Failed tasks link to ``temporal_ui_url`` (default ``TASKPLANE_TEMPORAL_UI_URL``).
-    """
-    temporal_ui_url = temporal_ui_url or os.environ.get("TASKPLANE_TEMPORAL_UI_URL")
-    cards = "".join(
+def _cards(report: Report) -> str:
+    """The headline figures, the fully loaded one first and the naive ones beside it."""
+    return "".join(
         [
             _figure_value("cost-per-successful-task", "Cost per successful task (fully loaded)",
                           usd(report.cost_per_successful_task_usd), report.cost_per_successful_task_usd, "headline"),
@@ -139,11 +135,19 @@ def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
                           report.waste.share_of_spend),
         ]
     )
-    other = (
+
+
+def _other_tasks(report: Report) -> str:
+    """The tasks and calls the cards do not show."""
+    cached = report.calls_by_outcome.get(Outcome.CACHED.value, 0)
+    return (
         f"{count(report.tasks_succeeded_late)} succeeded late, {count(report.tasks_cancelled)} cancelled, "
         f"{count(report.tasks_running)} still running; {count(report.calls)} LLM call attempts"
-        + (f", {count(cached)} of them answered by the response cache." if (cached := report.calls_by_outcome.get(Outcome.CACHED.value, 0)) else ".")
+        + (f", {count(cached)} of them answered by the response cache." if cached else ".")
     )
+
+
+def _figures(report: Report) -> str:
     with _PLOT_LOCK:  # matplotlib's rc settings are process-global
         drawn = (
             ("cost-over-time", plots.cost_over_time(report)),
@@ -151,7 +155,16 @@ def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
             ("waste", plots.waste_breakdown(report)),
             ("cache-hit", plots.cache_hit_over_time(report)),
         )
-    figures = "".join(f'<figure class="plot" id="plot-{name}">{svg}</figure>' for name, svg in drawn)
+    return "".join(f'<figure class="plot" id="plot-{name}">{svg}</figure>' for name, svg in drawn)
+
+
+def render_html(report: Report, temporal_ui_url: str | None = None) -> str:
+    """The whole report as one HTML document.
+
+    Failed tasks link to ``temporal_ui_url`` (default ``TASKPLANE_TEMPORAL_UI_URL``).
+    """
+    temporal_ui_url = temporal_ui_url or os.environ.get("TASKPLANE_TEMPORAL_UI_URL")
+    cards, other, figures = _cards(report), _other_tasks(report), _figures(report)
     data = json.dumps(report.to_json_dict()).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en">

@@ -11,8 +11,8 @@ import io
 import re
 from datetime import timedelta
 
-from taskplane.reports.compute import GroupRow, Report
 from taskplane.reports.formatting import usd
+from taskplane.reports.model import GroupRow, Report
 
 COLORS = {"main": "#2563eb", "accent": "#16a34a", "warn": "#dc2626", "muted": "#94a3b8", "amber": "#d97706"}
 

@@ -17,8 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from taskplane.reports.compute import GroupRow, Report
 from taskplane.reports.formatting import count, pct, usd, window_text
+from taskplane.reports.model import GroupRow, Report
 from taskplane.store.records import Outcome
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv", "html")

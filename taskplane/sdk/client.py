@@ -15,7 +15,7 @@ from temporalio.service import RPCError
 
 from taskplane import temporal_names as tn
 from taskplane.context import Priority
-from taskplane.sdk.agent import AGENTS, Agent, start_memo, start_search_attributes
+from taskplane.sdk.agent import AGENTS, Agent
 from taskplane.sdk.convert import convert_value, return_hint, summarize_args
 from taskplane.sdk.errors import TaskFailed
 from taskplane.sdk.interceptors import START_CONTEXT, TaskplaneClientInterceptor
@@ -23,6 +23,7 @@ from taskplane.sdk.payloads import data_converter
 from taskplane.sdk.resolve import resolve
 from taskplane.sdk.served import unserved_reason
 from taskplane.sdk.spec import execution_timeout
+from taskplane.sdk.start_attributes import start_memo, start_search_attributes
 from taskplane.sdk.state import TaskContext, format_time
 from taskplane.sdk.types import AgentOutput, Decision, TaskView
 from taskplane.sdk.unrun import record_unrun_task

@@ -97,11 +97,6 @@ class TaskFailed(Exception):
         self.message = message
         self.cost_usd = cost_usd
 
-    @classmethod
-    def from_details(cls, task_id: str, failure_type: str, message: str, details: Any) -> TaskFailed:
-        info = details if isinstance(details, dict) else {}
-        return cls(task_id, str(info.get("status", "failed")), failure_type, message, info.get("cost_usd"))
-
 
 class StructuredOutputError(LlmError):
     """The model's reply did not parse as, or validate against, the requested ``response_format``.

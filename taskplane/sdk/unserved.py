@@ -17,10 +17,11 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from taskplane.sdk.agent import MODULE_MEMO, AgentWorkflow
+from taskplane.sdk.agent_workflow import AgentWorkflow
 from taskplane.sdk.errors import AgentNotServed
 from taskplane.sdk.served import unregistered_message
 from taskplane.sdk.spec import AgentSpec
+from taskplane.sdk.start_attributes import MODULE_MEMO
 from taskplane.sdk.state import TaskContext
 
 

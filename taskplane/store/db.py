@@ -92,16 +92,6 @@ def sqlstate(exc: BaseException) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def ping(url: str) -> None:
-    """Connect once and run ``SELECT 1``; raises on failure."""
-    engine = create_engine(url, pool_size=1)
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-    finally:
-        await engine.dispose()
-
-
 def _admin_url(url: str) -> str:
     return make_url(validate_url(url)).set(database="postgres").render_as_string(hide_password=False)
 

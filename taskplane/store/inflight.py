@@ -62,10 +62,6 @@ def close_notes(conn: sqlite3.Connection, keys: list[str]) -> None:
     conn.executemany("DELETE FROM open_attempts WHERE key = ?", [(k,) for k in keys])
 
 
-def count_open(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("SELECT count(*) FROM open_attempts").fetchone()[0])
-
-
 def take_orphans(conn: sqlite3.Connection) -> list[Orphan]:
     """Every note left open by an earlier process, stamped with that process's last sign of
     life. Call once, at start, before this process opens notes or beats: the stamp is kept,

@@ -27,7 +27,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from taskplane.store.records import Outcome, TaskStatus
 
 TASK_STATUSES = tuple(s.value for s in TaskStatus)
-TERMINAL_STATUSES = tuple(s.value for s in TaskStatus if s is not TaskStatus.RUNNING)
 OUTCOMES = tuple(o.value for o in Outcome)
 
 

@@ -16,14 +16,20 @@ Not thread-safe by itself: the writer calls it from one dedicated thread.
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from taskplane.errors import UserError
 from taskplane.store import inflight
 
 FILE_NAME = "outbox.sqlite3"
+#: the kinds of outbox rows
+ATTEMPT = "attempt"
+TASK = "task"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -48,7 +54,7 @@ CREATE TABLE IF NOT EXISTS dead (
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     seq: int
-    kind: str  # "attempt" or "task"
+    kind: str  # ATTEMPT or TASK
     key: str  # attempt_key or task_id
     payload: str  # the record as JSON
 
@@ -87,7 +93,7 @@ class Outbox:
             )
             if opens:
                 inflight.open_notes(self.conn, opens, now)
-            inflight.close_notes(self.conn, [key for kind, key, _ in items if kind == "attempt"])
+            inflight.close_notes(self.conn, [key for kind, key, _ in items if kind == ATTEMPT])
             inflight.touch(self.conn, now)
 
     def beat(self) -> None:
@@ -98,9 +104,6 @@ class Outbox:
     def take_orphans(self) -> list[inflight.Orphan]:
         """Attempts an earlier process left open (see ``inflight.take_orphans``)."""
         return inflight.take_orphans(self.conn)
-
-    def open_count(self) -> int:
-        return inflight.count_open(self.conn)
 
     def peek(self, limit: int) -> list[OutboxRow]:
         """The oldest ``limit`` rows, in append order."""
@@ -135,6 +138,27 @@ class Outbox:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def lock_directory(directory: Path) -> IO[str]:
+    """One writer per outbox directory: a second one would deliver rows the first counts.
+    The lock is held until ``unlock``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / "writer.lock", "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UserError(
+            f"the cost outbox {directory} is in use by another writer; give each process its own outbox directory"
+        ) from None
+    return handle
+
+
+def unlock(handle: IO[str] | None) -> None:
+    if handle is not None:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        handle.close()
 
 
 class _transaction:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from taskplane.store.models import LlmCall, Price, Task
 from taskplane.store.pricing import PriceEntry
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
-from taskplane.store.writer import task_row
+from taskplane.store.upserts import task_row
 
 _ATTEMPT_FIELDS = tuple(AttemptRecord.model_fields)
 _TASK_FIELDS = tuple(TaskRecord.model_fields)

@@ -53,7 +53,7 @@ async def test_fleet_hours_rows_and_the_loaded_cost(fresh_db_url: str) -> None:
 async def test_workflow_signals_are_learned_from_task_history(fresh_db_url: str) -> None:
     from datetime import timedelta as td
 
-    from taskplane.autoscale.actuators.dev import history_signals
+    from taskplane.autoscale.actuators.signals import history_signals
     from taskplane.store.fleet_hours import task_history
 
     now = datetime.now(UTC)

@@ -17,14 +17,9 @@ import pytest
 from fake_kube import FakeKubeApi, endpoint_slice, pod, serve
 
 from taskplane.config import DiscoveryConfig, PoolConfig, ReplicaConfig, parse_gateway_config
-from taskplane.engines.discovery import (
-    KubeAccess,
-    KubernetesDiscovery,
-    discover_once,
-    replicas_from_endpointslices,
-    resolve_access,
-    watch,
-)
+from taskplane.engines.discovery import KubernetesDiscovery, discover_once, watch
+from taskplane.engines.kube_access import KubeAccess, resolve_access
+from taskplane.engines.kube_replicas import replicas_from_endpointslices
 from taskplane.errors import ConfigError
 
 NS = "taskplane"
@@ -430,7 +425,7 @@ def test_pods_annotated_draining_or_cordoned_stay_replicas_marked_so() -> None:
     """The Kubernetes autoscaler loop drains (and keeps asleep) a pod, and cordons or
     pre-drains one, by annotating it; the gateway's discovery reads the marks."""
     from taskplane.config import DiscoveryConfig
-    from taskplane.engines.discovery import (
+    from taskplane.engines.kube_replicas import (
         CORDONED_ANNOTATION,
         DRAINING_ANNOTATION,
         replicas_from_pods,

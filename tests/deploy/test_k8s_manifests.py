@@ -34,7 +34,8 @@ from k8s_render import (
 )
 
 from taskplane.config import GatewayConfig, load_gateway_config
-from taskplane.engines.discovery import KubeAccess, discover_once
+from taskplane.engines.discovery import discover_once
+from taskplane.engines.kube_access import KubeAccess
 from taskplane.temporal_names import SEARCH_ATTRIBUTES, TASK_QUEUE
 
 pytestmark = pytest.mark.skipif(kubectl() is None, reason="needs kubectl (kustomize) from the machine image")

@@ -20,7 +20,7 @@ from tp_rel_env import ADMIN_TOKEN, KEYS, bearer, secured_config
 from taskplane.calls import auth
 from taskplane.config import GatewayConfig, parse_gateway_config
 from taskplane.dev.local import LocalCluster
-from taskplane.dev.stack import gateway_config as dev_gateway_config
+from taskplane.dev.parts import gateway_config as dev_gateway_config
 
 MODEL = "llama-3.1-8b"
 

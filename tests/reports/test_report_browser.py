@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from _report_scenario import SINCE, UNTIL, fleet
 
-from taskplane.reports.command import run_report
+from taskplane.reports.command import ReportOptions, run_report
 from taskplane.reports.render import count, pct, usd
 from taskplane.store.writer import CostWriter
 
@@ -56,8 +56,8 @@ async def test_html_report_in_headless_chromium(fresh_db_url: str, tmp_path: Pat
     common = {"since": SINCE.isoformat(), "until": UNTIL.isoformat(), "group_by": "agent", "tenant": None,
               "database_url": fresh_db_url, "state_dir": tmp_path}
     page, data = tmp_path / "report.html", tmp_path / "report.json"
-    await asyncio.to_thread(run_report, fmt="html", out=page, **common)  # type: ignore[arg-type]
-    await asyncio.to_thread(run_report, fmt="json", out=data, **common)  # type: ignore[arg-type]
+    await asyncio.to_thread(run_report, ReportOptions(fmt="html", out=page, **common))  # type: ignore[arg-type]
+    await asyncio.to_thread(run_report, ReportOptions(fmt="json", out=data, **common))  # type: ignore[arg-type]
     report = json.loads(data.read_text())
     await asyncio.to_thread(_check_in_browser, page, report, tmp_path / "report.png")
 

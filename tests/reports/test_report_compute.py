@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from _report_scenario import SINCE, T0, UNTIL, fleet, hand_headline
 
-from taskplane.reports.compute import build_report, cache_miss_usd, prefill_fraction
+from taskplane.reports.compute import build_report
 from taskplane.reports.render import FORMATS, render, render_table, usd
+from taskplane.reports.waste import cache_miss_usd, prefill_fraction
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
 
 

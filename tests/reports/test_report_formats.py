@@ -19,7 +19,7 @@ from _report_scenario import SINCE, UNTIL, fleet, hand_headline
 from sqlalchemy import text
 
 from taskplane.errors import UserError
-from taskplane.reports.command import html_report, parse_when, run_report
+from taskplane.reports.command import ReportOptions, html_report, parse_when, run_report
 from taskplane.reports.compute import build_report
 from taskplane.reports.render import usd
 from taskplane.store import db
@@ -41,7 +41,7 @@ async def _fill(url: str, outbox: Path) -> None:
 def _report(url: str, state: Path, fmt: str, out: Path, **kw: str | None) -> str:
     args: dict[str, object] = {"since": SINCE.isoformat(), "until": UNTIL.isoformat(), "group_by": "tenant", "tenant": None}
     args.update(kw)
-    run_report(fmt=fmt, out=out, database_url=url, state_dir=state, **args)  # type: ignore[arg-type]
+    run_report(ReportOptions(fmt=fmt, out=out, database_url=url, state_dir=state, **args))  # type: ignore[arg-type]
     return out.read_text()
 
 
@@ -144,7 +144,7 @@ def test_bad_flags_are_one_line(tmp_path: Path) -> None:
                                    "tenant": None, "database_url": url, "state_dir": tmp_path}
         args.update(overrides)
         with pytest.raises(UserError) as info:
-            run_report(**args)  # type: ignore[arg-type]
+            run_report(ReportOptions(**args))  # type: ignore[arg-type]
         assert message in str(info.value) and "\n" not in str(info.value)
 
 

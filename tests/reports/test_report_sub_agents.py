@@ -14,7 +14,7 @@ import pytest
 from _report_scenario import fleet
 from sqlalchemy import text
 
-from taskplane.reports.command import run_report
+from taskplane.reports.command import ReportOptions, run_report
 from taskplane.reports.compute import build_report
 from taskplane.store import db
 from taskplane.store.records import AttemptRecord, Outcome, TaskRecord, TaskStatus
@@ -155,8 +155,8 @@ async def test_report_command_counts_sub_agents_when_asked(fresh_db_url: str, tm
 
     def run(count: bool) -> dict[str, object]:
         out = tmp_path / f"r-{count}.json"
-        run_report(since=None, until=None, group_by="agent", fmt="json", out=out, tenant=None,
-                   database_url=fresh_db_url, state_dir=tmp_path, count_sub_agents=count)
+        run_report(ReportOptions(group_by="agent", fmt="json", out=out, database_url=fresh_db_url,
+                                 state_dir=tmp_path, count_sub_agents=count))
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
     plain, counted = await asyncio.to_thread(run, False), await asyncio.to_thread(run, True)

@@ -11,7 +11,7 @@ from taskplane.scheduler.predict import Predictor
 from taskplane.store import db
 from taskplane.store.predict_history import seed_predictor, task_histories
 from taskplane.store.records import Outcome, TaskStatus
-from taskplane.store.writer import write_records
+from taskplane.store.upserts import write_records
 
 
 async def test_seeded_predictor_knows_the_agents_task_lengths(fresh_db_url: str) -> None:

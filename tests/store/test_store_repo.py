@@ -11,7 +11,7 @@ from _store_records import T0, attempt, task
 from taskplane.store import db, repo
 from taskplane.store.pricing import PriceEntry, attributed_gpu_seconds, call_cost_usd
 from taskplane.store.records import Outcome, TaskStatus
-from taskplane.store.writer import write_records
+from taskplane.store.upserts import write_records
 
 
 async def test_task_spend_and_rows(fresh_db_url: str) -> None:

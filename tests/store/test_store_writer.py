@@ -15,7 +15,8 @@ from taskplane.errors import UserError
 from taskplane.store import db
 from taskplane.store.outbox import Outbox
 from taskplane.store.records import AttemptRecord, Outcome, TaskStatus
-from taskplane.store.writer import CostWriter, merge_task
+from taskplane.store.upserts import merge_task
+from taskplane.store.writer import CostWriter
 
 
 async def scalar(url: str, sql: str, **params: object) -> object:

@@ -15,6 +15,7 @@ import pytest
 from vllm_helpers import MODEL, NUM_BLOCKS
 
 from taskplane.engines.vllm_launcher import (
+    VllmOptions,
     VllmReplica,
     find_vllm_python,
     start_replicas,
@@ -40,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def vllm_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmReplica]]:
     """Two real vLLM replicas on free ports, KV events and replay on, same hash seed."""
     state = tmp_path_factory.mktemp("vllm-state")
-    replicas = start_replicas(state, 2, model_name=MODEL, num_blocks=NUM_BLOCKS)
+    replicas = start_replicas(state, 2, VllmOptions(model_name=MODEL, num_blocks=NUM_BLOCKS))
     try:
         yield replicas
     finally:

@@ -23,6 +23,7 @@ from taskplane.dev import processes as proc
 from taskplane.engines.tokenize import chat_tokens
 from taskplane.engines.vllm_launcher import (
     BLOCK_SIZE,
+    VllmOptions,
     VllmReplica,
     kill_replica,
     start_replicas,
@@ -47,7 +48,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("vllm-gateway")
-    replicas = start_replicas(work, 2, model_name=MODEL, num_blocks=GATEWAY_BLOCKS)
+    replicas = start_replicas(work, 2, VllmOptions(model_name=MODEL, num_blocks=GATEWAY_BLOCKS))
     pid = None
     try:
         config = {

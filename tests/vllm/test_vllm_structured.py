@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from vllm_helpers import MODEL
 
-from taskplane.engines.vllm_launcher import VllmReplica, start_replicas, stop_replicas
+from taskplane.engines.vllm_launcher import VllmOptions, VllmReplica, start_replicas, stop_replicas
 
 # Finite grammars (enums, booleans): random weights cannot wander into an endless string.
 PARAMS = {"type": "object", "properties": {"city": {"enum": ["oslo", "rome", "lima"]}, "metric": {"type": "boolean"}},
@@ -34,8 +34,8 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmReplica]:
     in guided JSON (random weights would fill max_tokens with it)."""
     extra = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
              "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
-    replicas = start_replicas(tmp_path_factory.mktemp("vllm-structured"), 1, model_name=MODEL, num_blocks=32,
-                              samples_eos=True, extra_args=extra)
+    replicas = start_replicas(tmp_path_factory.mktemp("vllm-structured"), 1,
+                              VllmOptions(model_name=MODEL, num_blocks=32, samples_eos=True, extra_args=extra))
     try:
         yield replicas[0]
     finally:

@@ -60,10 +60,11 @@ from taskplane.autoscale.types import (
     PoolSignals,
     WorkflowSignal,
 )
-from taskplane.engines.discovery import CORDONED_ANNOTATION, DRAINING_ANNOTATION, KubeAccess
+from taskplane.engines.kube_access import KubeAccess
+from taskplane.engines.kube_replicas import CORDONED_ANNOTATION, DRAINING_ANNOTATION
 
 log = structlog.get_logger("taskplane.autoscale")
-DRAINING = DRAINING_ANNOTATION  # read by the gateway's pod discovery (engines/discovery.py)
+DRAINING = DRAINING_ANNOTATION  # read by the gateway's pod discovery (engines/kube_replicas.py)
 CORDONED = CORDONED_ANNOTATION
 
 
