@@ -8,6 +8,12 @@ an edge to ``a.b.c`` when that is a module, else to ``a.b``. Parent packages are
 counted as imported (every ``__init__.py`` here is small and imports nothing eagerly);
 what ``importlib.import_module`` loads is not read.
 
+Sizes, so that no part grows until it hides its shape: no module over ``MAX_LINES`` lines,
+no class over ``MAX_CLASS_LINES``, no function over ``MAX_FUNCTION_LINES`` or with more than
+``MAX_POSITIONAL`` positional parameters (``self``/``cls`` aside; keyword-only parameters
+are a public keyword API and free, and so are the typer commands of ``taskplane.cli``,
+whose parameters are the command line's flags).
+
 The package graph lifts every module edge to its packages: the top-level subpackages and
 top modules of ``taskplane`` (``taskplane.scheduler``, ``taskplane.config``, ...),
 ``taskplane`` itself for ``taskplane/__init__.py``, ``workflows`` and ``benchmarks``. ``LAYERS`` names every
@@ -28,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = ("taskplane", "workflows", "benchmarks")
-MAX_LINES = 600
+MAX_LINES = 400
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 60
+MAX_POSITIONAL = 8
+#: modules whose functions are typer commands: their parameters are the command line's flags
+FLAG_MODULES = frozenset({"taskplane.cli"})
 #: every package of the project, lowest layer first: a package may import only packages of lower layers
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("taskplane.errors", "taskplane.logs", "taskplane.ports", "taskplane.procfs"),  # import nothing of ours
@@ -231,6 +242,27 @@ def oversized(modules: dict[str, Path], limit: int = MAX_LINES) -> list[tuple[st
     return sorted(((m, n) for m, n in sizes if n > limit), key=lambda x: -x[1])
 
 
+def oversized_definitions(modules: dict[str, Path]) -> list[str]:
+    """Classes and functions over their limits, one line each (module order, then line)."""
+    out = []
+    for m, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            where = f"{m}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ClassDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    out.append(f"class over {MAX_CLASS_LINES} lines: {where} {node.name} ({n})")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"function over {MAX_FUNCTION_LINES} lines: {where} {node.name} ({n})")
+                positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(positional) > MAX_POSITIONAL and m not in FLAG_MODULES:
+                    out.append(f"function with more than {MAX_POSITIONAL} positional parameters: {where} "
+                               f"{node.name} ({len(positional)}): make them keyword-only or pass an options object")
+    return out
+
+
 def report(root: Path, layers: Sequence[Sequence[str]] = LAYERS) -> list[str]:
     """One line per finding (empty when the project is clean)."""
     modules, edges = graph(root)
@@ -246,6 +278,7 @@ def report(root: Path, layers: Sequence[Sequence[str]] = LAYERS) -> list[str]:
     lines += layer_findings(edges, layers)
     for m, n in oversized(modules):
         lines.append(f"module over {MAX_LINES} lines: {modules[m].relative_to(root)} ({n})")
+    lines += oversized_definitions(modules)
     return lines
 
 
@@ -253,7 +286,8 @@ def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
     findings = report(root)
     print("\n".join(findings) if findings else f"no import cycles between modules or packages, every package imports "
-          f"only lower layers ({len(LAYERS)} layers), no module over {MAX_LINES} lines")
+          f"only lower layers ({len(LAYERS)} layers), no module over {MAX_LINES} lines, no class over "
+          f"{MAX_CLASS_LINES}, no function over {MAX_FUNCTION_LINES} lines or {MAX_POSITIONAL} positional parameters")
     return 1 if findings else 0
 
 
