@@ -141,6 +141,7 @@ class AccessLogs(als_grpc.AccessLogServiceServicer):
             if settling:
                 # the entries of one message together: their rows share one outbox commit
                 # (one after the other, each waited for its own fsync); shielded, so a call
-                # taken from the book is settled even if the log stream ends meanwhile
-                await asyncio.shield(asyncio.gather(*settling))
+                # taken from the book is settled even if the log stream ends meanwhile. A lone
+                # entry (the usual message) needs no gather: one task and two loop turns less
+                await asyncio.shield(settling[0] if len(settling) == 1 else asyncio.gather(*settling))
         return als.StreamAccessLogsResponse()

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
 
 from taskplane.calls.bodies import upstream_body
 from taskplane.calls.intake import Call
@@ -47,6 +48,7 @@ class RequestRouting:
         self.calls = calls
         self.book = book
         self.streams = streams
+        self.endpoint_headers = EndpointHeaders()
 
     def _take_headers(self, ex: Exchange, pairs: list[tuple[str, str]]) -> None:
         """The request's headers, whichever message carried them (a headers message, or the
@@ -168,12 +170,46 @@ class RequestRouting:
             remove = [k for k in remove if k != MAX_RETRIES_HEADER]
         metadata: dict[str, Any] = {LB_NAMESPACE: {DEST_HEADER: endpoints},
                                     TP_NAMESPACE: {"call": picked.key, "stream": call.stream, "hide_usage": not call.client_wants_usage}}
-        if ex.exchange == "route" and call.stream:  # the Lua filter adds the answering endpoint's headers
-            metadata[ENDPOINTS_NAMESPACE] = {ep: picked.headers_of(r) for r in picked.order if (ep := self.book.endpoint(r.name))}
         if ex.headers_as_attributes:  # Envoy let the headers on before this answer: the request guard sets these
             metadata[REQUEST_NAMESPACE] = headers
         if ex.request_duplex:
-            return [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
-                    P.answer("request_body", streamed=(body, True))]
-        return [P.answer("request_body", headers=headers, remove=sorted(set(remove)), body=body, metadata=metadata)]
+            answers = [P.answer("request_headers", headers=headers, remove=sorted(set(remove)), metadata=metadata),
+                       P.answer("request_body", streamed=(body, True))]
+        else:
+            answers = [P.answer("request_body", headers=headers, remove=sorted(set(remove)), body=body, metadata=metadata)]
+        if ex.exchange == "route" and call.stream:  # the Lua filter adds the answering endpoint's headers
+            self.endpoint_headers.fill(answers[0].dynamic_metadata.fields[ENDPOINTS_NAMESPACE].struct_value, picked,
+                                       [(ep, r) for r in picked.order if (ep := self.book.endpoint(r.name))])
+        return answers
+
+
+#: The one header of an endpoint's answer that differs from call to call.
+_QUEUE_MS = "x-taskplane-queue-ms"
+
+
+class EndpointHeaders:
+    """The X-Taskplane-* headers of each listed endpoint's answer (``PickedCall.headers_of``),
+    kept as ready ``Struct``s: the replica, GPU and model change with the fleet only, so a
+    call copies each endpoint's in (one C copy) and sets its queue time, instead of filling
+    every field of every endpoint (the routing answer's costliest part)."""
+
+    MAX_KEPT = 4096  # (replica, GPU, model) combinations; past that the fleet changed a lot: start over
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, ...], struct_pb2.Struct] = {}
+
+    def fill(self, target: struct_pb2.Struct, picked: PickedCall, endpoints: list[tuple[str, ReplicaState]]) -> None:
+        """``target``'s field per endpoint (``ip:port``): the headers an answer from its replica gets."""
+        for endpoint, replica in endpoints:
+            headers = picked.headers_of(replica)
+            queue_ms = headers.pop(_QUEUE_MS)
+            key = tuple(headers.values())
+            kept = self._kept.get(key)
+            if kept is None:
+                if len(self._kept) >= self.MAX_KEPT:
+                    self._kept.clear()
+                kept = self._kept[key] = P.struct(headers)
+            entry = target.fields[endpoint].struct_value
+            entry.CopyFrom(kept)
+            entry.fields[_QUEUE_MS].string_value = queue_ms
 
