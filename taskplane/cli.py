@@ -256,12 +256,28 @@ def sim_engine(
     max_num_seqs: Annotated[int, typer.Option(min=1, help="batch limit, like vLLM's --max-num-seqs")] = 256,
     kv_replay_port: Annotated[int | None, typer.Option(help="replay socket port (default: KV-events port + 1000)")] = None,
     enable_sleep_mode: Annotated[bool, typer.Option(help="vLLM's sleep mode: POST /sleep, POST /wake_up, GET /is_sleeping")] = False,
+    enable_lora: Annotated[bool, typer.Option(help="vLLM's LoRA serving: adapters as models, /v1/load_lora_adapter "
+                                                   "with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true")] = False,
+    max_loras: Annotated[int, typer.Option(min=1, help="GPU slots and distinct adapters per batch, like vLLM's")] = 1,
+    max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="adapters kept in host memory (default: max-loras)")] = None,
+    max_lora_rank: Annotated[int, typer.Option(min=1)] = 16,
+    lora_modules: Annotated[list[str] | None, typer.Option(help="NAME=PATH, repeatable: adapters registered at start")] = None,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.http_replica import ReplicaOptions
+    from taskplane.sim.lora import LoraSettings, parse_lora_modules
     from taskplane.sim.server import serve
 
+    if lora_modules and not enable_lora:
+        raise typer.BadParameter("--lora-modules needs --enable-lora", param_hint="--lora-modules")
+    try:
+        lora = LoraSettings(max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank) \
+            if enable_lora else None
+        modules = parse_lora_modules(lora_modules or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     serve(ReplicaOptions(
+        lora=lora, lora_modules=modules,
         gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, kv_events_port=kv_events_port,
         seed=seed, speed=speed, host=host, faults=tuple(fault or ()), cold_start_s=cold_start_s,
         max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port, enable_sleep_mode=enable_sleep_mode,

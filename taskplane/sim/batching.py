@@ -18,6 +18,7 @@ from collections.abc import Hashable
 
 from taskplane.sim.decoding import DecodeBatch
 from taskplane.sim.engine_kv import EngineKV
+from taskplane.sim.lora import Adapters
 from taskplane.sim.requests import (
     EngineEvent,
     EngineRequest,
@@ -42,6 +43,7 @@ class Batcher:
         self.max_batched = max_num_batched_tokens
         self.emit_first_token = emit_first_token
         self.slow_factor = 1.0  # fault injection: >1 slows every step down
+        self.adapters: Adapters | None = None  # LoRA (--enable-lora): the batch limit, loads, slowdown
         self.stats = EngineStats()
         self.t = 0.0  # when the next step may start
         self.waiting: deque[EngineRequest] = deque()
@@ -75,9 +77,11 @@ class Batcher:
             self.pend_prefill -= r.spec.prompt_tokens - r.computed
             self.pend_out -= r.spec.output_tokens
             self.kv.release(r)
+            self._adapter_left(r)
         elif r.state is ReqState.DECODE:
             self.dec.abort(r)
             self.kv.release(r)
+            self._adapter_left(r)
         r.state = ReqState.DONE
         del self.reqs[r.spec.req_id]
 
@@ -126,6 +130,8 @@ class Batcher:
             return True
         if n_dec >= self.max_num_seqs:  # num_running, as nothing is prefilling
             return True
+        if self.adapters is not None:  # whether a waiting request may join depends on its adapter
+            return False
         r, kv = self.waiting[0], self._cache
         if kv.free_uncached + kv.n_evictable >= r.blocks:
             # it fits whatever its prefix-cache hit: the lookup (cache misses over ~50 blocks
@@ -137,7 +143,7 @@ class Batcher:
         """Duration of the next ``k`` pure decode steps (closed form)."""
         dec = self.dec
         d = dec.n
-        return decode_span(k, self._costs.decode_base(d), dec.context, d, self._costs.kv_read, self.slow_factor)
+        return decode_span(k, self._costs.decode_base(d), dec.context, d, self._costs.kv_read, self._slowdown())
 
     def run_until(self, now: float, strict: bool = False) -> None:
         """Commit the steps starting at or before ``now`` (strictly before with ``strict``:
@@ -158,7 +164,7 @@ class Batcher:
         k_max = dec.steps_to_next_finish()
         costs = self._costs
         k, dur = decode_run(now - self.t, strict, k_max, costs.decode_base(d), dec.context, d, costs.kv_read,
-                            self.slow_factor)
+                            self._slowdown())
         dec.advance(k, dur / d)
         self.t += dur
         st = self.stats
@@ -173,13 +179,13 @@ class Batcher:
         t0 = self.t
         dec = self.dec
         d = dec.n
-        chunks = self._form_batch(t0, self.max_batched - d)
+        chunks, load_s = self._form_batch(t0, self.max_batched - d)
         p = 0
         attn = 0.0
         for r, n in chunks:
             p += n
             attn += n * (r.computed + n / 2)
-        dur = self.kv.add_transfers(self._costs.step(p, d, dec.context, attn, self.slow_factor), t0)
+        dur = self.kv.add_transfers(self._costs.step(p, d, dec.context, attn, self._slowdown()), t0) + load_s
         t1 = t0 + dur
         share = dur / (p + d) if p + d else 0.0
         self.stats.steps += 1
@@ -194,9 +200,10 @@ class Batcher:
             self._start_decoding(done, t1)
         self.t = t1
 
-    def _form_batch(self, t0: float, budget: int) -> list[tuple[EngineRequest, int]]:
+    def _form_batch(self, t0: float, budget: int) -> tuple[list[tuple[EngineRequest, int]], float]:
         """The prompt chunks of a step with ``budget`` tokens left after the decoders: the
-        prefilling requests' first, then waiting requests admitted in order."""
+        prefilling requests' first, then waiting requests admitted in order; and the
+        seconds the step spends loading LoRA adapters into GPU slots."""
         chunks: list[tuple[EngineRequest, int]] = []
         for r in self.prefilling:
             if budget <= 0:
@@ -204,6 +211,8 @@ class Batcher:
             n = min(r.spec.prompt_tokens - r.computed, budget)
             chunks.append((r, n))
             budget -= n
+        if self.adapters is not None:
+            return chunks, self._admit_with_adapters(t0, budget, chunks, self.adapters)
         waiting = self.waiting
         while waiting and budget > 0 and len(self.prefilling) + self.dec.n < self.max_num_seqs:
             r = waiting[0]
@@ -214,7 +223,47 @@ class Batcher:
             n = min(r.spec.prompt_tokens - r.computed, budget)
             chunks.append((r, n))
             budget -= n
-        return chunks
+        return chunks, 0.0
+
+    def _admit_with_adapters(self, t0: float, budget: int, chunks: list[tuple[EngineRequest, int]],
+                             adapters: Adapters) -> float:
+        """Waiting requests admitted in order, as :meth:`_form_batch`, except that one whose
+        adapter would exceed the batch's ``max_loras`` is skipped (it keeps its place), as in
+        vLLM; returns the seconds spent loading the adapters that joined the batch."""
+        waiting = self.waiting
+        scheduled = set(adapters.running)
+        skipped: list[EngineRequest] = []
+        load_s = 0.0
+        while waiting and budget > 0 and len(self.prefilling) + self.dec.n < self.max_num_seqs:
+            r = waiting[0]
+            name = r.spec.adapter
+            if name is not None and not adapters.can_join(name, scheduled):
+                skipped.append(waiting.popleft())
+                continue
+            if not self._admit(r, t0):
+                break
+            waiting.popleft()
+            self.prefilling.append(r)
+            if name is not None:
+                if name not in scheduled:
+                    load_s += adapters.activate(name)
+                    scheduled.add(name)
+                adapters.joined(name)
+            n = min(r.spec.prompt_tokens - r.computed, budget)
+            chunks.append((r, n))
+            budget -= n
+        waiting.extendleft(reversed(skipped))
+        return load_s
+
+    def _slowdown(self) -> float:
+        """The step-time factor: injected slowness times the batch's LoRA slowdown."""
+        if self.adapters is None:
+            return self.slow_factor
+        return self.slow_factor * self.adapters.slowdown()
+
+    def _adapter_left(self, r: EngineRequest) -> None:
+        if self.adapters is not None and r.spec.adapter is not None:
+            self.adapters.left(r.spec.adapter)
 
     def _compute_chunks(self, chunks: list[tuple[EngineRequest, int]], share: float) -> list[EngineRequest]:
         """The step's prompt chunks are computed: their full blocks are cached now (vLLM
@@ -270,6 +319,7 @@ class Batcher:
         if self.kv.store_output(r):
             self.flush_kv(t)
         self.kv.release(r)
+        self._adapter_left(r)
         r.state = ReqState.DONE
         self.reqs.pop(r.spec.req_id, None)
         self.stats.finished += 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from taskplane.scheduler.hashing import ROOT
 from taskplane.scheduler.kv.events import BlockStored
+from taskplane.sim.lora import Adapter
 from taskplane.sim.tokens import RepeatedBlocks, repeated_block_hash
 from taskplane.sim.workloads.base import TaskSpec
 
@@ -52,7 +53,7 @@ def extend_hashes(spec: TaskSpec, contents: list[int], hashes: list[int], n_bloc
 
 
 def stored_event(hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None, offset: int,
-                 parent: int | None, block_size: int) -> BlockStored:
+                 parent: int | None, block_size: int, lora: Adapter | None = None) -> BlockStored:
     """vLLM's BlockStored for ``run``, the blocks ``first..`` of ``hashes`` just cached:
     their tokens (``token_ids`` of the whole request, ``hashes[0]`` being its block
     ``offset``) and the hash before them (``parent`` when ``first`` is 0)."""
@@ -65,4 +66,5 @@ def stored_event(hashes: Sequence[int], first: int, run: list[int], token_ids: S
         if not isinstance(toks, list | np.ndarray | RepeatedBlocks):
             toks = list(toks)
     return BlockStored(block_hashes=run, parent_block_hash=hashes[first - 1] if first > 0 else parent,
-                       token_ids=toks, block_size=block_size)
+                       token_ids=toks, block_size=block_size, lora_id=lora.int_id if lora else None,
+                       lora_name=lora.name if lora else None)

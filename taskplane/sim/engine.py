@@ -59,6 +59,7 @@ from taskplane.sim.gpus import (
 )
 from taskplane.sim.hosttier import ReplicaTiers
 from taskplane.sim.kvcache import KVCache
+from taskplane.sim.lora import Adapters, LoraSettings
 from taskplane.sim.requests import (
     EngineEvent,
     EngineRequest,
@@ -91,6 +92,7 @@ class EngineConfig:
     emit_first_token: bool = True
     # vLLM publishes one BlockRemoved per evicted block; in-process consumers may take one per burst
     removed_per_block: bool = True
+    lora: LoraSettings | None = None  # --enable-lora and its limits (None: the base model only)
 
 
 class SimEngine:
@@ -112,6 +114,8 @@ class SimEngine:
         self.batcher = Batcher(EngineKV(self.kv, tiers), StepCosts.of(self.gpu, self.model),
                                max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                                emit_first_token=config.emit_first_token)
+        self.adapters = Adapters(config.lora) if config.lora is not None else None
+        self.batcher.adapters = self.batcher.kv.adapters = self.adapters
         self.stats: EngineStats = self.batcher.stats
 
     # ---------------------------------------------------------------- state

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from taskplane.scheduler.kv.events import KVEvent
 from taskplane.sim.hosttier import ReplicaTiers
 from taskplane.sim.kvcache import KVCache
-from taskplane.sim.requests import EngineRequest
+from taskplane.sim.lora import Adapter, Adapters
+from taskplane.sim.requests import EngineRequest, SimRequest
 
 
 class EngineKV:
     """One engine's KV cache and tiers, as its scheduler loop uses them."""
 
-    __slots__ = ("_adm", "_adm_req", "_adm_ver", "_load_s", "_prefetch_end", "_prefetch_s", "block_size", "kv",
+    __slots__ = ("_adm", "_adm_req", "_adm_ver", "_load_s", "_prefetch_end", "_prefetch_s", "adapters", "block_size", "kv",
                  "tiers")
 
     def __init__(self, kv: KVCache, tiers: ReplicaTiers | None) -> None:
@@ -31,6 +32,7 @@ class EngineKV:
         self.tiers = tiers
         if tiers is not None:
             kv.spill = tiers.spill
+        self.adapters: Adapters | None = None  # LoRA: the adapters BlockStored events name
         self._load_s = 0.0  # tier -> GPU transfer time the next step pays
         self._prefetch_s = 0.0  # prefetch transfers in flight, and when they end: a step
         self._prefetch_end = 0.0  # starting before that end shares the link with them
@@ -101,12 +103,18 @@ class EngineKV:
             self._prefetch_s = 0.0
         return dur
 
+    def _lora(self, s: SimRequest) -> Adapter | None:
+        """The adapter ``s`` runs with, as the BlockStored events name it."""
+        if s.adapter is None or self.adapters is None:
+            return None
+        return self.adapters.registered.get(s.adapter)
+
     def store_prompt(self, r: EngineRequest, end: int) -> None:
         """Cache ``r``'s prompt blocks up to ``end`` (computed, or being computed by the step)."""
         if end > r.stored_upto:
             assert r.held is not None  # admitted
             s = r.spec
-            r.n_stored += self.kv.store(s.block_hashes, r.stored_upto, end, s.token_ids, r.held)
+            r.n_stored += self.kv.store(s.block_hashes, r.stored_upto, end, s.token_ids, r.held, lora=self._lora(s))
             r.stored_upto = end
 
     def store_output(self, r: EngineRequest) -> bool:
@@ -121,7 +129,7 @@ class EngineKV:
         start = max(r.stored_upto, n_prompt) - n_prompt
         parent = s.block_hashes[-1] if n_prompt else None
         r.n_stored += self.kv.store(out_hashes, start, len(out_hashes), s.token_ids, r.held,
-                                    offset=n_prompt, parent=parent)
+                                    offset=n_prompt, parent=parent, lora=self._lora(s))
         return True
 
     def release(self, r: EngineRequest) -> None:

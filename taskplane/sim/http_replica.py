@@ -25,6 +25,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from taskplane.engines.tokenize import tokenize
 from taskplane.sim.engine import EngineConfig, Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.faults import Faults, apply_updates, parse_fault_spec
+from taskplane.sim.lora import LoraSettings, hash_root
+from taskplane.sim.lora_api import LoraCollector
 from taskplane.sim.metrics import E2E_BUCKETS, TTFT_BUCKETS, EngineCollector
 from taskplane.sim.openai_api import ApiError
 from taskplane.sim.publisher import KVEventPublisher
@@ -72,6 +74,8 @@ class ReplicaOptions:
     kv_replay_port: int | None = None  # None: the KV-events port + 1000
     host: str = "127.0.0.1"
     enable_sleep_mode: bool = False
+    lora: LoraSettings | None = None  # --enable-lora (None: the base model only)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules NAME=PATH: adapters registered at start
 
 
 class SimReplica:
@@ -87,8 +91,12 @@ class SimReplica:
         self.engine = SimEngine(EngineConfig(
             gpu=o.gpu, model=o.model, kv_blocks=o.kv_blocks, block_size=o.block_size, max_num_seqs=o.max_num_seqs,
             max_num_batched_tokens=o.max_num_batched_tokens, model_loaded=o.cold_start_s <= 0,
-            cold_start_s=max(o.cold_start_s, 0.0), emit_kv_events=o.kv_events_port is not None,
+            cold_start_s=max(o.cold_start_s, 0.0), emit_kv_events=o.kv_events_port is not None, lora=o.lora,
         ))
+        if o.lora_modules and self.engine.adapters is None:
+            raise ValueError("--lora-modules needs --enable-lora")
+        for name, path in o.lora_modules:
+            self.engine.adapters.register(name, path)  # type: ignore[union-attr]
         self.block_size = o.block_size
         self.root = engine_root(o.seed)
         self.faults = Faults()
@@ -118,6 +126,7 @@ class SimReplica:
         self.registry.register(EngineCollector(self.engine, o.model))
         self.sleep = SleepState() if o.enable_sleep_mode else None  # vLLM's sleep mode (--enable-sleep-mode)
         self.registry.register(SleepCollector(self.sleep, o.model))
+        self.registry.register(LoraCollector(self))
 
     # ---------------------------------------------------------------- clock and driver
     def vnow(self) -> float:
@@ -231,9 +240,15 @@ class SimReplica:
         text, stopped = apply_stop(generate_text(rng, n), stops)
         return Choice(content=text, finish_reason="stop" if stopped else reason)
 
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters a request may name as its model."""
+        adapters = self.engine.adapters
+        return set(adapters.registered) if adapters is not None else set()
+
     def make_call(self, prompt: list[int], body: dict[str, Any], stream: bool, *, chat: bool = True,
-                  ) -> tuple[SimCall, SimRequest]:
-        """The engine request and what it answers: ``n`` seeded choices (the first is decoded)."""
+                  adapter: str | None = None) -> tuple[SimCall, SimRequest]:
+        """The engine request and what it answers: ``n`` seeded choices (the first is decoded);
+        ``adapter``: the LoRA adapter it runs with (its blocks hash apart from the base model's)."""
         temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
         req_seed = body.get("seed")
         salt = f"seed={req_seed}" if req_seed is not None else (
@@ -252,7 +267,9 @@ class SimReplica:
         out_tokens = tokenize(first.text)
         n_engine = max(1, max(len(tokenize(c.text)) for c in choices))
         all_tokens = prompt + out_tokens
-        hashes = engine_block_hashes(all_tokens, self.block_size, self.root)
+        adapters = self.engine.adapters
+        root = hash_root(self.root, adapters.registered[adapter] if adapters is not None and adapter else None)
+        hashes = engine_block_hashes(all_tokens, self.block_size, root)
         n_prompt_blocks = len(prompt) // self.block_size
         req_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         loop = asyncio.get_running_loop()
@@ -265,7 +282,7 @@ class SimReplica:
         sim = SimRequest(
             req_id=req_id, prompt_tokens=len(prompt), output_tokens=n_engine,
             block_hashes=hashes[:n_prompt_blocks], output_block_hashes=hashes[n_prompt_blocks:],
-            token_ids=all_tokens,
+            token_ids=all_tokens, adapter=adapter,
         )
         return call, sim
 

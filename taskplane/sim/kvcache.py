@@ -39,6 +39,7 @@ from itertools import islice, takewhile
 from taskplane.scheduler.kv.events import AllBlocksCleared, BlockRemoved, KVEvent
 from taskplane.sim.blocks import stored_event
 from taskplane.sim.kvruns import EvictableRuns, tail_first_run
+from taskplane.sim.lora import Adapter
 
 
 @dataclass(slots=True, eq=False)
@@ -236,9 +237,10 @@ class KVCache:
         *,
         offset: int = 0,
         parent: int | None = None,
+        lora: Adapter | None = None,
     ) -> int:
-        """Cache blocks ``start..end-1`` of a request (now computed), held by ``hold``;
-        return how many were newly stored. A hash already
+        """Cache blocks ``start..end-1`` of a request (now computed, with adapter ``lora``),
+        held by ``hold``; return how many were newly stored. A hash already
         cached (computed concurrently by another request) stays un-hashed for this
         request, as in vLLM, and is not announced again.
 
@@ -258,7 +260,7 @@ class KVCache:
                 ref.update(new)
                 out.extend(run)
                 hold.owned += len(run)
-                self._announce(hashes, start, run, token_ids, offset, parent)
+                self._announce(hashes, start, run, token_ids, offset, parent, lora)
             return len(new)
         stored = 0
         run = []
@@ -267,7 +269,7 @@ class KVCache:
             h = hashes[j]
             if h in ref:
                 if run:
-                    self._announce(hashes, run_start, run, token_ids, offset, parent)
+                    self._announce(hashes, run_start, run, token_ids, offset, parent, lora)
                     run = []
                 run_start = j + 1
                 continue
@@ -277,15 +279,15 @@ class KVCache:
             stored += 1
         hold.owned += stored
         if run:
-            self._announce(hashes, run_start, run, token_ids, offset, parent)
+            self._announce(hashes, run_start, run, token_ids, offset, parent, lora)
         return stored
 
     def _announce(self, hashes: Sequence[int], first: int, run: list[int], token_ids: Sequence[int] | None,
-                  offset: int, parent: int | None) -> None:
+                  offset: int, parent: int | None, lora: Adapter | None) -> None:
         if self.spill is not None:
             self.spill(run)
         if self.emit:
-            self.events.append(stored_event(hashes, first, run, token_ids, offset, parent, self.block_size))
+            self.events.append(stored_event(hashes, first, run, token_ids, offset, parent, self.block_size, lora))
 
     def release(self, hold: Holding, unhashed: int) -> None:
         """A request finished: drop its references (tail first) and free its un-hashed blocks."""

@@ -7,6 +7,7 @@ vLLM's refusals handles the simulator's.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -35,12 +36,17 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
 
 
 
-def require_model(served: str, body: dict[str, Any]) -> None:
+def require_model(served: str, body: dict[str, Any], adapters: Collection[str] = ()) -> str | None:
+    """The LoRA adapter the request names as its model (None: the base model ``served``);
+    any other model is vLLM's 404."""
     model = body.get("model")
     if model is None:
         raise ApiError(400, "model is required", "model")
-    if model != served:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    if model == served:
+        return None
+    if model in adapters:
+        return str(model)
+    raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
 def validate_sampling(body: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ class SimRequest:
     output_block_hashes: Sequence[int] = ()
     token_ids: Sequence[int] | None = None
     tag: Any = None  # opaque to the engine, returned in its events
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 @dataclass(slots=True)

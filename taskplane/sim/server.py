@@ -31,6 +31,8 @@ from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
 from taskplane.sim import responses
 from taskplane.sim.faults import apply_updates
 from taskplane.sim.http_replica import ReplicaOptions, SimReplica
+from taskplane.sim.lora_api import attach_router as attach_lora_router
+from taskplane.sim.lora_api import model_cards, runtime_updates_allowed
 from taskplane.sim.openai_api import (
     ApiError,
     chat_prompt,
@@ -71,6 +73,8 @@ def create_app(rep: SimReplica) -> FastAPI:
     app.add_api_route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"])
     if rep.sleep is not None:
         attach_sleep_router(app, rep)
+    if rep.engine.adapters is not None and runtime_updates_allowed():
+        attach_lora_router(app, rep)
     app.add_api_route("/admin/faults", get_faults, methods=["GET"])
     app.add_api_route("/admin/faults", set_faults, methods=["POST"])
     app.add_api_route("/admin/state", state, methods=["GET"])
@@ -103,7 +107,7 @@ async def _hang_if_needed(rep: SimReplica, *, inference: bool = True) -> None:
 
 async def _run(rep: SimReplica, body: dict[str, Any], chat: bool) -> tuple[SimCall, Finished | None]:
     """Validate, apply faults, put the call on the engine; await it unless it streams."""
-    require_model(rep.model, body)
+    adapter = require_model(rep.model, body, rep.adapter_names())
     validate_sampling(body)
     prompt = chat_prompt(body) if chat else completion_prompt(body)
     check_length(rep.max_model_len, len(prompt), body)
@@ -111,7 +115,7 @@ async def _run(rep: SimReplica, body: dict[str, Any], chat: bool) -> tuple[SimCa
     rep.check_faults_on_request()
     arrived = time.monotonic()
     await rep.until_awake()
-    call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat)
+    call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat, adapter=adapter)
     call.arrival_wall = arrived  # a call held while the replica slept counts the wait in its TTFT, as in vLLM
     rep.submit(call, sim)
     if call.stream:
@@ -134,10 +138,10 @@ async def _serve(request: Request, chat: bool) -> Response:
     cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if fin is None:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        return StreamingResponse(stream(call, chat=chat, cid=cid, created=created, model=rep.model,
+        return StreamingResponse(stream(call, chat=chat, cid=cid, created=created, model=str(body["model"]),
                                         include_usage=include_usage, abort=rep.abort),
                                  media_type="text/event-stream")
-    return JSONResponse(completion_body(call, fin, chat=chat, cid=cid, created=created, model=rep.model))
+    return JSONResponse(completion_body(call, fin, chat=chat, cid=cid, created=created, model=str(body["model"])))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -189,9 +193,11 @@ async def embeddings(request: Request) -> Response:
 
 async def models(request: Request) -> dict[str, Any]:
     rep = _replica(request)
+    created = int(time.time())
     return {"object": "list", "data": [{
-        "id": rep.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-        "root": rep.model, "parent": None, "max_model_len": rep.max_model_len}]}
+        "id": rep.model, "object": "model", "created": created, "owned_by": "vllm",
+        "root": rep.model, "parent": None, "max_model_len": rep.max_model_len},
+        *model_cards(rep.engine.adapters, rep.model, rep.max_model_len, created)]}
 
 
 async def health(request: Request) -> Response:
