@@ -59,6 +59,9 @@ class CallRequest:
     tokenized: bool = True  # False: block_hashes are text_chain_hashes (approximate index only)
     avoid_replicas: tuple[str, ...] = ()  # never place here (a retry after a replica failed)
     tool: str | None = None  # the tool its task ran since the session's previous call (SDK hint)
+    # the LoRA adapter the call runs with (vLLM serves it as a model of this name on replicas of
+    # ``model``, the base model); None: the base model itself
+    adapter: str | None = None
 
 
 class Priority(StrEnum):
