@@ -25,9 +25,13 @@ fi
 .venv/bin/ruff check taskplane workflows tests examples benchmarks
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
+# A base directory of this run's own: pytest prunes the older numbered ones under
+# /tmp/pytest-of-USER, which would pull the rug from under another run on the same machine.
+BASETEMP="$(mktemp -d /tmp/taskplane-tests.XXXXXX)"
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" "$@"
 rc=$?
+rm -rf "$BASETEMP" 2>/dev/null
 set -e
 if [[ $rc -eq 5 ]]; then
     echo "[test] pytest collected no tests: that is a failure" >&2
