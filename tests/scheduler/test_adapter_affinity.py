@@ -28,7 +28,7 @@ def test_ranks_by_load_time_saved() -> None:
 
 def test_calls_without_adapter_score_the_same_everywhere() -> None:
     s = scores("adapter-affinity", lora_pool(), request())
-    assert set(s.values()) == {1.0}
+    assert set(s.values()) == {0.0}
 
 
 def test_settings_are_documented_and_checked() -> None:

@@ -53,8 +53,8 @@ def adapter_score(view: ReplicaView, adapter: str, p: AdapterAffinityParams) -> 
 
 @register("adapter-affinity")
 class AdapterAffinityScorer(Scorer):
-    """Warm adapter > queued adapter > free slot > eviction; calls without an adapter score 1
-    everywhere (the same on every replica, so they place as without this scorer)."""
+    """Warm adapter > queued adapter > free slot > eviction. Calls without an adapter score 0
+    everywhere: adding exact zeros leaves every total, and so every placement, as it was."""
 
     Params = AdapterAffinityParams
 
@@ -62,6 +62,6 @@ class AdapterAffinityScorer(Scorer):
         adapter = state.request.adapter
         positions = state.sel
         if not adapter:
-            return np.ones(len(positions))
+            return np.zeros(len(positions))
         p: AdapterAffinityParams = self.params
         return np.array([adapter_score(state.view(int(i)), adapter, p) for i in positions], dtype=np.float64)
