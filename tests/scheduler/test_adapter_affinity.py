@@ -36,3 +36,17 @@ def test_settings_are_documented_and_checked() -> None:
     assert s["free"] == 0.7
     with pytest.raises(ConfigError):
         REGISTRY.build(Kind.SCORER, {"type": "adapter-affinity", "params": {"evict_score": 2.0}})
+
+
+def test_load_balance_keeps_the_replica_where_a_calls_adapter_runs() -> None:
+    from test_plugins import kept
+
+    loads = [6, 14, 9, 11, 10, 8, 12, 10, 9, 11, 13, 7, 10, 10, 9, 11]
+    pool = [replica(f"r{i}", num_running=n, max_loras=4, lora_running=frozenset({"a"} if i == 1 else ()))
+            for i, n in enumerate(loads)]
+    new_task = {"task_id": "t", "session_id": "t", "step": 0}
+    near_least = {"chance_k": 0}
+    assert kept("load-balance", pool, request(**new_task), near_least) == ["r0", "r5", "r11"]
+    assert kept("load-balance", pool, request(adapter="a", **new_task), near_least) == ["r0", "r1", "r5", "r11"]
+    assert kept("load-balance", pool, request(adapter="a", **new_task),
+                {**near_least, "keep_warm_adapter": False}) == ["r0", "r5", "r11"]
