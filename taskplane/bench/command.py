@@ -4,7 +4,8 @@
 (:mod:`taskplane.bench.suite`) or, with ``--engine vllm``, routers on real replicas
 (:mod:`taskplane.bench.real`); ``scale`` runs one policy at fleet scale
 (:mod:`taskplane.bench.scale`); ``diurnal`` the autoscalers over a day
-(:mod:`taskplane.bench.diurnal_command`).
+(:mod:`taskplane.bench.diurnal_command`); ``adapters`` LoRA tenants' agent sessions
+(:mod:`taskplane.bench.adapters`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         return run_diurnal_command(options)
     if options.workload == "scale":
         return _run_scale(options)
+    if options.workload == "adapters":
+        from taskplane.bench.adapters import run_adapters
+
+        return run_adapters(options)
     if options.cells != 1:
         raise UserError("--cells splits the fleet for --workload scale only")
     if options.engine == "vllm" and (options.host_kv_gb or options.remote_kv_gb):

@@ -13,8 +13,9 @@ from pathlib import Path
 from taskplane.errors import UserError
 
 WORKLOADS = ("agents", "mooncake")
-#: every ``--workload``: the policy comparisons, then one policy at fleet scale, then the autoscalers
-ALL_WORKLOADS = (*WORKLOADS, "scale", "diurnal")
+#: every ``--workload``: the policy comparisons, then one policy at fleet scale, then the autoscalers,
+#: then LoRA adapters placed by each policy
+ALL_WORKLOADS = (*WORKLOADS, "scale", "diurnal", "adapters")
 DEFAULT_LOADS = (0.5, 1.0, 1.3)
 
 

@@ -5,7 +5,9 @@ engines or models behind one endpoint); pass ``model`` to keep one ``model_name`
 Names follow vLLM V1 (``vllm:kv_cache_usage_perc``, a fraction 0..1 despite its name),
 with V0's ``vllm:gpu_cache_usage_perc`` accepted as a fallback. ``sleeping`` comes from
 ``vllm:engine_sleep_state{sleep_state="awake"}`` (0 while the engine sleeps: vLLM's
-``/health`` still answers 200 then, so this gauge is how a scrape tells).
+``/health`` still answers 200 then, so this gauge is how a scrape tells). The LoRA fields
+come from ``vllm:lora_requests_info``: vLLM keeps every label set it ever set, each valued
+at the time it was set, so the newest (highest value) is the current one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class MetricsSnapshot:
     e2e_count: float = 0.0
     models: list[str] = field(default_factory=list)  # model_name labels seen
     sleeping: bool = False  # vLLM sleep mode: an engine reports awake = 0
+    max_loras: int = 0  # --max-loras; 0: the page has no vllm:lora_requests_info
+    lora_running: frozenset[str] = frozenset()  # adapters of the running requests
+    lora_waiting: frozenset[str] = frozenset()  # adapters of the waiting requests
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -69,7 +74,8 @@ def _int_label(value: str | None) -> int | None:
 
 _SUFFIXES = ("_total", "_sum", "_count", "_bucket", "_created")
 _SLEEP = "vllm:engine_sleep_state"
-_NEEDED_SAMPLES = frozenset([*_SUMS, *_USAGE, "vllm:cache_config_info", _SLEEP])
+_LORA = "vllm:lora_requests_info"
+_NEEDED_SAMPLES = frozenset([*_SUMS, *_USAGE, "vllm:cache_config_info", _SLEEP, _LORA])
 
 
 def _family(name: str) -> str:
@@ -115,6 +121,7 @@ def parse_metrics(text: str, model: str | None = None) -> MetricsSnapshot:
     snap = MetricsSnapshot()
     usage: dict[str, list[float]] = {name: [] for name in _USAGE}
     models: set[str] = set()
+    lora_at = float("-inf")
     kept = relevant_lines(text)
     try:
         # A page with none of our samples is parsed whole, so junk still raises.
@@ -137,6 +144,10 @@ def parse_metrics(text: str, model: str | None = None) -> MetricsSnapshot:
             elif name == _SLEEP:
                 if labels.get("sleep_state") == "awake" and value == 0:
                     snap.sleeping = True
+            elif name == _LORA:
+                if value >= lora_at:
+                    lora_at = value
+                    _apply_lora(snap, labels)
             elif name == "vllm:cache_config_info":
                 bs, nb = _int_label(labels.get("block_size")), _int_label(labels.get("num_gpu_blocks"))
                 if bs is not None:
@@ -149,3 +160,13 @@ def parse_metrics(text: str, model: str | None = None) -> MetricsSnapshot:
             break
     snap.models = sorted(models)
     return snap
+
+
+def _adapter_set(value: str | None) -> frozenset[str]:
+    return frozenset(a for a in (value or "").split(",") if a)
+
+
+def _apply_lora(snap: MetricsSnapshot, labels: dict[str, str]) -> None:
+    snap.max_loras = _int_label(labels.get("max_lora")) or 0
+    snap.lora_running = _adapter_set(labels.get("running_lora_adapters"))
+    snap.lora_waiting = _adapter_set(labels.get("waiting_lora_adapters"))

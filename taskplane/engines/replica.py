@@ -35,6 +35,7 @@ DEFAULT_PRICE_PER_HOUR = {
 VIEW_FIELDS = frozenset({
     "config", "pool", "healthy", "down_until", "kv_blocks_total", "kv_usage", "block_size", "num_running",
     "num_waiting", "inflight", "inflight_prompt_tokens", "unstarted_prompt_tokens", "inflight_decode_tokens", "kv_events_live",
+    "max_loras", "lora_running", "lora_waiting",
 })
 
 
@@ -61,6 +62,10 @@ class ReplicaState:
     unstarted_prompt_tokens: int = 0
     inflight_decode_tokens: int = 0
     kv_events_live: bool = False
+    #: LoRA, from ``vllm:lora_requests_info`` (max_loras 0: the replica reports none).
+    max_loras: int = 0
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
     sleeping: bool = False  # the engine reports vLLM sleep mode (healthy is then False)
     served_tokens: int = 0
     errors: int = 0
@@ -138,6 +143,9 @@ class ReplicaState:
             unstarted_prefill_tokens=self.unstarted_prompt_tokens if self.kv_events_live else None,
             inflight_decode_tokens=self.inflight_decode_tokens,
             has_kv_events=self.kv_events_live,
+            max_loras=self.max_loras,
+            lora_running=self.lora_running,
+            lora_waiting=self.lora_waiting,
         )
 
 

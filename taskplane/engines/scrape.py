@@ -101,3 +101,5 @@ def _apply_metrics(s: ReplicaState, m: MetricsSnapshot) -> None:
         s.block_size = int(m.block_size)
     s.prefix_queries = float(m.prefix_cache_queries)
     s.prefix_hits = float(m.prefix_cache_hits)
+    if m.max_loras or s.max_loras:  # unchanged (no view refresh) on replicas without LoRA
+        s.max_loras, s.lora_running, s.lora_waiting = m.max_loras, m.lora_running, m.lora_waiting

@@ -26,6 +26,16 @@ ROOT: int = int.from_bytes(hashlib.blake2b(b"taskplane/kv-root/v1", digest_size=
 MASK64 = (1 << 64) - 1
 
 
+def adapter_root(adapter: str | None) -> int:
+    """Parent hash of the first block of a call run with LoRA ``adapter`` (``ROOT`` for the
+    base model): as in vLLM, one adapter's blocks never match another's or the base model's,
+    so the index chains each adapter's blocks from its own root."""
+    if not adapter:
+        return ROOT
+    return int.from_bytes(hashlib.blake2b(b"taskplane/kv-root/lora/" + adapter.encode(), digest_size=8).digest(),
+                          "little")
+
+
 def token_bytes(tokens: Sequence[int]) -> bytes:
     """Tokens as little-endian int64 bytes (packed in C: struct for lists, numpy for arrays
     and for ``bytes``, the gateway's byte-level tokens, widened without an int per token)."""

@@ -84,6 +84,15 @@ PRESETS: dict[str, Preset] = {
             scorers=(_s("dynamo-kvbm-cost"),),
         ),
         Preset(
+            "llm-d-lora",
+            "llm-d-scorers plus LoRA affinity (2): 1 where the call's adapter runs or waits, 0.8 where a batch "
+            "slot is free (running + waiting adapters below max_lora), else 0",
+            "llm-d inference scheduler / Gateway API Inference Extension lora-affinity-scorer, from "
+            "vllm:lora_requests_info",
+            scorers=(_s("prefix-cache", 3.0), _s("queue", 2.0), _s("kv-usage", 2.0),
+                     _s("adapter-affinity", 2.0, waiting_score=1.0, free_slot_score=0.8, unknown_score=0.0)),
+        ),
+        Preset(
             "continuum-ttl",
             "a session stays pinned to its replica for a TTL drawn from its agent's tool-gap distribution "
             "(mean + k std), then tier-aware prefix (saved prefill time) and load",
@@ -96,7 +105,8 @@ PRESETS: dict[str, Preset] = {
             "taskplane",
             "all seven axes: filters (health, tenant GPUs, memory headroom, latency budget, long prefills by "
             "when they would finish, load balance), scorers "
-            "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1), "
+            "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
+            "LoRA adapter affinity 2), "
             "admission control with priority bands, fair share, EDF and shedding",
             "this project",
             filters=("healthy", "tenant-gpu", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
@@ -108,6 +118,7 @@ PRESETS: dict[str, Preset] = {
                 _s("weight-warmth", 1.0),
                 _s("gpu-price", 1.0),
                 _s("workflow-context", 1.0),
+                _s("adapter-affinity", 2.0),
             ),
             admission=True,
             sticky=True,

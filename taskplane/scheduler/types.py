@@ -33,6 +33,11 @@ class ReplicaView:
     has_kv_events: bool = False
     max_num_seqs: int = 256  # the engine's batch limit (vLLM --max-num-seqs)
     kv_host_blocks_total: int = 0  # KV blocks of its host (CPU) tier; 0: GPU only
+    # LoRA (vllm:lora_requests_info): the adapters of its running and of its waiting requests,
+    # and how many adapters one batch may mix (--max-loras); 0: LoRA not enabled or not known
+    max_loras: int = 0
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from taskplane.scheduler.hashing import ROOT
+from taskplane.scheduler.hashing import adapter_root
 from taskplane.scheduler.kv.events import BlockStored
 from taskplane.sim.lora import Adapter
 from taskplane.sim.tokens import RepeatedBlocks, repeated_block_hash
@@ -46,7 +46,7 @@ def extend_hashes(spec: TaskSpec, contents: list[int], hashes: list[int], n_bloc
     then their chained hashes (``repeated_block_hash``: memoised, shared with the KV index)."""
     if len(contents) < n_blocks:
         contents.extend(block_contents(spec, len(contents), n_blocks, block_size))
-    parent = hashes[-1] if hashes else ROOT
+    parent = hashes[-1] if hashes else adapter_root(spec.adapter)
     for c in contents[len(hashes):n_blocks]:
         parent = repeated_block_hash(parent, c, block_size)
         hashes.append(parent)

@@ -105,6 +105,7 @@ def call_request(call: SimCall, t: float, block_size: int, hints: HintMode = Hin
         allow_fallback=spec.allow_fallback, now_s=t, agent=spec.agent, call_id=call.key, block_size=block_size,
         tokenized=True, avoid_replicas=call.avoid,
         tool=spec.calls[call.step].tool if call.step > 0 else None,  # the SDK's hint: the tool that ran
+        adapter=spec.adapter,
     )
 
 
@@ -119,7 +120,7 @@ def engine_request(call: SimCall, block_size: int, with_tokens: bool) -> SimRequ
     tokens = RepeatedBlocks(call.contents, block_size, call.prompt_tokens + call.output_tokens) if with_tokens else None
     return SimRequest(req_id=call.key, prompt_tokens=call.prompt_tokens, output_tokens=call.output_tokens,
                       block_hashes=prompt_hashes, output_block_hashes=hashes[n_prompt: call.n_total_blocks],
-                      token_ids=tokens, tag=call)
+                      token_ids=tokens, tag=call, adapter=call.task.spec.adapter)
 
 
 def call_record(call: SimCall, t: float, *, outcome: Outcome, error: str | None, replica: str | None,

@@ -8,6 +8,7 @@ from typing import Any
 from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.hints import HintMode
 from taskplane.sim.hosttier import TierSpec
+from taskplane.sim.lora import LoraSettings
 
 
 @dataclass(slots=True)
@@ -22,6 +23,8 @@ class ReplicaSpec:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     outages: list[tuple[float, float | None]] = field(default_factory=list)  # (down_at_s, up_at_s)
+    lora: LoraSettings | None = None  # --enable-lora and its limits (None: the base model only)
+    adapters: tuple[str, ...] = ()  # registered at start, as --lora-modules would
 
 
 @dataclass(slots=True)

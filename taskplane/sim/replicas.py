@@ -43,7 +43,9 @@ class SimReplicas:
                 gpu=r.gpu, model=r.model, kv_blocks=r.kv_blocks, block_size=block_size, max_num_seqs=r.max_num_seqs,
                 max_num_batched_tokens=r.max_num_batched_tokens, model_loaded=r.model_loaded,
                 cold_start_s=r.cold_start_s, emit_kv_events=kv_events, emit_first_token=first_tokens,
-                removed_per_block=False), tiers=_tiers(spec, remote, r.model, block_size, kv_events))
+                removed_per_block=False, lora=r.lora), tiers=_tiers(spec, remote, r.model, block_size, kv_events))
+            for adapter in r.adapters:
+                eng.adapters.register(adapter, f"/adapters/{adapter}")  # type: ignore[union-attr]
             price = r.cost_per_hour_usd if r.cost_per_hour_usd is not None else eng.gpu.price_per_hour_usd
             self.engines.append(eng)
             self.prices.append(price)
@@ -51,7 +53,8 @@ class SimReplicas:
                 name=r.name, model=r.model, gpu=r.gpu, cost_per_hour_usd=price, healthy=True,
                 model_loaded=r.model_loaded, kv_blocks_total=eng.num_blocks, kv_blocks_free=eng.free_blocks(),
                 block_size=block_size, has_kv_events=kv_events, max_num_seqs=r.max_num_seqs,
-                kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0))
+                kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0,
+                max_loras=r.lora.max_loras if r.lora is not None else 0))
         self.healthy = [True] * len(self.engines)
         self._table = ReplicaTable(self.views) if table else None
         self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
@@ -84,6 +87,8 @@ class SimReplicas:
              v.inflight_decode_tokens) = e.load()
             v.model_loaded = e.model_loaded
             v.healthy = healthy[i]
+            if e.adapters is not None:
+                v.lora_running, v.lora_waiting = lora_state(e)
         if self._table is not None:
             self._unsynced |= dirty
         dirty.clear()
@@ -105,7 +110,7 @@ class SimReplicas:
         return [ReplicaResult(name=v.name, gpu=v.gpu, cost_per_hour_usd=self.prices[i],
                               busy_s=e.stats.busy_s, steps=e.stats.steps, prefix_queries=e.stats.prefix_queries,
                               prefix_hits=e.stats.prefix_hits, finished=e.stats.finished,
-                              **_tier_figures(e))
+                              **_tier_figures(e), **_lora_figures(e))
                 for i, (v, e) in enumerate(zip(self.views, self.engines, strict=True))]
 
 
@@ -130,3 +135,17 @@ def _tier_figures(engine: SimEngine) -> dict[str, int]:
     return {"host_hit_tokens": st.host_hit_tokens, "remote_hit_tokens": st.remote_hit_tokens,
             "loaded_tokens": st.loaded_tokens, "offloaded_tokens": st.offloaded_tokens,
             "prefetched_tokens": st.prefetched_tokens}
+
+
+def lora_state(engine: SimEngine) -> tuple[frozenset[str], frozenset[str]]:
+    """The adapters of its running and of its waiting requests: what a replica's
+    ``vllm:lora_requests_info`` reports, nothing more (not its GPU or host copies)."""
+    running = frozenset(engine.adapters.running) if engine.adapters is not None else frozenset()
+    waiting = frozenset(r.spec.adapter for r in engine.batcher.waiting if r.spec.adapter)
+    return running, waiting
+
+
+def _lora_figures(engine: SimEngine) -> dict[str, int]:
+    """A replica's adapter load counters for its :class:`ReplicaResult` (none without LoRA)."""
+    a = engine.adapters
+    return {} if a is None else {"lora_disk_loads": a.loads_from_disk, "lora_gpu_loads": a.loads_to_gpu}

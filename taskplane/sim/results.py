@@ -94,6 +94,9 @@ class ReplicaResult:
     loaded_tokens: int = 0
     offloaded_tokens: int = 0
     prefetched_tokens: int = 0
+    # LoRA (zero without it): adapter weights read from disk, and copied into a GPU slot
+    lora_disk_loads: int = 0
+    lora_gpu_loads: int = 0
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _sched_util import BS, engine_store_events, removed, stored, tokens
 
-from taskplane.scheduler.hashing import chain_hashes
+from taskplane.scheduler.hashing import ROOT, adapter_root, chain_hashes
 from taskplane.scheduler.kv import events as wire
 from taskplane.scheduler.kv.events import normalize_event
 from taskplane.scheduler.kvindex import BatchStatus, KVIndex
@@ -53,7 +53,7 @@ def test_unknown_parent_is_skipped_not_guessed() -> None:
     assert idx.precise.unchained_blocks == 2
 
 
-def test_lora_and_cpu_tier_blocks_are_not_indexed() -> None:
+def test_unnamed_lora_and_cpu_tier_blocks_are_not_indexed() -> None:
     idx = KVIndex()
     toks = tokens(1, 1)
     ev = stored([5], None, toks)
@@ -217,3 +217,22 @@ def test_stored_blocks_names_an_events_blocks_with_our_hashes() -> None:
     orphan = [stored([333], 999, tokens(5, 1))]  # its parent was never stored: not indexed
     idx.apply_events("a", orphan)
     assert idx.stored_blocks("a", orphan) == []
+
+
+@pytest.mark.parametrize("typed", [False, True])
+def test_an_adapters_blocks_match_only_its_own_calls(typed: bool) -> None:
+    idx = KVIndex()
+    toks = tokens(1, 4)
+    first = {**stored([11, 12], None, toks[: 2 * BS]), "lora_id": 1, "lora_name": "sql"}
+    child = {**stored([13, 14], 12, toks[2 * BS :]), "lora_id": 1, "lora_name": "sql"}
+    base = stored([21, 22, 23, 24], None, toks)
+    events = [first, child, base]
+    if typed:  # vLLM's structs, as the subscriber decodes them and the simulator emits them
+        events = [wire.BlockStored(**{k: v for k, v in e.items() if k != "type"}) for e in events]
+    idx.apply_events("a", events[:2])
+    idx.apply_events("b", events[2:])
+    sql, chat, plain = (chain_hashes(toks, BS, adapter_root(a)) for a in ("sql", "chat", None))
+    assert idx.match(sql, ["a", "b"]) == {"a": 4}
+    assert idx.match(chat, ["a", "b"]) == {}
+    assert idx.match(plain, ["a", "b"]) == {"b": 4}  # base-model calls: as before
+    assert adapter_root(None) == ROOT and adapter_root("sql") != ROOT

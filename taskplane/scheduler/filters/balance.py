@@ -66,6 +66,10 @@ class LoadBalanceParams:
         "replica at or below chance's maximum: only the piled-up ones are taken out) or 'near-least' "
         "(within abs_threshold of the least loaded, as smaller fleets)",
     )
+    keep_warm_adapter: bool = param(
+        True, "a call with a LoRA adapter also keeps the replicas (able to take it) where its adapter runs or "
+        "waits: moving it off them costs an adapter load, often more than the imbalance saves",
+    )
 
     def validate(self) -> None:
         if self.abs_threshold < 0 or self.rel_threshold < 1 or self.chance_k < 0 or self.chance_min_replicas < 2:
@@ -118,8 +122,17 @@ class LoadBalanceFilter(Filter):
             if high <= ceiling:
                 return None  # no more spread than random placement would give: nothing piles up
             if p.keep == "below-chance":
-                return able & (load <= ceiling)  # only the piled-up replicas leave affinity's choice
-        return able & (load <= low + p.abs_threshold)
+                return self._with_warm_adapter(state, able, able & (load <= ceiling))
+        return self._with_warm_adapter(state, able, able & (load <= low + p.abs_threshold))
+
+    def _with_warm_adapter(self, state: CycleState, able: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """``keep`` plus, for a call with an adapter, the able replicas where it runs or waits."""
+        adapter = state.request.adapter
+        if not adapter or not self.params.keep_warm_adapter:
+            return keep
+        warm = np.fromiter((adapter in (v := state.view(int(i))).lora_running or adapter in v.lora_waiting
+                            for i in state.sel), dtype=bool, count=len(state.sel))
+        return keep | (able & warm)
 
     def keeps(self, one: OneCandidate) -> bool:
         return True  # the pinned replica of a session: see the module docstring

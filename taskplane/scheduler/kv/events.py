@@ -145,8 +145,9 @@ class Stored:
     parent_block_hash: Any
     token_ids: tuple[int, ...] | Sequence[int]
     block_size: int
-    indexable: bool = True  # False for LoRA blocks and non-GPU tiers: never matched
+    indexable: bool = True  # False for unnamed LoRA blocks and non-GPU tiers: never matched
     lower_tier: bool = False  # a base-model block of a host / remote tier (medium not GPU)
+    lora_name: str | None = None  # the adapter of the blocks (None: the base model)
 
 
 @dataclass(slots=True, frozen=True)
@@ -172,8 +173,10 @@ def gpu_tier(medium: Any) -> bool:
 
 
 def stored_indexable(ev: Any) -> bool:
-    """:func:`normalize_event`'s ``indexable`` for a :class:`BlockStored` (no group field)."""
-    return ev.lora_id is None and ev.lora_name is None and gpu_tier(ev.medium)
+    """:func:`normalize_event`'s ``indexable`` for a :class:`BlockStored` (no group field):
+    a GPU block of the base model or of an adapter the event names (a call names its
+    adapter by name, so a block with only a ``lora_id`` could never be looked up)."""
+    return (ev.lora_id is None or ev.lora_name is not None) and gpu_tier(ev.medium)
 
 
 def normalize_event(ev: Any) -> Event:
@@ -184,9 +187,10 @@ def normalize_event(ev: Any) -> Event:
     * a list whose first item is the type tag (array-like encoding, vLLM field order),
     * an already normalised :class:`Stored` / :class:`Removed` / :class:`Cleared`.
 
-    Blocks of a LoRA adapter, of a non-GPU tier (``medium`` other than GPU) or of a
-    non-default KV cache group are kept out of the GPU index: base-model prompts never hit
-    them there. A base-model block of a non-GPU tier is marked ``lower_tier``: the index
+    A LoRA adapter's GPU blocks are indexable when the event names the adapter
+    (``lora_name``): the index chains them from the adapter's own root, so only that
+    adapter's calls match them. Blocks of an unnamed adapter, of a non-GPU tier (``medium``
+    other than GPU) or of a non-default KV cache group are kept out of the GPU index. A base-model block of a non-GPU tier is marked ``lower_tier``: the index
     records it in its tier view (what a host hit saves), as it does for the typed events.
     """
     if isinstance(ev, Stored | Removed | Cleared):
@@ -203,17 +207,20 @@ def normalize_event(ev: Any) -> Event:
         def get(key: str, default: Any = None) -> Any:
             return getattr(ev, key, default)
     if kind == "BlockStored":
-        lora = get("lora_id") is not None or get("lora_name") is not None
+        lora_name = get("lora_name")
+        lora = get("lora_id") is not None or lora_name is not None
         group = get("group_idx")
         gpu = gpu_tier(get("medium"))
-        base = not lora and (group is None or group == 0)
+        default_group = group is None or group == 0
+        base = not lora and default_group
         return Stored(
             block_hashes=tuple(get("block_hashes") or ()),
             parent_block_hash=get("parent_block_hash"),
             token_ids=get("token_ids") or (),
             block_size=int(get("block_size") or 0),
-            indexable=base and gpu,
+            indexable=default_group and gpu and (not lora or lora_name is not None),
             lower_tier=base and not gpu,
+            lora_name=lora_name,
         )
     if kind == "BlockRemoved":
         group = get("group_idx")

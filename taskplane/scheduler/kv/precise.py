@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskplane.scheduler.hashing import ROOT, chain_hashes
+from taskplane.scheduler.hashing import adapter_root, chain_hashes
 from taskplane.scheduler.kv.events import (
     BlockRemoved,
     BlockStored,
@@ -206,7 +206,7 @@ class PreciseIndex:
                     n_stored += 1
                     if stored_indexable(raw):
                         self._stored(rep, bit, raw.block_hashes or (), raw.parent_block_hash,
-                                     raw.token_ids or (), int(raw.block_size or 0))
+                                     raw.token_ids or (), int(raw.block_size or 0), raw.lora_name)
                     elif raw.lora_id is None and raw.lora_name is None:  # a lower tier's block
                         self.tiers.stored(self.slots.ensure(name), rep.eng2ours, raw.block_hashes or ())
                     continue
@@ -221,7 +221,8 @@ class PreciseIndex:
                 if isinstance(ev, Stored):
                     n_stored += 1
                     if ev.indexable:
-                        self._stored(rep, bit, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size)
+                        self._stored(rep, bit, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
+                                     ev.lora_name)
                     elif ev.lower_tier:  # a host-tier block (e.g. a plain dict with medium "CPU")
                         self.tiers.stored(self.slots.ensure(name), rep.eng2ours, ev.block_hashes)
                 elif isinstance(ev, Removed):
@@ -268,15 +269,17 @@ class PreciseIndex:
         parent_block_hash: Any,
         token_ids: Sequence[int],
         bs: int,
+        lora_name: str | None = None,
     ) -> None:
-        """Index a ``BlockStored`` event's blocks under our own chained hashes."""
+        """Index a ``BlockStored`` event's blocks under our own chained hashes (a chain's
+        first block under its adapter's root: see :func:`adapter_root`)."""
         if bs <= 0 or not block_hashes:
             return
         if rep.block_size != bs:
             rep.block_size = bs
             self.publishers.set_block_size(self.slots.ensure(rep.name), bs)
         if parent_block_hash is None:
-            parent = ROOT
+            parent = adapter_root(lora_name)
         else:
             known = rep.eng2ours.get(parent_block_hash)
             if known is None:

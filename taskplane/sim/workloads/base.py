@@ -51,6 +51,7 @@ class TaskSpec:
     # the author's estimate of the task's calls (``@agent(steps=N)``), what the SDK sends
     # as steps remaining in the simulator's ``author`` hints mode; None: the author gave none
     expected_steps: int | None = None
+    adapter: str | None = None  # the LoRA adapter every call of the task runs with (None: the base model)
 
     @property
     def open_loop(self) -> bool:

@@ -1,0 +1,52 @@
+"""The adapter-affinity scorer on ReplicaViews: warm > queued > free slot > eviction."""
+
+from __future__ import annotations
+
+import pytest
+from _sched_util import replica, request
+from test_plugins import scores
+
+from taskplane.errors import ConfigError
+from taskplane.scheduler.framework.plugin import Kind
+from taskplane.scheduler.framework.registry import REGISTRY
+
+
+def lora_pool() -> list:
+    return [
+        replica("warm", max_loras=2, lora_running=frozenset({"a", "b"})),
+        replica("queued", max_loras=2, lora_running=frozenset({"b"}), lora_waiting=frozenset({"a"})),
+        replica("free", max_loras=2, lora_running=frozenset({"c"})),
+        replica("full", max_loras=2, lora_running=frozenset({"c"}), lora_waiting=frozenset({"d"})),
+        replica("plain"),
+    ]
+
+
+def test_ranks_by_load_time_saved() -> None:
+    s = scores("adapter-affinity", lora_pool(), request(adapter="a"))
+    assert s == {"warm": 1.0, "queued": 0.9, "free": 0.5, "full": 0.0, "plain": 0.5}
+
+
+def test_calls_without_adapter_score_the_same_everywhere() -> None:
+    s = scores("adapter-affinity", lora_pool(), request())
+    assert set(s.values()) == {0.0}
+
+
+def test_settings_are_documented_and_checked() -> None:
+    s = scores("adapter-affinity", lora_pool(), request(adapter="a"), params={"free_slot_score": 0.7})
+    assert s["free"] == 0.7
+    with pytest.raises(ConfigError):
+        REGISTRY.build(Kind.SCORER, {"type": "adapter-affinity", "params": {"evict_score": 2.0}})
+
+
+def test_load_balance_keeps_the_replica_where_a_calls_adapter_runs() -> None:
+    from test_plugins import kept
+
+    loads = [6, 14, 9, 11, 10, 8, 12, 10, 9, 11, 13, 7, 10, 10, 9, 11]
+    pool = [replica(f"r{i}", num_running=n, max_loras=4, lora_running=frozenset({"a"} if i == 1 else ()))
+            for i, n in enumerate(loads)]
+    new_task = {"task_id": "t", "session_id": "t", "step": 0}
+    near_least = {"chance_k": 0}
+    assert kept("load-balance", pool, request(**new_task), near_least) == ["r0", "r5", "r11"]
+    assert kept("load-balance", pool, request(adapter="a", **new_task), near_least) == ["r0", "r1", "r5", "r11"]
+    assert kept("load-balance", pool, request(adapter="a", **new_task),
+                {**near_least, "keep_warm_adapter": False}) == ["r0", "r5", "r11"]
