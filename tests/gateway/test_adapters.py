@@ -123,3 +123,30 @@ async def test_a_bad_adapter_is_refused_and_records_nothing(lora_cluster: LocalC
     rows = await _rows_eventually(pg_url, task, 1)
     assert [(r["step"], r["adapter"]) for r in rows] == [(2, None)]
     assert await _rows(pg_url, task) == rows
+
+
+async def test_through_envoy_a_replica_lacking_the_adapter_is_a_clear_retryable_error(pg_url: str, tmp_path: Path) -> None:
+    """Envoy's data plane: replica-0 serves ``tenant-a``, replica-1 ``tenant-b``. A call landing
+    on the wrong one is a 503 naming the adapter (the replica stays in), and the client's
+    retry avoids it."""
+    c = LocalCluster(tmp_path, replicas=2, database_url=pg_url,
+                     replica_args=["--enable-lora", "--lora-modules", f"tenant-a={tmp_path / 'a'}"])
+    c.replicas[1].extra_args[-1] = f"tenant-b={tmp_path / 'b'}"
+    task = f"t-{uuid.uuid4().hex[:8]}"
+    with c:
+        async with httpx.AsyncClient(base_url=c.gateway_url, timeout=30) as client:
+            for step in range(4):
+                body = _chat(f"{MODEL}:tenant-a", f"envoy {step} " + "words " * 20)
+                headers = _headers(task, step, **{"X-Taskplane-Session-Id": f"{task}-{step}"})
+                r = await client.post("/v1/chat/completions", json=body, headers=headers)
+                if r.status_code != 200:
+                    err = r.json()["error"]
+                    assert r.status_code == 503 and err["type"] == "no_replica", r.text
+                    assert "'tenant-a' is not served on replica replica-1" in err["message"]
+                    r = await client.post("/v1/chat/completions", json=body, headers={**headers, "X-Taskplane-Attempt": "2"})
+                assert r.status_code == 200, r.text
+                assert r.json()["model"] == "tenant-a" and r.headers["X-Taskplane-Replica"] == "replica-0"
+            assert (await client.get("/healthz")).json()["healthy_replicas"] == 2
+    rows = await _rows(pg_url, task)
+    assert {r["adapter"] for r in rows} == {"tenant-a"}
+    assert sorted(r["step"] for r in rows if r["outcome"] == "success") == list(range(4))
