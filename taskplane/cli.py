@@ -288,7 +288,7 @@ def sim_engine(
 def report(
     since: Annotated[str | None, typer.Option(help="ISO date-time; default: everything")] = None,
     until: Annotated[str | None, typer.Option(help="ISO date-time")] = None,
-    group_by: Annotated[str, typer.Option("--group-by", help="agent|tenant|model|gpu|day")] = "tenant",
+    group_by: Annotated[str, typer.Option("--group-by", help="agent|tenant|model|gpu|day|adapter")] = "tenant",
     fmt: Annotated[str, typer.Option("--format", help="table|json|csv|html")] = "table",
     out: Annotated[Path | None, typer.Option(help="write to a file instead of stdout")] = None,
     tenant: Annotated[str | None, typer.Option(help="only this tenant's tasks and costs")] = None,

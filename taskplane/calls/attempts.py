@@ -114,6 +114,7 @@ def new_record(call: Call, *, try_index: int, replica: ReplicaState | None, outc
         tenant=call.ctx.tenant,
         agent=call.ctx.agent,
         model_requested=call.pool.model,
+        adapter=call.request.adapter,
         model_served=model_served,
         replica=replica.name if replica else None,
         gpu=replica.config.gpu if replica else None,

@@ -11,14 +11,21 @@ from taskplane.calls.intake import Call
 
 def upstream_body(call: Call, model: str) -> dict[str, Any]:
     """The client's body for the replica: the model that serves it, and (when streaming)
-    usage in the last event, which the attempt's row needs whether the client asked or not."""
+    usage in the last event, which the attempt's row needs whether the client asked or not.
+    A call with an adapter names the adapter on its base model's replicas (vLLM serves an
+    adapter as a model of that name); a fallback model is sent as itself."""
     body = dict(call.body)
-    body["model"] = model
+    body["model"] = sent_adapter(call, model) or model
     if call.stream:
         opts = dict(body.get("stream_options") or {})
         opts["include_usage"] = True
         body["stream_options"] = opts
     return body
+
+
+def sent_adapter(call: Call, model: str) -> str | None:
+    """The adapter a replica of ``model`` is asked for: the call's, on its base model only."""
+    return call.request.adapter if model == call.pool.model else None
 
 
 def filter_usage_event(event: bytes, usage: dict[str, Any], client_wants_usage: bool) -> bytes | None:

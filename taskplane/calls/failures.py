@@ -54,9 +54,14 @@ def engine_client_error(status: int, body: bytes) -> TaskplaneError:
     return TaskplaneError(etype, f"the engine refused the request: {msg}")
 
 
-def from_status(replica: str, status: int, body: bytes) -> Failure:
+def from_status(replica: str, status: int, body: bytes, adapter: str | None = None) -> Failure:
     """An error status from the engine (>= 400): 5xx and 429 are the replica's trouble
-    (retry elsewhere); any other 4xx refuses the request itself (answer it)."""
+    (retry elsewhere); any other 4xx refuses the request itself (answer it). A 404 to a
+    call with an adapter says the replica does not serve that adapter: another replica may,
+    and this one is not at fault."""
+    if status == 404 and adapter is not None:
+        err = TaskplaneError(ErrorType.MODEL_NOT_FOUND, f"adapter {adapter!r} is not served on replica {replica}")
+        return Failure(err, retry=True, fault=ReplicaFault.NONE, outcome=Outcome.ERROR)
     if status >= 500 or status == 429:
         err = TaskplaneError(ErrorType.REPLICA_ERROR, f"replica {replica} answered {status}")
         return Failure(err, retry=True, fault=ReplicaFault.SOFT)

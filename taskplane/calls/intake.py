@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskplane.calls import auth
+from taskplane.calls.adapters import H_ADAPTER, call_adapter
 from taskplane.calls.openai_extra import REQUEST_MODELS, prompt_tokens
 from taskplane.calls.requests import parse_body
 from taskplane.config import GatewayConfig, PoolConfig
@@ -62,7 +63,7 @@ class Call:
 
 
 _SINGLE_HEADERS = ("authorization", H_TENANT, H_TASK, H_SESSION, H_STEP, H_STEPS_REMAINING, H_PRIORITY, H_BUDGET_MS,
-                   H_SUNK_COST, H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID)
+                   H_SUNK_COST, H_ALLOW_FALLBACK, H_AGENT, H_ATTEMPT, H_CALL_ID, H_ADAPTER)
 
 
 def refuse_conflicting_headers(headers: Mapping[str, str]) -> None:
@@ -140,7 +141,8 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
     what it does not share with the previous one."""
     ctx = caller_context(config, headers)
     typed, body = parse_body(raw, REQUEST_MODELS.get(kind, REQUEST_MODELS["chat"]))  # type: ignore[arg-type]
-    pool = served_pool(config, typed.model)
+    base, adapter = call_adapter(typed.model, {p.model for p in config.pools}, headers)
+    pool = served_pool(config, base)
     tokens = prompt_tokens(typed)
     max_tokens = typed.wanted_tokens or DEFAULT_MAX_TOKENS
     check_length(config, pool, len(tokens), max_tokens)
@@ -167,6 +169,7 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
         call_id=ctx.call_id,
         block_size=block_size,
         tool=ctx.tool,
+        adapter=adapter,
     )
     stream_opts = body.get("stream_options") or {}
     return Call(

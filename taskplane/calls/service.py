@@ -76,5 +76,7 @@ class CallService:
 
     def _cache_key(self, call: Call) -> str | None:
         assert self.response_cache is not None
-        key: str | None = self.response_cache.key(call.pool.model, {"_kind": call.kind, **call.body})
+        # an adapter's answer is not the base model's (nor another adapter's)
+        model = call.pool.model if call.request.adapter is None else f"{call.pool.model}:{call.request.adapter}"
+        key: str | None = self.response_cache.key(model, {"_kind": call.kind, **call.body})
         return key

@@ -11,6 +11,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from taskplane.calls import failures
+from taskplane.calls.bodies import sent_adapter
 from taskplane.calls.openai_extra import reply_usage
 from taskplane.calls.service import CallService
 from taskplane.engines.replica import ReplicaState
@@ -117,7 +118,7 @@ class ResponseSettling:
         raw = bytes(ex.response_body)
         name = picked.served.replica.name
         if ex.status >= 400:
-            failure = self._failure(name, ex, raw)
+            failure = self._failure(name, ex, raw, sent_adapter(picked.call, picked.model))
             await picked.failed(failure)
             err = failure.error
             if failure.retry:  # Envoy ran out of retries on failing engines
@@ -136,13 +137,13 @@ class ResponseSettling:
             return [P.answer("response_body", headers=headers, streamed=(raw, True))]
         return [P.answer("response_body", headers=headers)]
 
-    def _failure(self, replica: str, ex: Exchange, body: bytes) -> failures.Failure:
+    def _failure(self, replica: str, ex: Exchange, body: bytes, adapter: str | None) -> failures.Failure:
         """An error answer: Envoy's own when the replica stayed silent past the per-try
         limit (a timeout, as the Python proxy records it), else the engine's status."""
         if ex.details in ENVOY_TIMEOUTS:
             limit = self.calls.config.limits.request_timeout_s
             return failures.unreachable(replica, f"no answer within {limit:g} s", timeout=True)
-        return failures.from_status(replica, ex.status, body)
+        return failures.from_status(replica, ex.status, body, adapter)
 
     def _replace_body(self, ex: Exchange, err: TaskplaneError) -> pb.ProcessingResponse:
         """The contract's error instead of what the engine sent."""

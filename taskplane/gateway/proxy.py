@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from taskplane.api.errors import error_response
 from taskplane.calls import failures
 from taskplane.calls.attempts import response_headers
-from taskplane.calls.bodies import upstream_body
+from taskplane.calls.bodies import sent_adapter, upstream_body
 from taskplane.calls.failures import Failure
 from taskplane.calls.intake import Call
 from taskplane.calls.lifecycle import Choice, Tries
@@ -102,7 +102,7 @@ class Proxy:
         try:
             client = self.upstream.client_for(replica)
             req = client.build_request("POST", replica.config.url + path, json=upstream_body(call, attempt.model))
-            resp = await open_response(client, req, replica)
+            resp = await open_response(client, req, replica, sent_adapter(call, attempt.model))
             if call.stream:
                 return StreamRelay(attempt, resp, lifecycle=self.lifecycle, leave=lambda: self.lifecycle.leave(call)).response()
             data, usage = await read_completion(resp, replica, call.kind)

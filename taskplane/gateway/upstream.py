@@ -85,9 +85,11 @@ class AttemptFailed(Exception):
         self.failure = failure
 
 
-async def open_response(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState) -> httpx.Response:
+async def open_response(client: httpx.AsyncClient, req: httpx.Request, replica: ReplicaState,
+                        adapter: str | None = None) -> httpx.Response:
     """Send the attempt and return the replica's successful response, its body still to
-    read; any other ending raises ``AttemptFailed`` (the response already closed)."""
+    read; any other ending raises ``AttemptFailed`` (the response already closed).
+    ``adapter``: the LoRA adapter asked for (a 404 then says the replica lacks it)."""
     try:
         resp = await send_unless_down(client, req, replica)
     except (httpx.HTTPError, OSError, ReplicaDown) as exc:
@@ -102,7 +104,7 @@ async def open_response(client: httpx.AsyncClient, req: httpx.Request, replica: 
         raise AttemptFailed(failures.broken_response(replica.name, type(exc).__name__)) from None
     finally:
         await resp.aclose()
-    raise AttemptFailed(failures.from_status(replica.name, resp.status_code, body))
+    raise AttemptFailed(failures.from_status(replica.name, resp.status_code, body, adapter))
 
 
 async def read_completion(resp: httpx.Response, replica: ReplicaState, kind: str = "chat") -> tuple[dict[str, Any], dict[str, Any]]:

@@ -38,15 +38,17 @@ from taskplane.integrations.gateway_http import (
     gateway_http_client,
 )
 from taskplane.sdk.interceptors import MODEL_CALLS
+from taskplane.sdk.llm import with_adapter
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
-def gateway_model(model_name: str = DEFAULT_MODEL) -> OpenAIChatModel:
-    """A chat model served by the taskplane gateway of whichever worker runs the call."""
+def gateway_model(model_name: str = DEFAULT_MODEL, adapter: str | None = None) -> OpenAIChatModel:
+    """A chat model served by the taskplane gateway of whichever worker runs the call;
+    ``adapter``: a LoRA adapter on it (the model string ``base:adapter``, as the gateway reads it)."""
     client = AsyncOpenAI(base_url=PLACEHOLDER_BASE, api_key=api_key(), max_retries=0,
                          http_client=gateway_http_client())  # type: ignore[arg-type]  # httpx or httpx2
-    return OpenAIChatModel(model_name, provider=OpenAIProvider(openai_client=client))
+    return OpenAIChatModel(with_adapter(model_name, adapter), provider=OpenAIProvider(openai_client=client))
 
 
 def temporal_agents(modules: Sequence[ModuleType]) -> list[TemporalAgent[Any, Any]]:

@@ -22,8 +22,10 @@ from taskplane.reports.timeline import timeline
 from taskplane.reports.waste import WASTED_TASK, waste_of
 from taskplane.store.records import AttemptRecord, TaskRecord
 
-GROUP_BY: tuple[str, ...] = ("agent", "tenant", "model", "gpu", "day")
+GROUP_BY: tuple[str, ...] = ("agent", "tenant", "model", "gpu", "day", "adapter")
 NONE_KEY = "(none)"
+#: The adapter group of calls that ran on the base model itself.
+BASE_MODEL_KEY = "(base model)"
 
 #: The report lists at most this many failed tasks (the latest first).
 MAX_FAILED_LISTED = 50
@@ -110,7 +112,7 @@ def _group_rows(
 
 
 def _groupings(w: _Window) -> dict[str, list[GroupRow]]:
-    """The rows of every grouping. Model and GPU: a task counts in every group its calls touched."""
+    """The rows of every grouping. Model, GPU and adapter: a task counts in every group its calls touched."""
 
     def agent_of(a: AttemptRecord) -> str:
         # a sub-agent's calls count for the agent whose goal it serves (one goal, one agent)
@@ -123,12 +125,16 @@ def _groupings(w: _Window) -> dict[str, list[GroupRow]]:
     def gpu_of(a: AttemptRecord) -> str:
         return a.gpu or NONE_KEY
 
-    touched: dict[str, dict[str, set[str]]] = {"model": defaultdict(set), "gpu": defaultdict(set)}
+    def adapter_of(a: AttemptRecord) -> str:
+        return a.adapter or BASE_MODEL_KEY
+
+    keyers = {"model": model_of, "gpu": gpu_of, "adapter": adapter_of}
+    touched: dict[str, dict[str, set[str]]] = {name: defaultdict(set) for name in keyers}
     for a in w.calls:
         task = w.owner(a)
         if task is not None:
-            touched["model"][task.task_id].add(model_of(a))
-            touched["gpu"][task.task_id].add(gpu_of(a))
+            for name, key_of in keyers.items():
+                touched[name][task.task_id].add(key_of(a))
 
     calls, tasks = w.calls, w.tasks
     groups_by = {
@@ -137,6 +143,7 @@ def _groupings(w: _Window) -> dict[str, list[GroupRow]]:
         "model": _group_rows(calls, tasks, model_of, lambda t: touched["model"].get(t.task_id, ())),
         "gpu": _group_rows(calls, tasks, gpu_of, lambda t: touched["gpu"].get(t.task_id, ())),
         "day": _group_rows(calls, tasks, lambda a: _day(a.started_at), lambda t: [_day(task_time(t))]),
+        "adapter": _group_rows(calls, tasks, adapter_of, lambda t: touched["adapter"].get(t.task_id, ())),
     }
     groups_by["day"].sort(key=lambda r: r.key)
     return groups_by

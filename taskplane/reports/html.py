@@ -193,9 +193,11 @@ tasks that succeeded within their deadline. {html.escape(other)}</p>
 {_groups_table(report, "model")}
 <h2>By GPU</h2>
 {_groups_table(report, "gpu")}
+<h2>By adapter</h2>
+{_groups_table(report, "adapter")}
 <h2>Tasks that did not succeed</h2>
 {_failed_table(report, temporal_ui_url)}
-<p class="note">Model and GPU rows count a task in every group its calls touched. Cache-miss waste is an estimate:
+<p class="note">Model, GPU and adapter rows count a task in every group its calls touched. Cache-miss waste is an estimate:
 the prefill share of a call's cost for context its session had already built (see docs/costs.md).</p>
 <script type="application/json" id="report-json">{data}</script>
 </main>

@@ -76,6 +76,8 @@ def agent(
     steps: int | None = None,
     allow_fallback: bool = False,
     history_limit: int = DEFAULT_HISTORY_LIMIT,
+    model: str | None = None,
+    adapter: str | None = None,
 ) -> Callable[[F], Agent]: ...
 
 
@@ -91,6 +93,8 @@ def agent(
     steps: int | None = None,
     allow_fallback: bool = False,
     history_limit: int = DEFAULT_HISTORY_LIMIT,
+    model: str | None = None,
+    adapter: str | None = None,
 ) -> Agent | Callable[[F], Agent]:
     """Make an async function an agent: a durable task with its own context and budget.
 
@@ -99,8 +103,13 @@ def agent(
     time budget from its start; ``max_cost_usd`` stops the task once its spend crosses
     it; ``steps`` is the author's estimate of LLM calls per task (for steps-remaining);
     ``allow_fallback`` lets the gateway move calls to a fallback model; ``history_limit``
-    is the history length at which ``should_continue_as_new()`` turns true.
+    is the history length at which ``should_continue_as_new()`` turns true. ``model`` is
+    the model of ``llm.chat`` / ``llm.complete`` calls that name none, and ``adapter`` the
+    LoRA adapter (served on ``model``, as vLLM names it) of the calls on ``model`` that name
+    no adapter themselves.
     """
+    if adapter is not None and model is None:
+        raise ValueError("@agent adapter needs the base model it runs on: pass model= too")
     try:
         prio = Priority(priority).value
     except ValueError:
@@ -116,7 +125,7 @@ def agent(
         spec = AgentSpec(
             name=name or f.__name__, fn=f, tenant=tenant, priority=prio, deadline=deadline,
             max_cost_usd=max_cost_usd, steps=steps, allow_fallback=allow_fallback,
-            history_limit=history_limit,
+            history_limit=history_limit, model=model, adapter=adapter,
         )
         ag = Agent(spec, _make_workflow_class(spec))
         if not workflow.unsafe.in_sandbox():

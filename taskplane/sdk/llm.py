@@ -41,7 +41,7 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
 async def chat(
     *,
-    model: str,
+    model: str | None = None,
     messages: list[dict[str, Any]],
     steps_remaining: int | None = None,
     allow_fallback: bool | None = None,
@@ -49,6 +49,7 @@ async def chat(
     tools: Sequence[Tool] | None = None,
     tool_choice: Any = None,
     response_format: Format | None = None,
+    adapter: str | None = None,
     **params: Any,
 ) -> LlmResponse:
     """An OpenAI chat completion through the gateway, as one durable step of the task.
@@ -62,7 +63,10 @@ async def chat(
     :class:`~taskplane.sdk.errors.StructuredOutputError`.
     ``steps_remaining`` overrides the task's estimate for this call; ``timeout`` bounds
     one attempt (the task's deadline bounds all of them).
+    ``model`` defaults to the agent's (``@agent(model=...)``); ``adapter`` names a LoRA
+    adapter served on it (or say ``model="base:adapter"``), defaulting to the agent's.
     """
+    model = gateway_model(model, adapter)
     body: dict[str, Any] = {"model": model, "messages": messages, **params}
     if tools:
         body["tools"] = [tool_schema(t) for t in tools]
@@ -79,17 +83,40 @@ async def chat(
 
 async def complete(
     *,
-    model: str,
+    model: str | None = None,
     prompt: str,
     steps_remaining: int | None = None,
     allow_fallback: bool | None = None,
     timeout: timedelta | None = None,
+    adapter: str | None = None,
     **params: Any,
 ) -> LlmResponse:
-    """An OpenAI text completion through the gateway, as one durable step of the task."""
+    """An OpenAI text completion through the gateway, as one durable step of the task
+    (``model`` and ``adapter`` as for :func:`chat`)."""
+    model = gateway_model(model, adapter)
     body: dict[str, Any] = {"model": model, "prompt": prompt, **params}
     summary = f"{model} · prompt {len(prompt)} chars"
     return await _call("completion", body, summary, steps_remaining, allow_fallback, timeout)
+
+
+def gateway_model(model: str | None, adapter: str | None) -> str:
+    """The body's ``model`` for a call: ``base:adapter`` when it runs with a LoRA adapter (its
+    own, else the agent's for calls on the agent's model), else the model unchanged."""
+    spec = runtime("llm.chat / llm.complete").spec
+    base = model or spec.model
+    if base is None:
+        raise LlmError("invalid_request", "llm call names no model, and its @agent has no model= default")
+    if adapter is None and base == spec.model:
+        adapter = spec.adapter
+    return with_adapter(base, adapter)
+
+
+def with_adapter(model: str, adapter: str | None) -> str:
+    """``model:adapter``, the model string that names a LoRA adapter on ``model`` (the
+    gateway parses it; the replica is asked for the adapter by its name, as vLLM serves it)."""
+    if adapter is None or model.endswith(f":{adapter}"):
+        return model
+    return f"{model}:{adapter}"
 
 
 async def _call(

@@ -38,3 +38,5 @@ class AgentSpec:
     steps: int | None = None
     allow_fallback: bool = False
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    model: str | None = None  # the model of llm calls that name none
+    adapter: str | None = None  # the LoRA adapter of llm calls on ``model`` that name none

@@ -84,6 +84,7 @@ class LlmCall(Base):
     tenant: Mapped[str] = mapped_column(Text, default="default")
     agent: Mapped[str | None] = mapped_column(Text)
     model_requested: Mapped[str] = mapped_column(Text)
+    adapter: Mapped[str | None] = mapped_column(Text)  # the LoRA adapter on model_requested; NULL: the base model
     model_served: Mapped[str | None] = mapped_column(Text)
     replica: Mapped[str | None] = mapped_column(Text)
     gpu: Mapped[str | None] = mapped_column(Text)

@@ -56,6 +56,9 @@ class AttemptRecord(BaseModel):
     tenant: str = "default"
     agent: str | None = None
     model_requested: str
+    # the LoRA adapter the attempt ran with on ``model_requested`` (None: the base model);
+    # rows written before adapters load as None
+    adapter: str | None = None
     model_served: str | None = None
     replica: str | None = None
     gpu: str | None = None

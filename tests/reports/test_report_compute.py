@@ -82,6 +82,29 @@ def test_groups_by_tenant_and_gpu() -> None:
     assert gpus["l40s"].total_cost_usd == pytest.approx(0.15)
 
 
+def adapter_calls() -> tuple[list[AttemptRecord], list[TaskRecord]]:
+    """t1 on adapter a (twice), t2 on a and the base model, t3 (failed) on b."""
+    attempts = [
+        call("t1-0", "t1", 0.10, adapter="a"),
+        call("t1-1", "t1", 0.20, adapter="a"),
+        call("t2-0", "t2", 0.30, adapter="a"),
+        call("t2-1", "t2", 0.40),
+        call("t3-0", "t3", 0.50, adapter="b"),
+    ]
+    tasks = [task("t1", TaskStatus.SUCCEEDED), task("t2", TaskStatus.SUCCEEDED), task("t3", TaskStatus.FAILED)]
+    return attempts, tasks
+
+
+def test_groups_by_adapter() -> None:
+    groups = {g.key: g for g in build_report(*adapter_calls(), group_by="adapter").groups}
+    assert set(groups) == {"a", "b", "(base model)"}
+    # a task counts in every adapter group its calls touched
+    assert groups["a"].total_cost_usd == pytest.approx(0.60) and groups["a"].tasks_succeeded == 2
+    assert groups["a"].cost_per_successful_task_usd == pytest.approx(0.30)
+    assert groups["(base model)"].cost_per_successful_task_usd == pytest.approx(0.40)
+    assert groups["b"].tasks_failed == 1 and groups["b"].cost_per_successful_task_usd is None
+
+
 def test_tenant_filter_and_window() -> None:
     r = build_report(*small(), tenant="b")
     assert r.total_cost_usd == pytest.approx(0.37) and r.tasks_succeeded == 1 and r.tasks_failed == 1

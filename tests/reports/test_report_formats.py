@@ -130,6 +130,29 @@ async def test_html_report_for_the_gateway(fresh_db_url: str, tmp_path: Path) ->
     assert (await html_report(fresh_db_url)).startswith("<!DOCTYPE html>")
 
 
+async def test_group_by_adapter_in_every_format(fresh_db_url: str, tmp_path: Path) -> None:
+    """Rows naming their adapter, through the writer and Postgres, grouped in every format."""
+    attempts, tasks = fleet()
+    named = [a.model_copy(update={"adapter": "sql" if i % 2 else None}) for i, a in enumerate(attempts)]
+    async with CostWriter(fresh_db_url, tmp_path / "outbox") as writer:
+        await asyncio.gather(*(writer.record_attempt(a) for a in named), *(writer.upsert_task(t) for t in tasks))
+        assert await writer.flush(timeout=60)
+    expected = {g.key: g for g in build_report(named, tasks, since=SINCE, until=UNTIL, group_by="adapter").groups}
+    assert set(expected) == {"sql", "(base model)"}
+
+    js = json.loads(await asyncio.to_thread(_report, fresh_db_url, tmp_path, "json", tmp_path / "a.json", group_by="adapter"))
+    assert js["group_by"] == "adapter"
+    for g in js["groups"]:
+        assert g["cost_per_successful_task_usd"] == pytest.approx(expected[g["key"]].cost_per_successful_task_usd)
+    rows = list(csv.DictReader(io.StringIO(
+        await asyncio.to_thread(_report, fresh_db_url, tmp_path, "csv", tmp_path / "a.csv", group_by="adapter"))))
+    assert {r["key"] for r in rows if r["scope"] != "total"} == set(expected)
+    page = await asyncio.to_thread(_report, fresh_db_url, tmp_path, "html", tmp_path / "a.html", group_by="adapter")
+    assert 'id="groups-adapter"' in page and 'data-key="sql"' in page
+    table = await asyncio.to_thread(_report, fresh_db_url, tmp_path, "table", tmp_path / "a.txt", group_by="adapter")
+    assert "By adapter" in table and "sql" in table
+
+
 def test_bad_flags_are_one_line(tmp_path: Path) -> None:
     url = "postgresql+asyncpg://postgres@127.0.0.1:1/taskplane"
     cases = [

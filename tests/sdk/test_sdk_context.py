@@ -83,6 +83,16 @@ async def test_the_call_after_a_tool_names_it(tp_client: Client, rec_worker: Tas
     assert [parse_headers(c.headers).tool for c in rec.for_task(handle.task_id)] == tools
 
 
+async def test_the_adapter_reaches_the_gateway_in_the_model_string(tp_client: Client, rec_worker: TaskplaneWorker,
+                                                                   rec: Recorder) -> None:
+    handle = await taskplane.submit(agents.adapter_agent, client=tp_client, task_queue=rec_worker.task_queue)
+    assert await handle.result() == 5
+    models = [c.body["model"] for c in rec.for_task(handle.task_id)]
+    m = agents.MODEL
+    assert models == [f"{m}:tenant-a", f"{m}:tenant-a", f"{m}:tenant-b", f"{m}:tenant-c", "other-model"]
+    assert all("x-taskplane-adapter" not in c.headers for c in rec.for_task(handle.task_id))
+
+
 async def test_steps_remaining_learned_from_history(tp_client: Client, rec_worker: TaskplaneWorker, rec: Recorder) -> None:
     first = await taskplane.submit(agents.learner, 4, client=tp_client, task_queue=rec_worker.task_queue)
     await first.result()

@@ -61,6 +61,18 @@ async def tool_hint() -> int:
     return 3
 
 
+@agent(name="tp_adapter", tenant="acme", model=MODEL, adapter="tenant-a")
+async def adapter_agent() -> int:
+    """The agent's model and adapter by default; a call's own adapter or model string wins;
+    another model's call runs on that model as it is."""
+    await llm.chat(messages=_msg("default"), max_tokens=4)
+    await llm.chat(model=MODEL, messages=_msg("same model"), max_tokens=4)
+    await llm.chat(model=MODEL, adapter="tenant-b", messages=_msg("own adapter"), max_tokens=4)
+    await llm.chat(model=f"{MODEL}:tenant-c", messages=_msg("model string"), max_tokens=4)
+    await llm.complete(model="other-model", prompt="another model", max_tokens=4)
+    return 5
+
+
 @agent(name="tp_learner", tenant="acme")
 async def learner(n: int) -> int:
     """No author estimate: steps-remaining must come from the agent's history."""

@@ -55,7 +55,7 @@ async def test_upgrade_twice_and_concurrently_is_a_no_op(fresh_db_url: str) -> N
             }
     finally:
         await engine.dispose()
-    assert version == "0004_sub_agent_rollup"
+    assert version == "0005_call_adapter"
     assert prices >= 5
     assert {"ix_llm_calls_task_id", "ix_llm_calls_started_at", "ix_llm_calls_tenant"} <= indexes
     assert any("attempt_key" in name for name in indexes)
@@ -82,3 +82,23 @@ def test_unreachable_postgres_is_one_clear_line() -> None:
 def test_bad_url_is_a_user_error() -> None:
     with pytest.raises(UserError, match="unsupported database URL"):
         upgrade("mysql://x@y/z")
+
+
+async def _llm_call_columns(url: str) -> set[str]:
+    engine = db.create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'llm_calls'"))).all()
+    finally:
+        await engine.dispose()
+    return {r[0] for r in rows}
+
+
+async def test_adapter_column_upgrades_and_downgrades(fresh_db_url: str) -> None:
+    assert "adapter" in await _llm_call_columns(fresh_db_url)
+    downgrade(fresh_db_url, "0004_sub_agent_rollup")
+    assert "adapter" not in await _llm_call_columns(fresh_db_url)
+    assert EXPECTED_VIEWS <= await _names(fresh_db_url, "view")
+    upgrade(fresh_db_url)
+    assert "adapter" in await _llm_call_columns(fresh_db_url)

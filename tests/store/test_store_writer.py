@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from taskplane.errors import UserError
 from taskplane.store import db
-from taskplane.store.outbox import Outbox
+from taskplane.store.outbox import ATTEMPT, Outbox
 from taskplane.store.records import AttemptRecord, Outcome, TaskStatus
 from taskplane.store.upserts import merge_task
 from taskplane.store.writer import CostWriter
@@ -200,3 +200,19 @@ async def test_flush_does_not_wait_for_the_send_window(fresh_db_url: str, tmp_pa
         await writer.record_attempt(attempt(2))
         assert await writer.flush(timeout=30)
     assert await scalar(fresh_db_url, "SELECT count(*) FROM llm_calls") == 2
+
+
+async def test_an_outbox_row_from_before_adapters_loads_as_the_base_model(fresh_db_url: str, tmp_path: Path) -> None:
+    """Rows spooled by an older gateway have no ``adapter`` field: delivered, they name none."""
+    outbox = Outbox(tmp_path / "outbox")
+    old, new = attempt(1), attempt(2).model_copy(update={"adapter": "tenant-a"})
+    old_payload = old.model_dump_json(exclude={"adapter"})
+    assert '"adapter"' not in old_payload
+    outbox.open()
+    outbox.append_many([(ATTEMPT, old.attempt_key, old_payload), (ATTEMPT, new.attempt_key, new.model_dump_json())])
+    outbox.close()
+    async with CostWriter(fresh_db_url, tmp_path / "outbox") as writer:
+        assert await writer.flush(timeout=30)
+    assert await scalar(fresh_db_url, f"SELECT count(*) FROM llm_calls WHERE attempt_key = '{old.attempt_key}' "
+                                      "AND adapter IS NULL") == 1
+    assert await scalar(fresh_db_url, f"SELECT adapter FROM llm_calls WHERE attempt_key = '{new.attempt_key}'") == "tenant-a"
