@@ -38,7 +38,7 @@ from taskplane.context import (
 )
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.errors import ErrorType, TaskplaneError
-from taskplane.scheduler.hashing import SessionChains, chain_hashes
+from taskplane.scheduler.hashing import SessionChains, adapter_root, chain_hashes
 from taskplane.scheduler.types import CallRequest
 
 DEFAULT_MAX_TOKENS = 256
@@ -148,8 +148,11 @@ def prepare_call(config: GatewayConfig, registry: ReplicaRegistry, kind: str, ra
     check_length(config, pool, len(tokens), max_tokens)
     block_size = pool_block_size(registry, pool)
     prompt = tokens[:-1]  # vLLM never serves the last prompt token from cache
-    session = (ctx.tenant, ctx.session_key) if ctx.session_key else None
-    hashes = chain_hashes(prompt, block_size) if chains is None else chains.hashes(session, prompt, block_size)
+    # an adapter's blocks chain from its own root, as the KV index keeps them (vLLM hashes them apart)
+    root = adapter_root(adapter)
+    session = (ctx.tenant, ctx.session_key, adapter) if ctx.session_key else None
+    hashes = (chain_hashes(prompt, block_size, root) if chains is None
+              else chains.hashes(session, prompt, block_size, root=root))
     request = CallRequest(
         model=pool.model,
         prompt_tokens=len(tokens),

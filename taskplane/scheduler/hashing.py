@@ -114,13 +114,15 @@ class SessionChains:
         self.max_sessions = max_sessions
         self._last: OrderedDict[Hashable, tuple[tuple[int, int], bytes, list[int]]] = OrderedDict()  # shape, tokens, hashes
 
-    def hashes(self, session: Hashable | None, tokens: Sequence[int], block_size: int) -> list[int]:
-        """``chain_hashes(tokens, block_size)``, reusing the previous prompt of ``session``
-        (any key; the gateway's is the tenant and the session id, so one tenant's prompts
-        never meet another's, not even in how long hashing takes)."""
+    def hashes(self, session: Hashable | None, tokens: Sequence[int], block_size: int, *,
+               root: int = ROOT) -> list[int]:
+        """``chain_hashes(tokens, block_size, root)``, reusing the previous prompt of ``session``
+        (any key; the gateway's is the tenant, the session id and the adapter, so one tenant's
+        prompts never meet another's, not even in how long hashing takes; a session keeps one
+        ``root``)."""
         n_full = len(tokens) // block_size if block_size > 0 else 0
         if session is None or n_full == 0:
-            return chain_hashes(tokens, block_size)
+            return chain_hashes(tokens, block_size, root)
         full = tokens[: n_full * block_size]
         # the tokens as compared: bytes as they are (byte-level tokens), else packed int64
         key = bytes(full) if isinstance(full, (bytes, bytearray)) else token_bytes(full)
@@ -130,7 +132,7 @@ class SessionChains:
         if last is not None and last[0] == shape:
             shared = _shared_blocks(last[1], key, block_size * shape[1])
             hashes = last[2][:shared]
-        parent = hashes[-1] if hashes else ROOT
+        parent = hashes[-1] if hashes else root
         hashes += _hash_blocks(token_bytes(full[shared * block_size :]), block_size, parent)
         self._last[session] = (shape, key, hashes)
         while len(self._last) > self.max_sessions:

@@ -10,7 +10,7 @@ from taskplane.calls.intake import prepare_call
 from taskplane.config import GatewayConfig
 from taskplane.engines.registry import ReplicaRegistry
 from taskplane.engines.tokenize import chat_tokens
-from taskplane.scheduler.hashing import SessionChains, chain_hashes
+from taskplane.scheduler.hashing import SessionChains, adapter_root, chain_hashes
 
 CONFIG = GatewayConfig.model_validate({
     "auth": False, "pools": [{"model": "m", "replicas": [{"url": "http://127.0.0.1:1", "name": "r0", "block_size": 16}]}],
@@ -51,3 +51,25 @@ def test_a_completion_prompt_as_token_ids_hashes_like_its_text() -> None:
     by_text = hashes(text)
     assert by_text and hashes(list(text.encode())) == by_text == hashes([list(text.encode())])
     assert hashes(list(text.encode())[::-1]) != by_text
+
+
+def test_an_adapter_calls_blocks_chain_from_the_adapters_root_in_and_out_of_a_session() -> None:
+    """The KV index keeps each adapter's blocks apart (vLLM hashes them apart): a call with
+    adapter ``sql`` hashes from ``adapter_root("sql")``, never onto the base model's blocks,
+    and a session that switches adapter does not reuse the other adapter's chain."""
+    messages = [{"role": "system", "content": "You write SQL. " * 30}, {"role": "user", "content": "q1"}]
+    prompt = chat_tokens(messages)[:-1]
+    chains = SessionChains()
+
+    def hashes(model: str, session: str | None) -> list[int]:
+        body = json.dumps({"model": model, "max_tokens": 4, "messages": messages}).encode()
+        headers = {"x-taskplane-session-id": session} if session else {}
+        call = prepare_call(CONFIG, ReplicaRegistry(CONFIG), "chat", body, headers, has_response_cache=False,
+                            chains=chains)
+        return call.request.block_hashes
+
+    base = chain_hashes(prompt, 16)
+    for session in (None, "s1"):
+        assert hashes("m", session) == base
+        assert hashes("m:sql", session) == chain_hashes(prompt, 16, adapter_root("sql")) != base
+        assert hashes("m:chat", session) == chain_hashes(prompt, 16, adapter_root("chat"))
