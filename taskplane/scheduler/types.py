@@ -38,6 +38,10 @@ class ReplicaView:
     max_loras: int = 0
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
+    # prefill/decode disaggregation (vLLM --kv-transfer-config kv_role): "both" serves whole
+    # calls (the aggregated fleet); "prefill" only computes prompts whose KV a decode replica
+    # pulls; "decode" generates, pulling the prompt's KV from the prefill replica named
+    role: str = "both"
 
 
 @dataclass(slots=True)
@@ -120,6 +124,9 @@ class Decision:
     gpu: str | None = None  # GPU generation of the chosen replica
     predicted_queue_ms: float | None = None
     session_moved: bool = False  # the session's pin was broken and it moved to this replica
+    # disaggregated: the replica that computes the prompt, whose KV ``replica`` (the decode
+    # replica) pulls before it generates; None: ``replica`` serves the whole call
+    prefill_replica: str | None = None
 
 
 @dataclass(slots=True)
