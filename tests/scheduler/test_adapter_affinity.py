@@ -50,3 +50,15 @@ def test_load_balance_keeps_the_replica_where_a_calls_adapter_runs() -> None:
     assert kept("load-balance", pool, request(adapter="a", **new_task), near_least) == ["r0", "r1", "r5", "r11"]
     assert kept("load-balance", pool, request(adapter="a", **new_task),
                 {**near_least, "keep_warm_adapter": False}) == ["r0", "r5", "r11"]
+
+
+def test_adapter_served_keeps_the_replicas_that_registered_the_calls_adapter() -> None:
+    from test_plugins import kept
+
+    pool = [replica("has-a", lora_served=frozenset({"a", "b"})), replica("has-b", lora_served=frozenset({"b"})),
+            replica("unknown"), replica("none", lora_served=frozenset())]
+    assert kept("adapter-served", pool, request(adapter="a")) == ["has-a", "unknown"]
+    assert kept("adapter-served", pool, request(adapter="b")) == ["has-a", "has-b", "unknown"]
+    assert kept("adapter-served", pool, request()) == ["has-a", "has-b", "unknown", "none"]  # base model: all
+    only = [replica("has-b", lora_served=frozenset({"b"})), replica("none", lora_served=frozenset())]
+    assert kept("adapter-served", only, request(adapter="zz")) == ["has-b", "none"]  # served nowhere: the 404 says so
