@@ -68,6 +68,7 @@ class ReplicaState:
     lora_waiting: frozenset[str] = frozenset()
     #: the adapters its ``/v1/models`` lists (read while it reports LoRA); None: not read
     lora_served: frozenset[str] | None = None
+    lora_roots: dict[str, str] = field(default_factory=dict)  # adapter -> its path (/v1/models "root")
     sleeping: bool = False  # the engine reports vLLM sleep mode (healthy is then False)
     served_tokens: int = 0
     errors: int = 0

@@ -115,7 +115,9 @@ def apply_models(s: ReplicaState, models_call: Answer) -> None:
             raise models_call
         models_call.raise_for_status()
         cards = json.loads(models_call.text).get("data") or []
-        served = frozenset(str(c["id"]) for c in cards if isinstance(c, dict) and c.get("parent") and c.get("id"))
+        adapters = [c for c in cards if isinstance(c, dict) and c.get("parent") and c.get("id")]
+        served = frozenset(str(c["id"]) for c in adapters)
+        s.lora_roots = {str(c["id"]): str(c["root"]) for c in adapters if c.get("root")}
     except Exception as exc:
         log.debug("models_unreadable", replica=s.name, error=type(exc).__name__)
         return

@@ -119,6 +119,7 @@ PRESETS: dict[str, Preset] = {
                 _s("gpu-price", 1.0),
                 _s("workflow-context", 1.0),
                 _s("adapter-affinity", 2.0),
+                _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
             ),
             admission=True,
             sticky=True,
