@@ -122,12 +122,35 @@ def test_two_adapters_two_agents_on_the_dev_stack(tmp_path: Path) -> None:
             assert (row["adapter"], row["replica"], row["outcome"]) == (adapter, holding[adapter], "success"), dict(row)
             assert row["model_requested"] == "llama-3.1-8b"
 
+        # demand: more of tenant a's sessions than one replica is planned to absorb; the picker's
+        # adapter loader registers tenant-a on another (idle) replica with vLLM's load API
+        more = {f"{name}-a-more-{i}": ("a", module.__dict__[f"{name}_a"]) for i in range(6)}
+
+        async def run_more() -> None:
+            client = await connect(info["temporal_address"])
+            handles = [await taskplane.submit(fn, tid, client=client, task_id=tid) for tid, (_, fn) in more.items()]
+            await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
+
+        asyncio.run(run_more())
+        deadline = time.monotonic() + 30
+        while not [r for r, v in _served_by(info["gateway_url"]).items() if r != "replica-0" and "tenant-a" in (v or [])]:
+            assert time.monotonic() < deadline, _served_by(info["gateway_url"])
+            time.sleep(0.5)
+        served = _served_by(info["gateway_url"])
+        for replica, url in urls.items():  # the replicas' own word for it
+            ids = {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+            assert ("tenant-a" in ids) == ("tenant-a" in (served[replica] or [])), (replica, ids)
+        assert "adapter_preloaded" in (state / "logs" / "gateway.log").read_text()
+        for row in asyncio.run(_rows(info["database_url"], list(more), 3 * len(more))):
+            assert row["adapter"] == "tenant-a" and row["outcome"] == "success", dict(row)
+            assert "tenant-a" in (served[row["replica"]] or []), dict(row)
+
         report = _cli(tmp_path, "report", "--group-by", "adapter", "--format", "json", "--state-dir", str(state),
                       "--out", str(tmp_path / "report.json"))
         assert report.returncode == 0, report.stderr[-2000:]
         groups = {g["key"]: g for g in json.loads((tmp_path / "report.json").read_text())["groups"]}
         for adapter in ("tenant-a", "tenant-b"):
-            assert groups[adapter]["tasks_succeeded"] == 3 and groups[adapter]["cost_per_successful_task_usd"] > 0
+            assert groups[adapter]["tasks_succeeded"] == (9 if adapter == "tenant-a" else 3) and groups[adapter]["cost_per_successful_task_usd"] > 0
     finally:
         down = _cli(tmp_path, "dev", "down", "--state-dir", str(state))
         assert down.returncode == 0, down.stderr
