@@ -151,11 +151,11 @@ class AdapterResidencyScorer(Scorer, Stateful):
         p: AdapterResidencyParams = self.params
         rate = self.demand(now_s)
         for v in views if prior else ():  # every adapter the fleet serves gets a holder, the ones seen first
-            for adapter in v.lora_served or ():
+            for adapter in sorted(v.lora_served or ()):  # in name order: runs repeat
                 rate.setdefault(adapter, p.prior_rate)
         able = [v for v in views if v.healthy and v.max_loras > 0 and v.num_running <= p.preload_max_running]
         out: list[tuple[str, str]] = []
-        for adapter, r in sorted(rate.items(), key=lambda kv: -kv[1]):
+        for adapter, r in sorted(rate.items(), key=lambda kv: (-kv[1], kv[0])):
             want = min(len(views), max(1, math.ceil(r / p.sessions_per_holder)))
             have = set(self.holders(adapter))
             if len(have) >= want:
