@@ -30,7 +30,7 @@ import structlog
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
 from taskplane.engines.probe import HttpProbe, Page, plain
 from taskplane.engines.replica import Lease, ReplicaState
-from taskplane.engines.scrape import apply_scrape
+from taskplane.engines.scrape import apply_models, apply_scrape
 from taskplane.scheduler.table import COL, ReplicaTable
 from taskplane.scheduler.types import ReplicaView
 
@@ -272,3 +272,8 @@ class ReplicaRegistry:
                                                          return_exceptions=True)
         if apply_scrape(s, metrics_call, health_call):
             _notify(self._up_listeners)
+        if s.max_loras and s.healthy:  # LoRA on: which adapters are registered there
+            try:
+                apply_models(s, await self._get(f"{s.config.url}/v1/models"))
+            except Exception as exc:
+                apply_models(s, exc)
