@@ -57,6 +57,7 @@ class ReplicaRegistry:
         self._stale: set[ReplicaState] = set()  # rows to rebuild before the table is read
         self._held: dict[ReplicaState, float] = {}  # marked down until then: the row changes with time
         self._by_model: dict[str, list[ReplicaState]] = {}  # cache, cleared when membership changes
+        self._cordoned: dict[str, list[str]] = {}  # cache, cleared with it (a config changes only there)
         self._listeners: list[Callable[[], None]] = []
         self._up_listeners: list[Callable[[], None]] = []
         for pool in config.pools:
@@ -79,6 +80,7 @@ class ReplicaRegistry:
 
     def _members_changed(self) -> None:
         self._by_model.clear()
+        self._cordoned.clear()
         _notify(self._listeners)
         _notify(self._up_listeners)
 
@@ -136,8 +138,12 @@ class ReplicaRegistry:
         return states
 
     def cordoned(self, model: str) -> list[str]:
-        """Replicas of ``model`` that take no new session (autoscaler scale-in, pre-drain)."""
-        return [s.name for s in self.for_model(model) if s.config.cordoned]
+        """Replicas of ``model`` that take no new session (autoscaler scale-in, pre-drain);
+        a cached list (do not modify it): every call asks, the fleet changes seldom."""
+        names = self._cordoned.get(model)
+        if names is None:
+            names = self._cordoned[model] = [s.name for s in self.for_model(model) if s.config.cordoned]
+        return names
 
     # ---- the scheduler's snapshot ------------------------------------------
     def table(self) -> ReplicaTable:
