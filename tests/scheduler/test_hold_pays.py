@@ -143,3 +143,22 @@ def test_a_first_call_is_held_for_room_only_when_history_expects_a_later_call() 
     assert _second_task_from_history([1] * 7 + [2] * 3) is Action.PLACE
     # an agent whose tasks make three calls: two later calls expected, so the rule holds it
     assert _second_task_from_history([3] * 10) is Action.QUEUE
+
+
+def test_before_any_task_ends_the_sessions_in_flight_vouch_for_later_calls() -> None:
+    from dataclasses import replace
+
+    def b_first_action(calls_of_open_sessions: list[int]) -> Action:
+        sched = build_policy("taskplane", seed=1, metrics=False, admission=FIXED)
+        predictor = sched.pipeline.handle.predictor
+        for i, calls in enumerate(calls_of_open_sessions):  # sessions still open: none has ended
+            for step in range(calls):
+                predictor.observe_call(f"open{i}", agent="a", tenant="t", step=step, now_s=0.1)
+        sched.decide(_first("A"), [_view()], 0.0)
+        sched.observe_completion(_first("A"), CallOutcome(replica="r0", completion_tokens=100), 1.0)
+        return sched.decide(replace(_first("B"), steps_remaining=None), [_view()], 1.5).action
+
+    # ten tool-agent sessions at their third call: at least two later calls each, so B is held
+    assert b_first_action([3] * 10) is Action.QUEUE
+    # a burst of one-call chats: nothing vouches for a later call
+    assert b_first_action([1] * 10) is Action.PLACE

@@ -17,7 +17,8 @@ A call without a task or session (a plain OpenAI client) is never held for room:
 later steps whose context a refusal would protect. Nor is a task's first call whose later
 steps the prediction layer cannot vouch for (no hint and no history, or a confident
 prediction of fewer than ``min_steps_left`` later calls): that call is treated as a plain
-client's.
+client's. Before any task of its agent has finished, the sessions in flight vouch: when the
+calls seen per session started already exceed ``min_steps_left`` + 1, the first call is held.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ class WorkingSetRoom(FlowPlugin):
         need = self.params.min_steps_confidence
         if need <= 0:
             return True
-        left = self._predictor.steps_left(request.agent or "default", request.tenant or "default",
-                                          request.step or 0, request.steps_remaining)
+        agent, tenant = request.agent or "default", request.tenant or "default"
+        left = self._predictor.steps_left(agent, tenant, request.step or 0, request.steps_remaining)
+        if not left.usable(need) and not request.step:  # no hint, no finished tasks yet: the open sessions
+            left = self._predictor.later_calls_at_least(agent, tenant)
         return left.usable(need) and left.value >= max(self.params.min_steps_left, 1e-9)
 
     @property

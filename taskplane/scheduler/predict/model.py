@@ -4,6 +4,10 @@
 A task that reports its end (an SDK task finishing) teaches its total at once. A chat
 conversation never says it is over: when it has been idle for ``idle_end_s`` its calls so
 far count as its total; should it come back, that total is taken back and it goes on.
+
+Until then, the sessions still open say something too: each has made at least the calls
+seen so far, so the calls seen per session started is a lower bound on the mean total
+(``later_calls_at_least``), known from the first minutes of a stream.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from taskplane.scheduler.predict.base import Prediction
+from taskplane.scheduler.predict.base import Prediction, evidence
 from taskplane.scheduler.predict.gaps import GapModel
 from taskplane.scheduler.predict.outputs import OutputModel
 from taskplane.scheduler.predict.steps import StepsModel
@@ -31,6 +35,14 @@ class TaskHistory:
     hinted_total: int | None = None  # the author's step estimate, if it sent one
     output_tokens: tuple[int, ...] = ()
     gaps_s: tuple[tuple[str | None, float], ...] = ()  # (tool, gap) between its calls
+
+
+@dataclass(slots=True)
+class _Seen:
+    """Sessions started and calls seen, open sessions included."""
+
+    sessions: int = 0
+    calls: int = 0
 
 
 @dataclass(slots=True)
@@ -53,6 +65,7 @@ class Predictor:
         self.outputs = outputs or OutputModel()
         self._open: OrderedDict[str, _Session] = OrderedDict()  # by last activity, oldest first
         self._idle_closed: OrderedDict[str, _Session] = OrderedDict()  # ended by idleness: may come back
+        self._seen: dict[tuple[str, str], _Seen] = {}  # per (tenant, agent) and ("*", agent)
 
     # -- what happened
 
@@ -68,8 +81,11 @@ class Predictor:
                 self.steps.observe_total(s.agent, s.tenant, s.calls, weight=-1)
             else:
                 s = _Session(agent, tenant, 0, now_s, None)
+                self._count(agent, tenant, sessions=1)
         if step is None:
             step = s.calls
+        if step + 1 > s.calls:
+            self._count(agent, tenant, calls=step + 1 - s.calls)
         s.calls = max(s.calls, step + 1)
         s.last_s = now_s
         if s.hinted_total is None and hint is not None:
@@ -78,6 +94,12 @@ class Predictor:
         if len(self._open) > MAX_SESSIONS:
             self._open.popitem(last=False)
         return step
+
+    def _count(self, agent: str, tenant: str, *, sessions: int = 0, calls: int = 0) -> None:
+        for key in ((tenant, agent), ("*", agent)):
+            seen = self._seen.setdefault(key, _Seen())
+            seen.sessions += sessions
+            seen.calls += calls
 
     def observe_gap(self, agent: str, tool: str | None, gap_s: float) -> None:
         self.gaps.observe(agent, tool, gap_s)
@@ -125,6 +147,15 @@ class Predictor:
 
     def steps_left(self, agent: str, tenant: str, step: int, hint: int | None = None) -> Prediction:
         return self.steps.steps_left(agent, tenant, step, hint)
+
+    def later_calls_at_least(self, agent: str, tenant: str, *, half: float = 10.0) -> Prediction:
+        """A lower bound on the calls a new session of ``agent`` makes after its first: the
+        calls seen per session started, minus one (open sessions have made at least those);
+        confidence from the sessions seen (0.5 at ``half``), per tenant where it has any."""
+        seen = self._seen.get((tenant, agent)) or self._seen.get(("*", agent))
+        if seen is None or seen.sessions == 0:
+            return Prediction(0.0, 0.0)
+        return Prediction(seen.calls / seen.sessions - 1.0, evidence(seen.sessions, half), seen.sessions, "learned")
 
     def session_end(self, agent: str, tenant: str, step: int, hint: int | None = None) -> Prediction:
         return self.steps.session_end(agent, tenant, step, hint)
