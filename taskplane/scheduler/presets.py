@@ -93,6 +93,15 @@ PRESETS: dict[str, Preset] = {
                      _s("adapter-affinity", 2.0, waiting_score=1.0, free_slot_score=0.8, unknown_score=0.0)),
         ),
         Preset(
+            "aibrix-lora",
+            "each adapter bound, at first sight, to the pod with the fewest bound adapters and loaded there; "
+            "its calls go only to that pod (least-request among its pods when bound to several)",
+            "AIBrix ModelAdapter controller (least-adapters scheduler, spec.replicas 1) and its gateway's "
+            "per-adapter Service endpoints with the least-request strategy "
+            "(aibrix docs/source/features/lora-dynamic-loading.rst)",
+            scorers=(_s("adapter-binding", 10.0, replicas=1, preload=True), _s("least-loaded", 1.0)),
+        ),
+        Preset(
             "continuum-ttl",
             "a session stays pinned to its replica for a TTL drawn from its agent's tool-gap distribution "
             "(mean + k std), then tier-aware prefix (saved prefill time) and load",
