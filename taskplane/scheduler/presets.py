@@ -115,7 +115,7 @@ PRESETS: dict[str, Preset] = {
             "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
             "when they would finish, load balance), scorers "
             "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
-            "LoRA adapter affinity 2), "
+            "LoRA adapter affinity and residency 8), "
             "admission control with priority bands, fair share, EDF and shedding",
             "this project",
             filters=("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
@@ -127,8 +127,8 @@ PRESETS: dict[str, Preset] = {
                 _s("weight-warmth", 1.0),
                 _s("gpu-price", 1.0),
                 _s("workflow-context", 1.0),
-                _s("adapter-affinity", 2.0),
-                _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
+                _s("adapter-affinity", 8.0),
+                _s("adapter-residency", 8.0, preload=True, preload_max_running=0, sessions_per_holder=1.0),
             ),
             admission=True,
             sticky=True,
