@@ -33,8 +33,9 @@ from taskplane.sim.lora import LoraSettings
 from taskplane.sim.workloads.base import Workload
 
 WORKLOAD = "adapters"
-#: the policies compared by default: ours, llm-d with its LoRA affinity, the classic default
-DEFAULT_POLICIES = "taskplane,llm-d-lora,round-robin"
+#: the policies compared by default: ours, llm-d with its LoRA affinity, AIBrix's adapter binding,
+#: the classic default
+DEFAULT_POLICIES = "taskplane,llm-d-lora,aibrix-lora,round-robin"
 COLUMNS = (
     ("adapter_cold_loads", "adapter\ncold loads", "{:.0f}"),
     ("adapter_disk_loads", "disk\nloads", "{:.0f}"),

@@ -93,6 +93,15 @@ PRESETS: dict[str, Preset] = {
                      _s("adapter-affinity", 2.0, waiting_score=1.0, free_slot_score=0.8, unknown_score=0.0)),
         ),
         Preset(
+            "aibrix-lora",
+            "each adapter bound, at first sight, to the pod with the fewest bound adapters and loaded there; "
+            "its calls go only to that pod (least-request among its pods when bound to several)",
+            "AIBrix ModelAdapter controller (least-adapters scheduler, spec.replicas 1) and its gateway's "
+            "per-adapter Service endpoints with the least-request strategy "
+            "(aibrix docs/source/features/lora-dynamic-loading.rst)",
+            scorers=(_s("adapter-binding", 10.0, replicas=1, preload=True), _s("least-loaded", 1.0)),
+        ),
+        Preset(
             "continuum-ttl",
             "a session stays pinned to its replica for a TTL drawn from its agent's tool-gap distribution "
             "(mean + k std), then tier-aware prefix (saved prefill time) and load",
@@ -106,7 +115,7 @@ PRESETS: dict[str, Preset] = {
             "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
             "when they would finish, load balance), scorers "
             "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
-            "LoRA adapter affinity 2), "
+            "LoRA adapter affinity and residency 8), "
             "admission control with priority bands, fair share, EDF and shedding",
             "this project",
             filters=("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
@@ -118,8 +127,8 @@ PRESETS: dict[str, Preset] = {
                 _s("weight-warmth", 1.0),
                 _s("gpu-price", 1.0),
                 _s("workflow-context", 1.0),
-                _s("adapter-affinity", 2.0),
-                _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
+                _s("adapter-affinity", 8.0),
+                _s("adapter-residency", 8.0, preload=True, preload_max_running=0, sessions_per_holder=1.0),
             ),
             admission=True,
             sticky=True,

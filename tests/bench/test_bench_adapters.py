@@ -14,16 +14,19 @@ from taskplane.sim.replicas import SimReplicas
 
 def test_taskplane_loads_adapters_less_often_than_round_robin(tmp_path: Path) -> None:
     options = BenchOptions(out=tmp_path, workload="adapters", replicas=4, seed=3,
-                           policies="taskplane,llm-d-lora,round-robin")
+                           policies="taskplane,llm-d-lora,aibrix-lora,round-robin")
     results = run_adapters(options, AdapterWorkload(adapters=12, tasks=40))
     p = results["policies"]
-    assert set(p) == {"taskplane", "llm-d-lora", "round-robin"}
+    assert set(p) == {"taskplane", "llm-d-lora", "aibrix-lora", "round-robin"}
     assert all(m["tasks_succeeded"] == 40 for m in p.values())
     assert p["taskplane"]["adapter_cold_loads"] < p["round-robin"]["adapter_cold_loads"]
     assert p["llm-d-lora"]["adapter_cold_loads"] < p["round-robin"]["adapter_cold_loads"]
-    # only taskplane's plan reads adapters ahead of demand; the baselines load on the request path
+    # only the planners (taskplane's demand plan, AIBrix's bindings) read adapters ahead of demand; the baselines load on the request path
     assert p["taskplane"]["adapter_preloads"] > 0
     assert p["llm-d-lora"]["adapter_preloads"] == p["round-robin"]["adapter_preloads"] == 0
+    # AIBrix's controller loads each adapter once where it binds it (12 adapters, one pod each)
+    assert p["aibrix-lora"]["adapter_preloads"] == 12
+    assert p["aibrix-lora"]["adapter_disk_loads"] == 0
     assert {t["metric"] for t in results["targets"]} == {
         "adapter_cold_loads", "ttft_p99_ms", "cost_per_successful_task_usd"}
     assert json.loads((tmp_path / "results.json").read_text())["workload"] == "adapters"

@@ -1,6 +1,7 @@
 """Scorers: a normalised score in [0, 1] per candidate replica, higher is better."""
 
 from taskplane.scheduler.scorers.adapter import AdapterAffinityScorer
+from taskplane.scheduler.scorers.binding import AdapterBindingScorer
 from taskplane.scheduler.scorers.cache import PrefixCacheScorer, WorkingSetScorer
 from taskplane.scheduler.scorers.cost import DynamoCostScorer, GpuPriceScorer
 from taskplane.scheduler.scorers.load import KvUsageScorer, LeastLoadedScorer, QueueScorer
@@ -16,6 +17,7 @@ from taskplane.scheduler.scorers.workflow import WorkflowContextScorer
 
 __all__ = [
     "AdapterAffinityScorer",
+    "AdapterBindingScorer",
     "AdapterResidencyScorer",
     "DynamoCostScorer",
     "DynamoKvbmCostScorer",

@@ -183,13 +183,15 @@ class AdapterResidencyScorer(Scorer, Stateful):
         self._host.setdefault(replica, _Lru(self.params.host_slots)).touch(adapter)
 
 
-def find_planner(policy: Any) -> AdapterResidencyScorer | None:
-    """The ``adapter-residency`` plugin of ``policy``'s pipeline with ``preload`` on, if any
-    (through flow control and the bench's timing wrappers)."""
+def find_planner(policy: Any) -> Any | None:
+    """The plugin of ``policy``'s pipeline that plans adapter loads (``plan``, ``preloaded``)
+    with ``preload`` on, if any: ``adapter-residency``, ``adapter-binding`` (through flow
+    control and the bench's timing wrappers)."""
     while getattr(policy, "inner", None) is not None:
         policy = policy.inner
     pipeline = getattr(policy, "pipeline", policy)
     for plugin in getattr(pipeline, "scorers", ()):
-        if isinstance(plugin, AdapterResidencyScorer) and plugin.params.preload:
+        if callable(getattr(plugin, "plan", None)) and callable(getattr(plugin, "preloaded", None)) \
+                and getattr(getattr(plugin, "params", None), "preload", False):
             return plugin
     return None
