@@ -163,10 +163,12 @@ def start_gateway(state_dir: Path, info: dict[str, Any], ports: dict[str, int], 
     env = {"TASKPLANE_DATABASE_URL": info["database_url"], "TASKPLANE_STATE_DIR": str(state_dir)}
     epp_port = ports_plan(info["base_port"], max(len(info["replicas"]), 1)).slot("epp")
     # Envoy listens on the gateway port; the endpoint picker (gRPC) beside it on the epp slot
-    pid = proc.spawn([*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)],
-                     log_file, env=env)
+    cmd = [*_py(), "gateway", "--config", str(cfg_file), "--port", str(port), "--epp-port", str(epp_port)]
+    pid = proc.spawn(cmd, log_file, env=env)
     url = f"http://127.0.0.1:{port}"
-    _part(info, "gateway", pid, url, epp_address=f"127.0.0.1:{epp_port}")
+    # restartable (``stack.restart_part``) with its command and environment, e.g. after an edit of its YAML
+    _part(info, "gateway", pid, url, epp_address=f"127.0.0.1:{epp_port}", cmd=cmd, env=env, log=str(log_file),
+          health=f"{url}/healthz")
     info["gateway_url"] = url
     info["epp_address"] = f"127.0.0.1:{epp_port}"
     info["gateway_config"] = str(cfg_file)

@@ -158,7 +158,8 @@ def _start_parts(state_dir: Path, info: dict[str, Any], ports: dict[str, int], r
 
 
 def restart_part(state_dir: Path, name: str) -> None:
-    """Start a part again with the command it was started with (after a crash)."""
+    """Start a part again with the command and environment it was started with (after a
+    crash, or after an edit of its configuration file)."""
     state_dir = state_dir.resolve()
     info = stack_file.load(state_dir)
     if info is None:
@@ -167,7 +168,7 @@ def restart_part(state_dir: Path, name: str) -> None:
         if p["name"] == name and p.get("cmd"):
             if proc.alive(p.get("pid")):
                 return
-            p["pid"] = proc.spawn(p["cmd"], Path(p["log"]))
+            p["pid"] = proc.spawn(p["cmd"], Path(p["log"]), env=p.get("env"))
             stack_file.save(state_dir, info)
             if p.get("health"):
                 proc.wait_until(proc.http_ok(p["health"]), name, 60, p["pid"], Path(p["log"]))

@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import yaml
 
 import taskplane
 from taskplane.dev.ports import free_base
@@ -76,6 +77,21 @@ async def _rows(database_url: str, task_ids: list[str], n: int) -> list[asyncpg.
         await conn.close()
 
 
+def _lower_sessions_per_holder(state: Path, config: Path, value: float) -> None:
+    from taskplane.dev import stack
+    from taskplane.dev.processes import stop_pid
+    from taskplane.scheduler.presets import PRESETS
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg["scheduler"]["scorers"] = [
+        {**s, "params": {**s["params"], "sessions_per_holder": value}} if s["type"] == "adapter-residency" else s
+        for s in PRESETS["taskplane"].scorers]
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    gateway = next(p for p in json.loads((state / "stack.json").read_text())["parts"] if p["name"] == "gateway")
+    stop_pid(gateway["pid"])
+    stack.restart_part(state, "gateway")
+
+
 def test_two_adapters_two_agents_on_the_dev_stack(tmp_path: Path) -> None:
     name = f"loraagents_{os.urandom(3).hex()}"
     (tmp_path / f"{name}.py").write_text(AGENTS_SRC.format(name=name))
@@ -122,6 +138,9 @@ def test_two_adapters_two_agents_on_the_dev_stack(tmp_path: Path) -> None:
             assert (row["adapter"], row["replica"], row["outcome"]) == (adapter, holding[adapter], "success"), dict(row)
             assert row["model_requested"] == "llama-3.1-8b"
 
+        # an operator who wants a hot adapter on a second replica sooner lowers the residency
+        # rule's sessions per holder in the gateway's YAML and restarts the gateway
+        _lower_sessions_per_holder(state, Path(info["gateway_config"]), 0.05)
         # demand: more of tenant a's sessions than one replica is planned to absorb; the picker's
         # adapter loader registers tenant-a on another (idle) replica with vLLM's load API
         more = {f"{name}-a-more-{i}": ("a", module.__dict__[f"{name}_a"]) for i in range(6)}
