@@ -4,12 +4,13 @@ The aggregated fleet is P+D H100 replicas placed by the best aggregated baseline
 (``llm-d-scorers``) and ``taskplane``; the disaggregated fleet is the same GPUs as P
 prefill-role and D decode-role replicas, placed by ``llm-d-pd``, ``dynamo-disagg`` and
 ``taskplane-pd``. Every run is the same workload and seed in
-:class:`~taskplane.sim.pd_cluster.DisaggSim`. ``--load`` factors scale the agent mix's
-arrival rate from 0.15 tasks/s per replica (1.0x: the rate the fingerprint workload uses).
+:class:`~taskplane.sim.pd_cluster.DisaggSim`. ``--load`` factors (default 1.0,1.3) scale the agent mix's
+arrival rate from the aggregated fleet's measured capacity, as the policy comparison does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -17,9 +18,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from taskplane.bench.options import BenchOptions, parse_loads
-from taskplane.bench.suite import preset_factories
-from taskplane.bench.workloads import agent_tenants, agent_workload, mooncake_workload
+from taskplane.bench.options import BenchOptions
+from taskplane.bench.suite import agent_points, fleet_capacity, preset_factories
+from taskplane.bench.workloads import agent_tenants, mooncake_workload
 from taskplane.errors import UserError
 from taskplane.sim.cluster import ClusterSpec, ReplicaSpec
 from taskplane.sim.pd_cluster import simulate_pd
@@ -29,7 +30,6 @@ from taskplane.store.records import Outcome, TaskStatus
 
 AGGREGATED = ("llm-d-scorers", "taskplane")
 DISAGGREGATED = ("llm-d-pd", "dynamo-disagg", "taskplane-pd")
-RATE_PER_REPLICA = 0.15
 
 
 def parse_pd(spec: str) -> tuple[int, int]:
@@ -90,15 +90,19 @@ def run_pd(options: BenchOptions) -> dict[str, Any]:
     n_p, n_d = parse_pd(options.pd)
     names = [*AGGREGATED, *DISAGGREGATED] if options.policies is None else options.policies.split(",")
     points: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if options.workload == "mooncake":
         wl = mooncake_workload(options.trace, time_scale=options.time_scale, duration_s=options.duration_s)
         points["trace"] = _point(wl, n_p, n_d, options.seed, names)
-    else:
-        for load in parse_loads(options.load or "1.0,1.3"):
-            rate = load * RATE_PER_REPLICA * (n_p + n_d) / options.time_scale
-            wl = agent_workload(options.tasks or 300, rate, options.seed)
-            points[f"{load}x"] = _point(wl, n_p, n_d, options.seed, names)
-    results = {"workload": options.workload, "pd": options.pd, "seed": options.seed, "points": points}
+    else:  # loads relative to the aggregated fleet's measured capacity, as the policy comparison's
+        fleet = f"h100:{n_p + n_d}"
+        capacity = fleet_capacity(options, ClusterSpec.fleet(fleet), fleet, console=Console(),
+                                  cache=options.out / "capacity.json")
+        sweep, _ = agent_points(dataclasses.replace(options, load=options.load or "1.0,1.3"), capacity)
+        for pt in sweep:
+            points[f"{pt.load}x"] = _point(pt.workload, n_p, n_d, options.seed, names)
+        extra = {"capacity_tasks_per_s": round(capacity.tasks_per_s, 4)}
+    results = {"workload": options.workload, "pd": options.pd, "seed": options.seed, **extra, "points": points}
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "results.json").write_text(json.dumps(results, indent=2))
     console = Console(width=180)
