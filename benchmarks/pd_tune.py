@@ -1,6 +1,6 @@
 """Sweep the agent-pd decider's params (taskplane-pd) on the agent mix, on one seed.
 
-    .venv/bin/python benchmarks/pd_tune.py SEED CAPACITY_TASKS_PER_S [P:D]
+    python -m benchmarks.pd_tune SEED CAPACITY_TASKS_PER_S [P:D]
 
 CAPACITY is the aggregated fleet's (``capacity_tasks_per_s`` in a ``bench --pd`` results.json).
 Prints, per param set and load, the metrics ``bench --pd`` reports."""
@@ -17,10 +17,10 @@ from taskplane.sim.pd_cluster import simulate_pd
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "long768": {"long_prompt_tokens": 768},
-    "long512": {"long_prompt_tokens": 512, "min_new_tokens": 128},
-    "heavy3": {"decode_heavy_running": 3},
-    "long768-heavy4": {"long_prompt_tokens": 768, "decode_heavy_running": 4},
-    "long1024-r2": {"long_prompt_tokens": 1024, "max_remote_ratio": 2.0},
+    "long512-new128": {"long_prompt_tokens": 512, "min_new_tokens": 128},
+    "long256-new64": {"long_prompt_tokens": 256, "min_new_tokens": 64},
+    "long512-heavy3-r3": {"long_prompt_tokens": 512, "decode_heavy_running": 3, "max_remote_ratio": 3.0},
+    "all-new64-r4": {"long_prompt_tokens": 64, "min_new_tokens": 64, "max_remote_ratio": 4.0},
 }
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     n_p, n_d = parse_pd(sys.argv[3] if len(sys.argv) > 3 else "2:6")
     for load in (1.0, 1.3):
         rate = load * capacity
-        wl = agent_workload(max(1, round(rate * 1200)), rate, seed)
+        wl = agent_workload(300, rate, seed)  # as bench --pd --tasks 300
         for name, params in VARIANTS.items():
             cfg = {"policy": "taskplane-pd", "seed": seed,
                    "disaggregation": {"decider": {"type": "agent-pd", "params": params}}}
