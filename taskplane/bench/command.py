@@ -29,6 +29,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """The ``taskplane bench`` command (see the module docstring); returns results.json's content."""
     if options.workload not in ALL_WORKLOADS:
         raise UserError(f"--workload must be one of {', '.join(ALL_WORKLOADS)}, got {options.workload!r}")
+    if options.pd is not None:
+        from taskplane.bench.pd import run_pd
+
+        return run_pd(options)
     if options.workload == "diurnal":
         from taskplane.bench.diurnal_command import run_diurnal_command
 

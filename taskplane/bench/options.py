@@ -40,6 +40,7 @@ class BenchOptions:
     remote_kv_gb: float = 0.0  # a remote KV store shared by the fleet (sim)
     hints: str = "author"  # the steps hints the simulated SDK sends: author, none, noisy, exact
     cold_start_s: float | None = None  # diurnal: provisioning to first placement (default: the GPU's)
+    pd: str | None = None  # "P:D": disaggregated fleets beside the aggregated one (taskplane.bench.pd)
 
 
 def parse_policies(spec: str | None) -> list[str]:

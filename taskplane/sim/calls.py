@@ -60,6 +60,11 @@ class SimCall:
     replica: int = -1
     model_served: str | None = None
     avoid: tuple[str, ...] = ()
+    # disaggregated attempt: its prefill replica, the KV pull, the prefill leg's cost
+    prefill_replica: int = -1
+    transfer_s: float = 0.0
+    transferred_tokens: int = 0
+    prefill_cost: float = 0.0
 
 
 def new_call(task: TaskState, k: int, block_size: int) -> SimCall:
@@ -124,7 +129,7 @@ def engine_request(call: SimCall, block_size: int, with_tokens: bool) -> SimRequ
 
 
 def call_record(call: SimCall, t: float, *, outcome: Outcome, error: str | None, replica: str | None,
-                gpu: str | None, ev: Finished | None, cost: float) -> CallRecord:
+                gpu: str | None, ev: Finished | None, cost: float, prefill_replica: str | None = None) -> CallRecord:
     """The record of the call's current attempt, ended at ``t`` (``ev``: the engine's
     account, when it reached one)."""
     spec = call.task.spec
@@ -143,7 +148,8 @@ def call_record(call: SimCall, t: float, *, outcome: Outcome, error: str | None,
         gpu=gpu, prompt_tokens=call.prompt_tokens, cached_tokens=cached, completion_tokens=completion,
         offered_s=call.offered_s, dispatched_s=call.dispatched_s, admitted_s=admitted,
         first_token_s=first_token, finished_s=t, gpu_seconds=gpu_s, cost_usd=cost, outcome=outcome,
-        error_type=error, tier_load_s=load_s,
+        error_type=error, tier_load_s=load_s, prefill_replica=prefill_replica,
+        transfer_ms=call.transfer_s * 1000.0, transferred_tokens=call.transferred_tokens,
     )
 
 

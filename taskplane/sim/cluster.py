@@ -14,7 +14,8 @@ This module is the loop and the conversation with the policy; its parts are
 - :mod:`taskplane.sim.calls`: the state of each task and call, and what a call becomes
   for the scheduler, the engine and the records; :mod:`taskplane.sim.blocks`: how its
   KV blocks are named;
-- :mod:`taskplane.sim.lifecycle`: what follows an attempt (next call, retry, task end).
+- :mod:`taskplane.sim.lifecycle`: what follows an attempt (next call, retry, task end);
+  :mod:`taskplane.sim.pd_cluster`: the same loop with disaggregated calls (:class:`DisaggSim`).
 
 Admission outcomes: QUEUE holds the call (in the policy when it has ``release``, else
 here, in priority then deadline order, offered again whenever capacity frees); SHED is
@@ -60,7 +61,6 @@ __all__ = [
     "EPOCH", "CallRecord", "ClusterResult", "ClusterSim", "ClusterSpec", "Policy", "ReplicaResult", "ReplicaSpec",
     "TaskResult", "block_contents", "mix", "round_robin", "simulate",
 ]
-
 
 
 class ClusterSim:
@@ -226,6 +226,10 @@ class ClusterSim:
             self._record(call, t, Outcome.ERROR, "replica_error", replica=i)
             self.lifecycle.retry_or_fail(call, t, 0.0, "replica_error", avoid=self.fleet.name(i))
             return
+        self._submit(call, d, i, t)
+
+    def _submit(self, call: SimCall, d: Decision, i: int, t: float) -> None:
+        """Send the placed call to replica ``i``'s engine (taskplane.sim.pd: its prefill replica first)."""
         self.fleet.engines[i].submit(engine_request(call, self.bs, with_tokens=self.policy.on_kv is not None), t)
         self.fleet.mark(i)
         self._schedule_wake(i)
@@ -282,9 +286,13 @@ class ClusterSim:
                 ev: Finished | None = None, cost: float = 0.0) -> None:
         """Record the call's current attempt, ended at ``t``, and charge its task."""
         view = self.fleet.views[replica] if replica >= 0 else None
+        if call.prefill_replica >= 0 and ev is not None:  # the decode leg's record carries the prefill's cost
+            cost += call.prefill_cost
+            call.prefill_cost = 0.0
         self.records.append(call_record(
             call, t, outcome=outcome, error=error, replica=view.name if view else None,
-            gpu=view.gpu if view else None, ev=ev, cost=cost))
+            gpu=view.gpu if view else None, ev=ev, cost=cost,
+            prefill_replica=self.fleet.name(call.prefill_replica) if call.prefill_replica >= 0 else None))
         self._calls_by_id.pop(call.key, None)
         call.task.attempts += 1
         call.task.cost += cost

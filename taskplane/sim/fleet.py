@@ -9,6 +9,7 @@ from taskplane.sim.gpus import gpu_profile
 from taskplane.sim.hints import HintMode
 from taskplane.sim.hosttier import TierSpec
 from taskplane.sim.lora import LoraSettings
+from taskplane.sim.pd import LinkSpec
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class ReplicaSpec:
     outages: list[tuple[float, float | None]] = field(default_factory=list)  # (down_at_s, up_at_s)
     lora: LoraSettings | None = None  # --enable-lora and its limits (None: the base model only)
     adapters: tuple[str, ...] = ()  # registered at start, as --lora-modules would
+    role: str = "both"  # "prefill" (computes prompts for decode replicas), "decode" or "both"
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class ClusterSpec:
     # what the SDK tells the policies about the future (taskplane.sim.hints): "author" (an
     # author's fixed estimate), "none", "noisy", or "exact" (the truth: an oracle, a bound)
     hints: HintMode = HintMode.AUTHOR
+    link: LinkSpec = field(default_factory=LinkSpec)  # prefill -> decode KV transfers (taskplane.sim.pd)
 
     def __post_init__(self) -> None:
         self.hints = HintMode.parse(self.hints)

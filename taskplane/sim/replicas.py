@@ -56,7 +56,7 @@ class SimReplicas:
                 kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0,
                 max_loras=r.lora.max_loras if r.lora is not None else 0,
                 # the adapters registered at start: what the replica's /v1/models lists
-                lora_served=frozenset(r.adapters) if r.lora is not None else None))
+                lora_served=frozenset(r.adapters) if r.lora is not None else None, role=r.role))
         self.healthy = [True] * len(self.engines)
         self._table = ReplicaTable(self.views) if table else None
         self._dirty: set[int] = set()  # replicas whose engine changed since their view was set

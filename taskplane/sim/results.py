@@ -45,10 +45,20 @@ class CallRecord:
     outcome: Outcome
     error_type: str | None = None
     tier_load_s: float = 0.0  # host / remote -> GPU KV transfer its admission paid (simulated tiers)
+    prefill_replica: str | None = None  # disaggregated: where its prompt was computed (None: on ``replica``)
+    transfer_ms: float = 0.0  # disaggregated: the KV pull from the prefill replica
+    transferred_tokens: int = 0  # disaggregated: prompt tokens whose KV moved over the link
 
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.offered_s
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency of its decode (None with fewer than two tokens)."""
+        if self.first_token_s is None or self.completion_tokens < 2:
+            return None
+        return (self.finished_s - self.first_token_s) / (self.completion_tokens - 1)
 
     @property
     def queue_s(self) -> float:
