@@ -262,9 +262,12 @@ def sim_engine(
     max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="adapters kept in host memory (default: max-loras)")] = None,
     max_lora_rank: Annotated[int, typer.Option(min=1)] = 16,
     lora_modules: Annotated[list[str] | None, typer.Option(help="NAME=PATH, repeatable: adapters registered at start")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(help="vLLM's KV connector JSON, e.g. "
+                                                           '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'')] = None,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.http_replica import ReplicaOptions
+    from taskplane.sim.kv_transfer import KVTransferConfig
     from taskplane.sim.lora import LoraSettings, parse_lora_modules
     from taskplane.sim.server import serve
 
@@ -274,10 +277,12 @@ def sim_engine(
         lora = LoraSettings(max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank) \
             if enable_lora else None
         modules = parse_lora_modules(lora_modules or [])
+        if kv_transfer_config is not None:
+            KVTransferConfig.parse(kv_transfer_config)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     serve(ReplicaOptions(
-        lora=lora, lora_modules=modules,
+        lora=lora, lora_modules=modules, kv_transfer_config=kv_transfer_config,
         gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, kv_events_port=kv_events_port,
         seed=seed, speed=speed, host=host, faults=tuple(fault or ()), cold_start_s=cold_start_s,
         max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port, enable_sleep_mode=enable_sleep_mode,
