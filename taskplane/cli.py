@@ -47,17 +47,23 @@ def dev_up(
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX: the replicas are started and stopped by the autoscaler")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", "-m", help="your agent module for the dev worker (repeatable)")] = None,
     sleep_level: Annotated[int, typer.Option(min=0, max=2, help="with --autoscale: a scale-in victim sleeps (vLLM sleep mode level 1 or 2) and a scale-out wakes it first; 0: it stops")] = 0,
+    enable_lora: Annotated[bool, typer.Option("--enable-lora", help="the replicas serve LoRA adapters (vLLM's flag)")] = False,
+    max_loras: Annotated[int, typer.Option(min=1, help="with --enable-lora: adapters in GPU slots, and per batch")] = 1,
+    max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="with --enable-lora: adapters kept in host memory")] = None,
+    lora_modules: Annotated[list[str] | None, typer.Option("--lora-modules", help="NAME=PATH, registered on every replica (repeatable)")] = None,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
     from taskplane.dev import stack
+    from taskplane.dev.lora import DevLora
 
     try:
         bounds = parse_range(autoscale) if autoscale else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    lora = DevLora.from_flags(enable_lora, max_loras, max_cpu_loras, lora_modules or [])
     info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
-                    modules=module or [], sleep_level=sleep_level)
+                    modules=module or [], sleep_level=sleep_level, lora=lora)
     stack.print_status(info)
 
 

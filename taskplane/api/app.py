@@ -58,6 +58,10 @@ async def _serving(state: ApiState, outbox_dir: Path | None, data_plane: DataPla
     await registry.start()
     subs = state.kv_subscriptions = await start_kv_subscriptions(config, registry, placer)
     watchers = start_discovery(config, registry, placer, subs)
+    from taskplane.engines.lora_loader import start_adapter_loader
+
+    if (loader := start_adapter_loader(registry, placer)) is not None:  # adapter pre-loads (LoRA fleets)
+        watchers.append(loader)
     try:
         yield
     finally:

@@ -87,7 +87,8 @@ def _replica_view(state: ApiState, s: ReplicaState) -> dict[str, Any]:
             "num_waiting": s.num_waiting, "kv_usage": s.kv_usage, "kv_blocks_total": v.kv_blocks_total,
             "prefix_cache_hits": s.prefix_hits, "prefix_cache_queries": s.prefix_queries,
             "kv_events_live": s.kv_events_live, "cost_per_hour_usd": s.price_per_hour,
-            "sleeping": s.sleeping,
+            "sleeping": s.sleeping, "max_loras": s.max_loras, "lora_running": sorted(s.lora_running),
+            "lora_served": None if s.lora_served is None else sorted(s.lora_served),
             **_kv_view(state, s.name)}
 
 

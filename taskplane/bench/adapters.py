@@ -38,6 +38,7 @@ DEFAULT_POLICIES = "taskplane,llm-d-lora,round-robin"
 COLUMNS = (
     ("adapter_cold_loads", "adapter\ncold loads", "{:.0f}"),
     ("adapter_disk_loads", "disk\nloads", "{:.0f}"),
+    ("adapter_preloads", "pre-\nloads", "{:.0f}"),
     ("ttft_p50_ms", "TTFT\np50 ms", "{:.0f}"),
     ("ttft_p99_ms", "TTFT\np99 ms", "{:.0f}"),
     ("cost_per_successful_task_usd", "$ per\nok task", "{:.5f}"),
@@ -87,7 +88,9 @@ def adapter_tasks(shape: AdapterWorkload, replicas: int, seed: int) -> Workload:
 def lora_figures(result: ClusterResult) -> dict[str, int]:
     disk = sum(r.lora_disk_loads for r in result.replicas)
     gpu = sum(r.lora_gpu_loads for r in result.replicas)
-    return {"adapter_cold_loads": disk + gpu, "adapter_disk_loads": disk, "adapter_gpu_loads": gpu}
+    pre = sum(r.lora_preloads for r in result.replicas)
+    return {"adapter_cold_loads": disk + gpu, "adapter_disk_loads": disk, "adapter_gpu_loads": gpu,
+            "adapter_preloads": pre}
 
 
 def run_adapters(options: BenchOptions, shape: AdapterWorkload | None = None) -> dict[str, Any]:

@@ -70,7 +70,9 @@ def start_postgres(state_dir: Path, info: dict[str, Any], ports: dict[str, int])
     upgrade(url)
 
 
-def start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, logs: Path) -> None:
+def start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, logs: Path,
+                       extra_args: Sequence[str] = ()) -> None:
+    """``n`` simulated replicas; ``extra_args`` are more ``sim-engine`` flags for each (LoRA)."""
     info["replicas"] = []
     pending = []
     for i in range(n):
@@ -79,7 +81,7 @@ def start_sim_replicas(info: dict[str, Any], ports: dict[str, int], n: int, logs
         log_file = logs / f"replica-{i}.log"
         cmd = [*_py(), "sim-engine", "--port", str(port), "--gpu", gpu, "--model", "llama-3.1-8b",
                "--kv-blocks", "2048", "--kv-events-port", str(kv), "--kv-replay-port", str(replay), "--seed", str(i),
-               "--speed", "5"]
+               "--speed", "5", *extra_args]
         pid = proc.spawn(cmd, log_file)
         url = f"http://127.0.0.1:{port}"
         _part(info, f"replica-{i}", pid, url, gpu=gpu, cmd=cmd, log=str(log_file), health=f"{url}/health")

@@ -30,7 +30,7 @@ import structlog
 from taskplane.config import GatewayConfig, PoolConfig, ReplicaConfig
 from taskplane.engines.probe import HttpProbe, Page, plain
 from taskplane.engines.replica import Lease, ReplicaState
-from taskplane.engines.scrape import apply_scrape
+from taskplane.engines.scrape import apply_models, apply_scrape
 from taskplane.scheduler.table import COL, ReplicaTable
 from taskplane.scheduler.types import ReplicaView
 
@@ -57,6 +57,7 @@ class ReplicaRegistry:
         self._stale: set[ReplicaState] = set()  # rows to rebuild before the table is read
         self._held: dict[ReplicaState, float] = {}  # marked down until then: the row changes with time
         self._by_model: dict[str, list[ReplicaState]] = {}  # cache, cleared when membership changes
+        self._cordoned: dict[str, list[str]] = {}  # cache, cleared with it (a config changes only there)
         self._listeners: list[Callable[[], None]] = []
         self._up_listeners: list[Callable[[], None]] = []
         for pool in config.pools:
@@ -79,6 +80,7 @@ class ReplicaRegistry:
 
     def _members_changed(self) -> None:
         self._by_model.clear()
+        self._cordoned.clear()
         _notify(self._listeners)
         _notify(self._up_listeners)
 
@@ -136,8 +138,12 @@ class ReplicaRegistry:
         return states
 
     def cordoned(self, model: str) -> list[str]:
-        """Replicas of ``model`` that take no new session (autoscaler scale-in, pre-drain)."""
-        return [s.name for s in self.for_model(model) if s.config.cordoned]
+        """Replicas of ``model`` that take no new session (autoscaler scale-in, pre-drain);
+        a cached list (do not modify it): every call asks, the fleet changes seldom."""
+        names = self._cordoned.get(model)
+        if names is None:
+            names = self._cordoned[model] = [s.name for s in self.for_model(model) if s.config.cordoned]
+        return names
 
     # ---- the scheduler's snapshot ------------------------------------------
     def table(self) -> ReplicaTable:
@@ -272,3 +278,8 @@ class ReplicaRegistry:
                                                          return_exceptions=True)
         if apply_scrape(s, metrics_call, health_call):
             _notify(self._up_listeners)
+        if s.max_loras and s.healthy:  # LoRA on: which adapters are registered there
+            try:
+                apply_models(s, await self._get(f"{s.config.url}/v1/models"))
+            except Exception as exc:
+                apply_models(s, exc)

@@ -35,7 +35,7 @@ DEFAULT_PRICE_PER_HOUR = {
 VIEW_FIELDS = frozenset({
     "config", "pool", "healthy", "down_until", "kv_blocks_total", "kv_usage", "block_size", "num_running",
     "num_waiting", "inflight", "inflight_prompt_tokens", "unstarted_prompt_tokens", "inflight_decode_tokens", "kv_events_live",
-    "max_loras", "lora_running", "lora_waiting",
+    "max_loras", "lora_running", "lora_waiting", "lora_served",
 })
 
 
@@ -66,6 +66,9 @@ class ReplicaState:
     max_loras: int = 0
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
+    #: the adapters its ``/v1/models`` lists (read while it reports LoRA); None: not read
+    lora_served: frozenset[str] | None = None
+    lora_roots: dict[str, str] = field(default_factory=dict)  # adapter -> its path (/v1/models "root")
     sleeping: bool = False  # the engine reports vLLM sleep mode (healthy is then False)
     served_tokens: int = 0
     errors: int = 0
@@ -146,6 +149,7 @@ class ReplicaState:
             max_loras=self.max_loras,
             lora_running=self.lora_running,
             lora_waiting=self.lora_waiting,
+            lora_served=self.lora_served,
         )
 
 

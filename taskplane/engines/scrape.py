@@ -103,3 +103,25 @@ def _apply_metrics(s: ReplicaState, m: MetricsSnapshot) -> None:
     s.prefix_hits = float(m.prefix_cache_hits)
     if m.max_loras or s.max_loras:  # unchanged (no view refresh) on replicas without LoRA
         s.max_loras, s.lora_running, s.lora_waiting = m.max_loras, m.lora_running, m.lora_waiting
+
+
+def apply_models(s: ReplicaState, models_call: Answer) -> None:
+    """Update ``s.lora_served`` from the replica's ``/v1/models``: vLLM lists each registered
+    adapter as a model whose ``parent`` is the base model. An unreadable answer leaves it."""
+    import json
+
+    try:
+        if isinstance(models_call, BaseException):
+            raise models_call
+        models_call.raise_for_status()
+        cards = json.loads(models_call.text).get("data") or []
+        adapters = [c for c in cards if isinstance(c, dict) and c.get("parent") and c.get("id")]
+        served = frozenset(str(c["id"]) for c in adapters)
+        s.lora_roots = {str(c["id"]): str(c["root"]) for c in adapters if c.get("root")}
+    except Exception as exc:
+        log.debug("models_unreadable", replica=s.name, error=type(exc).__name__)
+        return
+    if served != s.lora_served:
+        if s.lora_served is not None:
+            log.info("replica_adapters", replica=s.name, adapters=sorted(served))
+        s.lora_served = served

@@ -103,13 +103,13 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "taskplane",
-            "all seven axes: filters (health, tenant GPUs, memory headroom, latency budget, long prefills by "
+            "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
             "when they would finish, load balance), scorers "
             "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
             "LoRA adapter affinity 2), "
             "admission control with priority bands, fair share, EDF and shedding",
             "this project",
-            filters=("healthy", "tenant-gpu", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
+            filters=("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
             scorers=(
                 _s("tiered-prefix", 3.0),
                 _s("session-affinity", 2.0, predict_end=True),
@@ -119,6 +119,7 @@ PRESETS: dict[str, Preset] = {
                 _s("gpu-price", 1.0),
                 _s("workflow-context", 1.0),
                 _s("adapter-affinity", 2.0),
+                _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
             ),
             admission=True,
             sticky=True,

@@ -38,6 +38,9 @@ class ReplicaView:
     max_loras: int = 0
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
+    # the adapters registered there (vLLM's /v1/models: the models whose parent is the base
+    # model); None: not known, so every adapter is taken to be served
+    lora_served: frozenset[str] | None = None
     # prefill/decode disaggregation (vLLM --kv-transfer-config kv_role): "both" serves whole
     # calls (the aggregated fleet); "prefill" only computes prompts whose KV a decode replica
     # pulls; "decode" generates, pulling the prompt's KV from the prefill replica named

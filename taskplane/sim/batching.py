@@ -233,7 +233,7 @@ class Batcher:
         waiting = self.waiting
         scheduled = set(adapters.running)
         skipped: list[EngineRequest] = []
-        load_s = 0.0
+        load_s = adapters.stall(t0)
         while waiting and budget > 0 and len(self.prefilling) + self.dec.n < self.max_num_seqs:
             r = waiting[0]
             name = r.spec.adapter

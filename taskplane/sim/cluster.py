@@ -47,6 +47,7 @@ from taskplane.sim.events import Event, EventQueue
 from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
 from taskplane.sim.lifecycle import Lifecycle, fail_call
 from taskplane.sim.lifetimes import Lifetimes
+from taskplane.sim.lora_plan import Preloads, find_planner
 from taskplane.sim.policy import Policy, PolicyHooks, round_robin
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.requests import Finished, FirstToken, KVEvents
@@ -93,6 +94,8 @@ class ClusterSim:
         self.lifetimes = (Lifetimes(kv_lifetimes, self.fleet, self.events, self.bs, self.policy.on_kv is not None,
                                     workload.tasks, cluster.hints)
                           if kv_lifetimes is not None and cluster.tiers.enabled else None)
+        planner = find_planner(policy)  # adapter pre-loads by predicted demand (opt-in plugins)
+        self.preloads = Preloads(planner, self.fleet) if planner is not None else None
         self.lifecycle = Lifecycle(self.events, max_attempts)
         self.records: list[CallRecord] = []
         self._calls_by_id: dict[str, SimCall] = {}  # calls the policy queued, by call id
@@ -188,6 +191,8 @@ class ClusterSim:
             return
         call.offered_s = t
         call.request = call_request(call, t, self.bs, self.cluster.hints)
+        if self.preloads is not None and call.request.adapter:
+            self.preloads.maybe_plan(t)
         self._apply(call, self.policy.decide(call.request, self.fleet.for_policy(), t), t)
 
     def _apply(self, call: SimCall, d: Decision, t: float) -> None:

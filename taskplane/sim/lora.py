@@ -80,6 +80,8 @@ class Adapters:
         self.running: dict[str, int] = {}  # adapter -> requests of it in the batch (prefilling or decoding)
         self.loads_from_disk = 0
         self.loads_to_gpu = 0
+        self.preloads = 0  # host copies read ahead of demand (``preload``), off the request path
+        self._busy_until = 0.0  # a pre-load's read holds the engine until then
 
     # ---------------------------------------------------------------- the LoRA API
     def register(self, name: str, path: str) -> Adapter:
@@ -100,6 +102,26 @@ class Adapters:
         del self.registered[name]
         self._cpu.pop(name, None)
         self._gpu.pop(name, None)
+
+    def preload(self, name: str, now_s: float) -> bool:
+        """Read a registered adapter's weights into host memory ahead of its requests (what
+        vLLM's ``add_lora`` does when ``/v1/load_lora_adapter`` registers one); False when
+        it is unknown or already there. The read is synchronous in the engine, as a load on
+        the request path is: the engine's next step waits until it ends (``stall``)."""
+        if name not in self.registered or name in self._cpu:
+            return False
+        self._cpu[name] = None
+        while len(self._cpu) > self.settings.cpu_slots:
+            self._evict(self._cpu, keep=name)
+        self.preloads += 1
+        self._busy_until = max(self._busy_until, now_s) + self.settings.disk_load_s
+        return True
+
+    def stall(self, t0: float) -> float:
+        """The seconds a step starting at ``t0`` waits for pre-load reads still under way."""
+        wait = max(0.0, self._busy_until - t0)
+        self._busy_until = min(self._busy_until, t0)
+        return wait
 
     # ---------------------------------------------------------------- scheduling
     def can_join(self, name: str, scheduled: set[str]) -> bool:

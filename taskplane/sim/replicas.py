@@ -54,7 +54,9 @@ class SimReplicas:
                 model_loaded=r.model_loaded, kv_blocks_total=eng.num_blocks, kv_blocks_free=eng.free_blocks(),
                 block_size=block_size, has_kv_events=kv_events, max_num_seqs=r.max_num_seqs,
                 kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0,
-                max_loras=r.lora.max_loras if r.lora is not None else 0))
+                max_loras=r.lora.max_loras if r.lora is not None else 0,
+                # the adapters registered at start: what the replica's /v1/models lists
+                lora_served=frozenset(r.adapters) if r.lora is not None else None))
         self.healthy = [True] * len(self.engines)
         self._table = ReplicaTable(self.views) if table else None
         self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
@@ -148,4 +150,5 @@ def lora_state(engine: SimEngine) -> tuple[frozenset[str], frozenset[str]]:
 def _lora_figures(engine: SimEngine) -> dict[str, int]:
     """A replica's adapter load counters for its :class:`ReplicaResult` (none without LoRA)."""
     a = engine.adapters
-    return {} if a is None else {"lora_disk_loads": a.loads_from_disk, "lora_gpu_loads": a.loads_to_gpu}
+    return {} if a is None else {"lora_disk_loads": a.loads_from_disk, "lora_gpu_loads": a.loads_to_gpu,
+                                "lora_preloads": a.preloads}

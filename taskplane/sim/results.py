@@ -97,6 +97,7 @@ class ReplicaResult:
     # LoRA (zero without it): adapter weights read from disk, and copied into a GPU slot
     lora_disk_loads: int = 0
     lora_gpu_loads: int = 0
+    lora_preloads: int = 0  # host copies read ahead of demand by a policy's pre-load plan
 
 
 @dataclass

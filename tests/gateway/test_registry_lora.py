@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from httpx import AsyncClient
 from tp_sim_replica import sim_replica
 
@@ -51,3 +52,25 @@ async def test_a_scrape_puts_the_running_adapter_in_the_view() -> None:
             assert (await call).status_code == 200
     plain = ReplicaRegistry(_config("http://127.0.0.1:1")).table().get("r0")
     assert plain is not None and (plain.max_loras, plain.lora_running) == (0, frozenset())
+
+
+async def test_a_scrape_reads_the_adapters_registered_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/v1/models``' adapters (models whose parent is the base) become the view's ``lora_served``,
+    and an adapter loaded at run time joins them at the next scrape."""
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "true")
+    async with sim_replica(lora=LoraSettings(max_loras=2), lora_modules=(("chat", "/adapters/chat"),)) as url, \
+            AsyncClient(base_url=url, timeout=30) as c:
+        registry = ReplicaRegistry(_config(url))
+        try:
+            await registry.start()
+            view = registry.table().get("r0")
+            assert view is not None and view.lora_served == frozenset({"chat"})
+            r = await c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": "/adapters/sql"})
+            assert r.status_code == 200, r.text
+            await registry.scrape_all()
+            view = registry.table().get("r0")
+            assert view is not None and view.lora_served == frozenset({"chat", "sql"})
+        finally:
+            await registry.close()
+    plain = ReplicaRegistry(_config("http://127.0.0.1:1")).table().get("r0")
+    assert plain is not None and plain.lora_served is None

@@ -122,3 +122,24 @@ def test_settings_and_plugins_are_one_configuration() -> None:
                             serial_prefill_min_tokens=9, hold_pays=False, working_set_short_queue_ms=None)
     assert AdmissionSettings.from_plugins(build_flow(odd.plugin_specs()).plugins) == odd
     assert AdmissionSettings.from_plugins(build_flow(AdmissionSettings().plugin_specs()).plugins) == AdmissionSettings()
+
+
+def _second_task_from_history(calls_per_task: list[int]) -> Action:
+    """Task A in flight on r0; task B's first call comes with no hint, only the agent's history."""
+    from dataclasses import replace
+
+    from taskplane.scheduler.predict.model import TaskHistory
+
+    sched = build_policy("taskplane", seed=1, metrics=False, admission=FIXED)
+    sched.pipeline.handle.predictor.seed(TaskHistory("a", "t", calls=n) for n in calls_per_task)
+    sched.decide(_first("A"), [_view()], 0.0)
+    sched.observe_completion(_first("A"), CallOutcome(replica="r0", completion_tokens=100), 1.0)
+    return sched.decide(replace(_first("B"), steps_remaining=None), [_view()], 1.5).action
+
+
+def test_a_first_call_is_held_for_room_only_when_history_expects_a_later_call() -> None:
+    # a chat agent whose conversations mostly end after one turn (0.3 later calls expected):
+    # its next conversation has little later context to protect, so it is not held
+    assert _second_task_from_history([1] * 7 + [2] * 3) is Action.PLACE
+    # an agent whose tasks make three calls: two later calls expected, so the rule holds it
+    assert _second_task_from_history([3] * 10) is Action.QUEUE

@@ -139,3 +139,21 @@ def test_the_command_line_wants_enable_lora_for_lora_modules() -> None:
     assert result.exit_code != 0 and "--enable-lora" in result.output
     result = CliRunner().invoke(app, ["sim-engine", "--port", "1", "--enable-lora", "--lora-modules", "sql"])
     assert result.exit_code != 0 and "NAME=PATH" in result.output
+
+
+def test_a_preload_reads_the_host_copy_ahead_and_holds_only_the_next_step() -> None:
+    """``/v1/load_lora_adapter``'s read ahead of demand: the first request then pays only the
+    GPU copy, a request arriving during the read waits for the rest of it, and the loads on
+    the request path do not count it."""
+    settings = {"max_loras": 1, "max_cpu_loras": 2, "disk_load_s": 0.5, "gpu_load_s": 0.01}
+    base = finished(drive(SimEngine(EngineConfig(gpu="h100", kv_blocks=4000)), [(0.0, _req("x", None))]))["x"]
+    e = _engine(**settings)
+    assert e.adapters is not None
+    assert e.adapters.preload("a", 0.0) and not e.adapters.preload("a", 0.0)  # already there
+    assert not e.adapters.preload("unknown", 0.0)
+    warm = finished(drive(e, [(5.0, _req("a1", "a"))]))["a1"]
+    assert 0.0 < (warm.first_token - 5.0) - base.first_token < 0.1  # the read was over: only the GPU copy
+    assert (e.adapters.loads_from_disk, e.adapters.loads_to_gpu, e.adapters.preloads) == (0, 1, 1)
+    assert e.adapters.preload("b", 10.0)
+    during = finished(drive(e, [(10.2, _req("b1", "b"))]))["b1"]
+    assert (during.first_token - 10.2) - base.first_token >= 0.3 - 1e-9  # waits out the read (0.5 - 0.2)

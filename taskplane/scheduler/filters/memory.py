@@ -41,4 +41,5 @@ class MemoryHeadroomFilter(Filter):
 
     def keeps(self, one: OneCandidate) -> bool:
         p: MemoryHeadroomParams = self.params
-        return one.free >= one.new_blocks_needed() * p.min_free_ratio or p.soft  # soft never empties the pool
+        # soft never empties the pool: it keeps every replica, and the KV index need not be asked
+        return p.soft or one.free >= one.new_blocks_needed() * p.min_free_ratio

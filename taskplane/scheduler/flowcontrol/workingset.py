@@ -16,7 +16,8 @@ larger refuses the call (it has spent nothing) with ``retry_after_s``.
 A call without a task or session (a plain OpenAI client) is never held for room: it has no
 later steps whose context a refusal would protect. Nor is a task's first call whose later
 steps the prediction layer cannot vouch for (no hint and no history, or a confident
-prediction of none): that call is treated as a plain client's.
+prediction of fewer than ``min_steps_left`` later calls): that call is treated as a plain
+client's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class WorkingSetRoom(FlowPlugin):
         min_steps_confidence: float = param(
             0.3, "a first call is held only when the prediction layer expects its task to make later calls "
             "with at least this confidence (the SDK's hint, or history); 0: hold whatever is known")
+        min_steps_left: float = param(
+            1.0, "a first call is held only when its task is expected to make at least this many later calls: "
+            "a chat whose conversations mostly end after one turn has little later context to protect")
         pays: bool = param(
             False, "hold only while the expected wait is below the slowdown admission would cause the others, "
             "and never longer (false: hold up to hold_s whatever it costs)")
@@ -97,7 +101,7 @@ class WorkingSetRoom(FlowPlugin):
             return True
         left = self._predictor.steps_left(request.agent or "default", request.tenant or "default",
                                           request.step or 0, request.steps_remaining)
-        return left.usable(need) and left.value > 0
+        return left.usable(need) and left.value >= max(self.params.min_steps_left, 1e-9)
 
     @property
     def on(self) -> bool:

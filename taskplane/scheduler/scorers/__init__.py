@@ -4,6 +4,7 @@ from taskplane.scheduler.scorers.adapter import AdapterAffinityScorer
 from taskplane.scheduler.scorers.cache import PrefixCacheScorer, WorkingSetScorer
 from taskplane.scheduler.scorers.cost import DynamoCostScorer, GpuPriceScorer
 from taskplane.scheduler.scorers.load import KvUsageScorer, LeastLoadedScorer, QueueScorer
+from taskplane.scheduler.scorers.residency import AdapterResidencyScorer
 from taskplane.scheduler.scorers.resources import (
     LatencyScorer,
     MemoryHeadroomScorer,
@@ -15,6 +16,7 @@ from taskplane.scheduler.scorers.workflow import WorkflowContextScorer
 
 __all__ = [
     "AdapterAffinityScorer",
+    "AdapterResidencyScorer",
     "DynamoCostScorer",
     "DynamoKvbmCostScorer",
     "GpuPriceScorer",
