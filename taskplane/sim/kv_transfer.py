@@ -19,7 +19,9 @@ The protocol is vLLM's, carried in a request's ``kv_transfer_params``:
 
 Metrics (vLLM's NixlPromMetrics names): ``vllm:nixl_xfer_time_seconds``,
 ``vllm:nixl_bytes_transferred`` (histograms), ``vllm:nixl_num_failed_transfers``,
-``vllm:nixl_num_kv_expired_reqs`` (prefill side: blocks never pulled within the timeout).
+``vllm:nixl_num_kv_expired_reqs`` (prefill side: blocks never pulled within the timeout), and
+vLLM's ``vllm:external_prefix_cache_queries`` / ``_hits`` (decode side: prompt tokens of
+``do_remote_prefill`` calls, and those that arrived over the connector).
 
 Unlike vLLM, the prefiller does not pin the blocks it keeps for pickup: they stay in its
 prefix cache, evictable; a pull after their eviction fails (and the decoder recomputes).
@@ -118,6 +120,13 @@ class KVConnector:
                               labels, registry=r)
         self.expired = Counter("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire.",
                                labels, registry=r)
+        # vLLM's connector-side prefix cache: tokens asked of and found through the KV connector
+        self.ext_queries = Counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV "
+                                   "connector cross-instance cache sharing, in terms of number of queried tokens.",
+                                   labels, registry=r)
+        self.ext_hits = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                                "cross-instance cache sharing, in terms of number of cached tokens.",
+                                labels, registry=r)
 
     # ---------------------------------------------------------------- prefill side
     def keep(self, rep: Any, prompt: list[int], req_id: str) -> dict[str, Any]:
@@ -148,10 +157,11 @@ class KVConnector:
         return {"engine_id": self.engine_id, "token_ids": kept.token_ids, "block_ids": kept.block_ids}
 
     # ---------------------------------------------------------------- decode side
-    async def pull(self, rep: Any, params: dict[str, Any]) -> int:
+    async def pull(self, rep: Any, params: dict[str, Any], prompt_tokens: int) -> int:
         """Pull a prefill's blocks into this replica's cache; the blocks stored (0: failed,
         the prompt is recomputed)."""
         model = rep.model
+        self.ext_queries.labels(model, "0").inc(prompt_tokens)
         url = f"http://{params.get('remote_host')}:{params.get('remote_port')}/kv_transfer/pull"
         try:
             async with httpx.AsyncClient(timeout=10.0) as client:
@@ -171,6 +181,9 @@ class KVConnector:
         rep.wake()
         self.xfer_time.labels(model, "0").observe(secs)
         self.xfer_bytes.labels(model, "0").observe(n_bytes)
+        self.ext_hits.labels(model, "0").inc(len(tokens))
+        log.info("kv_pulled", remote=f"{params.get('remote_host')}:{params.get('remote_port')}",
+                 tokens=len(tokens), stored_blocks=stored, xfer_s=round(secs, 6))
         return stored
 
 

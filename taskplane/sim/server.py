@@ -120,7 +120,7 @@ async def _run(rep: SimReplica, body: dict[str, Any], chat: bool) -> tuple[SimCa
     arrived = time.monotonic()
     conn, kv_params = rep.kv_connector, transfer_params(body)
     if conn is not None and conn.config.consumes and kv_params.get("do_remote_prefill"):
-        await conn.pull(rep, kv_params)  # a failed pull leaves the prompt to be recomputed here
+        await conn.pull(rep, kv_params, len(prompt))  # a failed pull leaves the prompt to be recomputed here
     await rep.until_awake()
     call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat, adapter=adapter)
     call.arrival_wall = arrived  # a call held while the replica slept counts the wait in its TTFT, as in vLLM
