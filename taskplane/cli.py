@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from taskplane.errors import ConfigError, UserError
+from taskplane.sidecar.command import pd_sidecar
 
 app = typer.Typer(
     help="taskplane: an inference control plane for AI agents.",
@@ -27,6 +28,7 @@ autoscale_app = typer.Typer(help="Run the fleet autoscaler against a cluster.", 
 app.add_typer(dev_app, name="dev")
 app.add_typer(db_app, name="db")
 app.add_typer(autoscale_app, name="autoscale")
+app.command("pd-sidecar")(pd_sidecar)
 
 err = Console(stderr=True)
 
