@@ -53,11 +53,14 @@ def dev_up(
     max_loras: Annotated[int, typer.Option(min=1, help="with --enable-lora: adapters in GPU slots, and per batch")] = 1,
     max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="with --enable-lora: adapters kept in host memory")] = None,
     lora_modules: Annotated[list[str] | None, typer.Option("--lora-modules", help="NAME=PATH, registered on every replica (repeatable)")] = None,
+    pd: Annotated[str | None, typer.Option(help="P:D: P prefill and D decode replicas, each decode one behind a pd-sidecar")] = None,
+    pd_policy: Annotated[str | None, typer.Option(help="with --pd: the scheduler preset (default taskplane-pd; llm-d-pd, dynamo-disagg)")] = None,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
     from taskplane.dev import stack
     from taskplane.dev.lora import DevLora
+    from taskplane.dev.pd import DevPd
 
     try:
         bounds = parse_range(autoscale) if autoscale else None
@@ -65,7 +68,7 @@ def dev_up(
         raise typer.BadParameter(str(exc)) from None
     lora = DevLora.from_flags(enable_lora, max_loras, max_cpu_loras, lora_modules or [])
     info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
-                    modules=module or [], sleep_level=sleep_level, lora=lora)
+                    modules=module or [], sleep_level=sleep_level, lora=lora, pd=DevPd.from_flags(pd, pd_policy))
     stack.print_status(info)
 
 
@@ -270,12 +273,10 @@ def sim_engine(
     max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="adapters kept in host memory (default: max-loras)")] = None,
     max_lora_rank: Annotated[int, typer.Option(min=1)] = 16,
     lora_modules: Annotated[list[str] | None, typer.Option(help="NAME=PATH, repeatable: adapters registered at start")] = None,
-    kv_transfer_config: Annotated[str | None, typer.Option(help="vLLM's KV connector JSON, e.g. "
-                                                           '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'')] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(help='vLLM\'s KV connector JSON: {"kv_connector":"NixlConnector","kv_role":"kv_both"}')] = None,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.http_replica import ReplicaOptions
-    from taskplane.sim.kv_transfer import KVTransferConfig
     from taskplane.sim.lora import LoraSettings, parse_lora_modules
     from taskplane.sim.server import serve
 
@@ -285,8 +286,6 @@ def sim_engine(
         lora = LoraSettings(max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank) \
             if enable_lora else None
         modules = parse_lora_modules(lora_modules or [])
-        if kv_transfer_config is not None:
-            KVTransferConfig.parse(kv_transfer_config)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     serve(ReplicaOptions(

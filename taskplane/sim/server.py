@@ -28,11 +28,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
+from taskplane.errors import UserError
 from taskplane.sim import responses
 from taskplane.sim.faults import apply_updates
 from taskplane.sim.http_replica import ReplicaOptions, SimReplica
+from taskplane.sim.kv_transfer import KVTransferConfig, transfer_params
 from taskplane.sim.kv_transfer import attach_router as attach_kv_router
-from taskplane.sim.kv_transfer import transfer_params
 from taskplane.sim.lora_api import attach_router as attach_lora_router
 from taskplane.sim.lora_api import model_cards, runtime_updates_allowed
 from taskplane.sim.openai_api import (
@@ -260,6 +261,11 @@ def serve(options: ReplicaOptions, *, port: int) -> None:
     ``TASKPLANE_SIM_MAX_MODEL_LEN`` sets the context length the options leave open."""
     import uvicorn
 
+    if options.kv_transfer_config is not None:
+        try:
+            KVTransferConfig.parse(options.kv_transfer_config)
+        except ValueError as exc:
+            raise UserError(f"--kv-transfer-config: {exc}") from None
     env_len = os.environ.get("TASKPLANE_SIM_MAX_MODEL_LEN")
     if options.max_model_len is None and env_len:
         options = replace(options, max_model_len=int(env_len))
