@@ -18,6 +18,19 @@ class PluginConfig(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="plugin-specific settings")
 
 
+class DisaggregationConfig(BaseModel):
+    """Prefill/decode disaggregation (docs/scheduler.md): each key set replaces the preset's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decider: PluginConfig | None = Field(
+        default=None, description="the disaggregation decider (llm-d-pd, dynamo-disagg, agent-pd); null: never"
+    )
+    filters: list[PluginConfig] | None = Field(default=None, description="the prefill profile's filters")
+    scorers: list[PluginConfig] | None = Field(default=None, description="the prefill profile's scorers")
+    picker: PluginConfig | None = Field(default=None, description="the prefill profile's picker")
+
+
 class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -30,5 +43,9 @@ class SchedulerConfig(BaseModel):
         default=None,
         description="replace the preset's flow-control plugins role by role (ordering, fairness, shedding, "
         "working-set room, late binding, prefill gate); see docs/scheduler.md",
+    )
+    disaggregation: DisaggregationConfig | None = Field(
+        default=None,
+        description="prefill/decode disaggregation over prefill-role replicas (overrides the preset's)",
     )
     response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")

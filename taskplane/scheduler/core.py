@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from taskplane.scheduler.disagg.step import DisaggStep
 from taskplane.scheduler.feedback import LatencyFeedback, RoutingMemory, ToolGapHints
 from taskplane.scheduler.framework.handle import Handle, Load
 from taskplane.scheduler.framework.one import OneCandidate
@@ -53,6 +54,7 @@ class Scheduler:
         sticky: bool = False,
         metrics: bool = True,
         lifetimes: LifetimePlanner | None = None,
+        disagg: DisaggStep | None = None,
     ) -> None:
         self.name = name
         self.filters = list(filters)
@@ -76,6 +78,10 @@ class Scheduler:
         )
         for p in plugins:
             p.bind(self.handle)
+        # prefill/decode disaggregation after the decode placement (a no-op without prefill-role replicas)
+        self.disagg = disagg
+        if disagg is not None:
+            disagg.bind(self.handle)
         self.hooks: list[Stateful] = [
             *stateful,
             RoutingMemory(self.handle.kv_index, (p.kv_source for p in plugins)),
@@ -159,6 +165,10 @@ class Scheduler:
             decision.predicted_ttft_ms = float(pred.ttft_ms[i])
             decision.predicted_total_ms = float(pred.total_ms[i])
             decision.predicted_queue_ms = float(pred.queue_ms[i])
+        disagg = self.disagg
+        if disagg is not None and len(state.table.prefill_pool(state.model)):
+            disagg.apply(self.handle, state.request, state.table, state.now_s, state.model, view, decision,
+                         float(state.uncached_tokens()[i]))
         return decision
 
     def pinned_candidate(self, request: CallRequest, table: ReplicaTable, now_s: float) -> OneCandidate | None:
@@ -191,6 +201,10 @@ class Scheduler:
             decision.predicted_ttft_ms = pred.ttft_ms
             decision.predicted_total_ms = pred.total_ms
             decision.predicted_queue_ms = pred.queue_ms
+        disagg = self.disagg
+        if disagg is not None and len(one.table.prefill_pool(one.model)):
+            disagg.apply(self.handle, one.request, one.table, one.now_s, one.model, one.view, decision,
+                         one.uncached_tokens())
         return decision
 
     def _placed(self, state: CycleState | OneCandidate, view: ReplicaView, scores: dict[str, float]) -> Decision:

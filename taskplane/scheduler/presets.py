@@ -23,12 +23,37 @@ class Preset:
     # KV lifetimes across tool gaps (keep / host + prefetch / drop: scheduler/kv/lifetimes.py),
     # carried out where KV tiers exist (the simulator)
     kv_lifetimes: bool = False
+    # prefill/decode disaggregation (scheduler/disagg): {"decider": spec, "filters": [...],
+    # "scorers": [...], "picker": spec}, the prefill profile run over prefill-role replicas
+    # after the call's decode replica is chosen; it does nothing on a fleet without them
+    disaggregation: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _s(type_name: str, weight: float = 1.0, **params: Any) -> dict[str, Any]:
     return {"type": type_name, "weight": weight, "params": params}
 
+
+#: the prefill profile of taskplane's own disaggregation: where the prefix already is, then the least
+#: prefill work queued ahead (predicted latency), then memory
+_TASKPLANE_PD = {
+    "decider": {"type": "agent-pd"},
+    "filters": ("healthy", "tenant-gpu", "memory-headroom"),
+    "scorers": (_s("tiered-prefix", 3.0), _s("latency", 2.0), _s("memory-headroom", 1.0)),
+}
+
+_TASKPLANE_FILTERS = ("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance")
+_TASKPLANE_SCORERS = (
+    _s("tiered-prefix", 3.0),
+    _s("session-affinity", 2.0, predict_end=True),
+    _s("latency", 2.0),
+    _s("memory-headroom", 1.0),
+    _s("weight-warmth", 1.0),
+    _s("gpu-price", 1.0),
+    _s("workflow-context", 1.0),
+    _s("adapter-affinity", 2.0),
+    _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -107,23 +132,53 @@ PRESETS: dict[str, Preset] = {
             "when they would finish, load balance), scorers "
             "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
             "LoRA adapter affinity 2), "
-            "admission control with priority bands, fair share, EDF and shedding",
+            "admission control with priority bands, fair share, EDF and shedding; on a fleet with "
+            "prefill-role replicas, taskplane-pd's disaggregation",
             "this project",
-            filters=("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"),
-            scorers=(
-                _s("tiered-prefix", 3.0),
-                _s("session-affinity", 2.0, predict_end=True),
-                _s("latency", 2.0),
-                _s("memory-headroom", 1.0),
-                _s("weight-warmth", 1.0),
-                _s("gpu-price", 1.0),
-                _s("workflow-context", 1.0),
-                _s("adapter-affinity", 2.0),
-                _s("adapter-residency", 2.0, preload=True, preload_max_running=0),
-            ),
+            filters=_TASKPLANE_FILTERS,
+            scorers=_TASKPLANE_SCORERS,
             admission=True,
             sticky=True,
             kv_lifetimes=True,
+            disaggregation=_TASKPLANE_PD,
+        ),
+        Preset(
+            "taskplane-pd",
+            "taskplane, disaggregating from the agent's context: a long new prompt, a tight budget or a "
+            "decode-heavy replica send the prefill to a prefill replica where the prefix already is "
+            "(prefix 3, predicted latency 2, memory 1); a warm session whose KV sits on its decode "
+            "replica stays there",
+            "this project",
+            filters=_TASKPLANE_FILTERS,
+            scorers=_TASKPLANE_SCORERS,
+            admission=True,
+            sticky=True,
+            kv_lifetimes=True,
+            disaggregation=_TASKPLANE_PD,
+        ),
+        Preset(
+            "llm-d-pd",
+            "llm-d-scorers over decode (and both) replicas; then, when the prompt's suffix not cached on "
+            "the chosen decode replica reaches threshold (0: always), the prefill profile (prefix-cache 3, "
+            "queue 2, kv-usage 2) picks a prefill replica",
+            "llm-d inference scheduler pd-profile-handler with prefill-header-handler (x-prefiller-host-port)",
+            scorers=(_s("prefix-cache", 3.0), _s("queue", 2.0), _s("kv-usage", 2.0)),
+            disaggregation={
+                "decider": {"type": "llm-d-pd", "params": {"threshold": 0}},
+                "scorers": (_s("prefix-cache", 3.0), _s("queue", 2.0), _s("kv-usage", 2.0)),
+            },
+        ),
+        Preset(
+            "dynamo-disagg",
+            "dynamo-cost picks the decode worker; the prefill goes remote when its length minus the decode "
+            "worker's prefix hit exceeds 1000 tokens and fewer than 2 requests wait on the prefill workers, "
+            "to the least-loaded prefill worker",
+            "NVIDIA Dynamo disaggregated router (max_local_prefill_length=1000, max_prefill_queue_size=2)",
+            scorers=(_s("dynamo-cost"),),
+            disaggregation={
+                "decider": {"type": "dynamo-disagg"},
+                "scorers": (_s("least-loaded"),),
+            },
         ),
     )
 }

@@ -89,13 +89,26 @@ class ReplicaTable:
         return self._gpu_code.get(gpu)
 
     def pool(self, model: str) -> np.ndarray:
-        """Rows of the replicas serving ``model`` (cached until membership changes)."""
+        """Rows of the replicas serving whole calls of ``model``: every role but "prefill"
+        (a prefill-only replica computes prompts for decode replicas, it never generates).
+        Cached until membership or a role changes."""
         rows = self._pools.get(model)
         if rows is None:
             rows = np.fromiter(
-                (i for i, v in enumerate(self.views) if v.model == model), dtype=np.intp
+                (i for i, v in enumerate(self.views) if v.model == model and v.role != "prefill"), dtype=np.intp
             )
             self._pools[model] = rows
+        return rows
+
+    def prefill_pool(self, model: str) -> np.ndarray:
+        """Rows of the prefill-role replicas of ``model`` (empty on an aggregated fleet)."""
+        key = "\0prefill\0" + model
+        rows = self._pools.get(key)
+        if rows is None:
+            rows = np.fromiter(
+                (i for i, v in enumerate(self.views) if v.model == model and v.role == "prefill"), dtype=np.intp
+            )
+            self._pools[key] = rows
         return rows
 
     def columns(self, rows: np.ndarray) -> np.ndarray:
@@ -146,7 +159,7 @@ class ReplicaTable:
         self.views[i] = view
         self.cols[i] = _ROW(view)  # numpy converts the tuple as np.array would, without the temporary
         self.gpu_codes[i] = self._code(view.gpu)
-        if old.model != view.model:
+        if old.model != view.model or old.role != view.role:
             self._changed()
 
     def update(self, name: str, **changes: Any) -> ReplicaView:
@@ -161,7 +174,7 @@ class ReplicaTable:
                 self.cols[i, col] = float(value)
         if "gpu" in changes:
             self.gpu_codes[i] = self._code(new.gpu)
-        if "model" in changes and new.model != old.model:
+        if ("model" in changes and new.model != old.model) or ("role" in changes and new.role != old.role):
             self._changed()
         return new
 

@@ -146,8 +146,8 @@ class Admission:
         and ``release`` hands the placement out once the prefill there is done."""
         gate = self.flow.gate if self.flow is not None else None
         name = decision.replica
-        if gate is None or not gate.params.enabled or name is None:
-            return decision
+        if gate is None or not gate.params.enabled or name is None or decision.prefill_replica is not None:
+            return decision  # (a disaggregated call's prompt is computed elsewhere)
         pool_size = len(replicas.pool(decision.model or req.model))
         if not gate.holds_call(req, decision, replicas.get(name), pool_size):
             return decision

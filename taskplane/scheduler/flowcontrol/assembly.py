@@ -10,11 +10,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from taskplane.errors import ConfigError
+from taskplane.scheduler import disagg as _disagg  # noqa: F401  (registers the deciders)
 from taskplane.scheduler import filters as _filters  # noqa: F401  (registers the plugins)
 from taskplane.scheduler import pickers as _pickers  # noqa: F401
 from taskplane.scheduler import scorers as _scorers  # noqa: F401
 from taskplane.scheduler.config import SchedulerConfig
 from taskplane.scheduler.core import Scheduler
+from taskplane.scheduler.disagg.step import DisaggStep
 from taskplane.scheduler.flowcontrol.flowset import flow_from_settings
 from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.framework.plugin import Filter, Kind, Picker, Scorer
@@ -41,6 +43,32 @@ class PipelineOptions:
     admission: bool | AdmissionSettings | None = None
     response_cache_entries: int = 0
     flow_control: Iterable[Any] | None = None
+    # replaces the preset's disaggregation (decider, prefill filters, scorers, picker) key by key;
+    # {"decider": None}: none
+    disaggregation: Mapping[str, Any] | None = None
+
+
+def _spec(value: Any) -> Any:
+    """A pydantic plugin config as the registry's mapping (mappings and names as they are)."""
+    dump = getattr(value, "model_dump", None)
+    return dump() if dump is not None else value
+
+
+def build_disagg(preset: Mapping[str, Any] | None, override: Mapping[str, Any] | None, label: str) -> DisaggStep | None:
+    """The disaggregation step of a preset's spec with a config's overrides (None: no step)."""
+    spec = dict(preset or {})
+    for key, value in (override or {}).items():
+        if value is not None or key == "decider":
+            spec[key] = value
+    decider = spec.get("decider")
+    if decider is None:
+        return None
+    return DisaggStep(
+        REGISTRY.build(Kind.DECIDER, _spec(decider), policy=label),  # type: ignore[arg-type]
+        [REGISTRY.build(Kind.FILTER, _spec(f), policy=label) for f in spec.get("filters") or ("healthy",)],  # type: ignore[misc]
+        [REGISTRY.build(Kind.SCORER, _spec(f), policy=label) for f in spec.get("scorers") or ()],  # type: ignore[misc]
+        REGISTRY.build(Kind.PICKER, _spec(spec.get("picker") or "max-score"), policy=label),  # type: ignore[arg-type]
+    )
 
 
 def assemble(
@@ -82,6 +110,7 @@ def assemble(
         sticky=preset.sticky,
         metrics=metrics,
         lifetimes=LifetimePlanner() if preset.kv_lifetimes else None,
+        disagg=build_disagg(preset.disaggregation, o.disaggregation, label),
     )
     fallbacks = {p.model: p.fallback for p in (pools or ()) if getattr(p, "fallback", None)}
     return {
@@ -122,5 +151,15 @@ def assemble_from_config(
         admission=bool(config.admission),
         response_cache_entries=config.response_cache_entries,
         flow_control=getattr(config, "flow_control", None),
+        disaggregation=_disagg_override(getattr(config, "disaggregation", None)),
     )
     return assemble(options, tenants=tenants, pools=pools, name=name, metrics=metrics)
+
+
+def _disagg_override(value: Any) -> Mapping[str, Any] | None:
+    """A config's ``disaggregation`` section as the keys it sets (unset keys keep the preset's)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return value
+    return value.model_dump(exclude_unset=True)

@@ -51,6 +51,7 @@ class Kind(enum.StrEnum):
     SCORER = "scorer"
     PICKER = "picker"
     FLOW = "flow"  # flow control: ordering, fairness, shedding, working-set room, late binding, prefill gate
+    DECIDER = "decider"  # prefill/decode disaggregation: whether a placed call's prompt runs elsewhere
 
 
 class Plugin:
