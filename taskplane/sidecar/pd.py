@@ -11,8 +11,10 @@ it comes. Without the header the request goes to the decode engine unchanged, an
 other path (``/metrics``, ``/health``, ``/v1/models``, the admin routes) is forwarded as is,
 so the picker scrapes the decode engine through its sidecar.
 
-A prefill that fails (the prefiller unreachable, an error status, an answer without
-``kv_transfer_params``) never loses the call: it is logged (``pd_prefill_failed``), counted,
+A prefiller that answers ``kv_transfer_params: null`` runs a connector with a shared store
+(vLLM's ExampleConnector, LMCache): the original request goes to the decode engine, which
+loads the prompt's KV from that store. A prefill that fails (the prefiller unreachable, an
+error status, a malformed answer) never loses the call: it is logged (``pd_prefill_failed``), counted,
 and the decode engine prefills the prompt itself.
 """
 
@@ -92,9 +94,11 @@ class PdSidecar:
                         fallback="local prefill")
             return raw
         self.stats.disaggregated += 1
+        if params is None:  # a shared-store connector: the decode engine finds the blocks itself
+            return raw
         return json.dumps({**body, "kv_transfer_params": params}).encode()
 
-    async def _run_prefill(self, path: str, body: dict[str, Any], host_port: str) -> dict[str, Any]:
+    async def _run_prefill(self, path: str, body: dict[str, Any], host_port: str) -> dict[str, Any] | None:
         req = {**body, "kv_transfer_params": dict(PREFILL_PARAMS), "max_tokens": 1, "stream": False}
         req.pop("stream_options", None)
         if "max_completion_tokens" in req:
@@ -103,9 +107,13 @@ class PdSidecar:
         if resp.status_code != 200:
             raise ValueError(f"the prefiller answered {resp.status_code}: {resp.text[:200]}")
         params = resp.json().get("kv_transfer_params")
+        if params is None:
+            # vLLM's connectors that write to a store both sides read (ExampleConnector, LMCache)
+            # answer null: the decode engine loads the prompt's KV from the store by itself
+            log.info("pd_prefill_no_params", prefiller=host_port)
+            return None
         if not isinstance(params, dict):
-            raise KeyError("the prefiller's answer has no kv_transfer_params (is it started with "
-                           "--kv-transfer-config and kv_role kv_producer or kv_both?)")
+            raise KeyError(f"the prefiller's kv_transfer_params is no object: {params!r}")
         return params
 
     async def _forward(self, request: Request, body: bytes) -> Response:

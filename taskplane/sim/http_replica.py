@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from taskplane.engines.tokenize import tokenize
 from taskplane.sim.engine import EngineConfig, Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.faults import Faults, apply_updates, parse_fault_spec
-from taskplane.sim.kv_transfer import KVConnector, KVTransferConfig
+from taskplane.sim.kv_transfer import KVConnector, KVTransferConfig, PromptSources
 from taskplane.sim.lora import LoraSettings, hash_root
 from taskplane.sim.lora_api import LoraCollector
 from taskplane.sim.metrics import E2E_BUCKETS, TTFT_BUCKETS, EngineCollector
@@ -134,6 +134,8 @@ class SimReplica:
             KVConnector(KVTransferConfig.parse(o.kv_transfer_config), self.registry, host=o.host, port=o.port)
             if o.kv_transfer_config else None
         )
+        if self.kv_connector is not None:
+            self.registry.register(PromptSources(self.engine.stats, self.kv_connector, o.model))
 
     # ---------------------------------------------------------------- clock and driver
     def vnow(self) -> float:

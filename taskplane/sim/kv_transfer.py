@@ -40,6 +40,7 @@ import httpx
 import structlog
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from taskplane.sim.gpus import model_profile
 from taskplane.sim.openai_api import ApiError
@@ -108,6 +109,7 @@ class KVConnector:
     port: int = 0
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     kept: dict[str, _Kept] = field(default_factory=dict)
+    pulled_tokens: int = 0  # prompt tokens that arrived over the connector (vllm:prompt_tokens_by_source)
 
     def __post_init__(self) -> None:
         labels = ["model_name", "engine"]
@@ -182,9 +184,30 @@ class KVConnector:
         self.xfer_time.labels(model, "0").observe(secs)
         self.xfer_bytes.labels(model, "0").observe(n_bytes)
         self.ext_hits.labels(model, "0").inc(len(tokens))
+        self.pulled_tokens += len(tokens)
         log.info("kv_pulled", remote=f"{params.get('remote_host')}:{params.get('remote_port')}",
                  tokens=len(tokens), stored_blocks=stored, xfer_s=round(secs, 6))
         return stored
+
+
+class PromptSources:
+    """vLLM's ``vllm:prompt_tokens_by_source``: each prompt token computed here
+    (``local_compute``), found in this replica's prefix cache (``local_cache_hit``) or
+    brought by the KV connector (``external_kv_transfer``). The simulator stores pulled
+    blocks in its prefix cache before the call hits them, so they are taken out of the local
+    hits here (vLLM never counts them there; ``vllm:prefix_cache_hits`` still does, here)."""
+
+    def __init__(self, stats: Any, connector: KVConnector, model: str) -> None:
+        self.stats, self.connector, self.model = stats, connector, model
+
+    def collect(self) -> Any:
+        s, ext = self.stats, self.connector.pulled_tokens
+        fam = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                  labels=["model_name", "engine", "source"])
+        fam.add_metric([self.model, "0", "local_compute"], max(0, s.prompt_tokens - s.prefix_hits))
+        fam.add_metric([self.model, "0", "local_cache_hit"], max(0, s.prefix_hits - ext))
+        fam.add_metric([self.model, "0", "external_kv_transfer"], min(ext, s.prefix_hits))
+        yield fam
 
 
 def attach_router(app: FastAPI, rep: Any) -> None:

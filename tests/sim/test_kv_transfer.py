@@ -69,6 +69,9 @@ async def test_decode_replica_pulls_the_prefill_and_skips_it(sim_factory: Callab
             assert _metric(d_metrics, "vllm:external_prefix_cache_hits_total") == full
             assert _metric(d_metrics, "vllm:prefix_cache_hits_total") == full
             assert _metric(d_metrics, "vllm:nixl_num_failed_transfers_total") == 0
+            by_source = {s: _metric(d_metrics, f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="{decode.model}",source="{s}"}}')
+                         for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+            assert by_source == {"local_compute": n_prompt - full, "local_cache_hit": 0, "external_kv_transfer": full}
             for _ in range(100):
                 if sum(len(e.block_hashes) for e in stored if isinstance(e, BlockStored)) >= full // 16:
                     break
