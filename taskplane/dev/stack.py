@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,8 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
     _check_up(engine, autoscale, sleep_level)
     if lora is not None and (engine != "sim" or autoscale is not None):
         raise UserError("--enable-lora applies to the stack's own simulated replicas: drop --engine vllm and --autoscale")
-    if pd is not None and (engine != "sim" or autoscale is not None or lora is not None):
-        raise UserError("--pd starts the stack's own simulated replicas: drop --engine vllm, --autoscale and --enable-lora")
+    if pd is not None and (autoscale is not None or lora is not None):
+        raise UserError("--pd starts the stack's own replicas: drop --autoscale and --enable-lora")
     ports = _ports(base_port, pd.slots if pd else autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
@@ -152,8 +153,9 @@ def _start_parts(state_dir: Path, info: dict[str, Any], ports: dict[str, int], r
     if autoscale is not None:
         info["replicas"] = []
     elif pd is not None:
-        console.print(f"starting {pd.prefill} prefill and {pd.decode} decode simulated replicas (decode behind pd-sidecars)")
-        dev_pd.start(info, ports, logs, pd, parts.cli_command(), parts.add_part)
+        console.print(f"starting {pd.prefill} prefill and {pd.decode} decode {info['engine']} replicas (decode behind pd-sidecars)")
+        start = dev_pd.start if info["engine"] == "sim" else partial(dev_pd.start_vllm, state_dir)
+        start(info, ports, logs, pd, parts.cli_command(), parts.add_part)
     elif info["engine"] == "vllm":
         parts.start_vllm_replicas(state_dir, info, ports, replicas)
     else:

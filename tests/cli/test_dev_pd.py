@@ -23,7 +23,8 @@ from taskplane.dev.ports import free_base
 
 
 def _cli(cwd: Path, *args: str, data_plane: str = "envoy") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKPLANE_") and k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items()
+           if (not k.startswith("TASKPLANE_") or k == "TASKPLANE_VLLM_VENV") and k != "PYTHONPATH"}
     env["TASKPLANE_DATA_PLANE"] = data_plane  # the gateway `dev up` starts reads it
     return subprocess.run([sys.executable, "-m", "taskplane.cli", *args], capture_output=True, text=True,
                           timeout=240, env=env, cwd=cwd)
