@@ -40,8 +40,8 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def _chat(gateway: str, content: str, task: str) -> httpx.Response:
-    r = httpx.post(f"{gateway}/v1/chat/completions", timeout=60, headers={"X-Taskplane-Task-Id": task},
+def _chat(gateway: str, content: str, task: str, **headers: str) -> httpx.Response:
+    r = httpx.post(f"{gateway}/v1/chat/completions", timeout=60, headers={"X-Taskplane-Task-Id": task, **headers},
                    json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": content}], "max_tokens": 6})
     assert r.status_code == 200, r.text
     return r
@@ -88,13 +88,16 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
         other = next(n for n in decoders if n != served)
         assert _metrics(decoders[other]["engine_url"]).get("vllm:nixl_xfer_time_seconds_count", 0) == 0
 
-        # a short call is not disaggregated: the prefill replica sees nothing more
-        short = _chat(gateway, "Say hello.", "pd-short-1")
+        # a short call is not disaggregated: the prefill replica sees nothing more (and a
+        # client cannot name a prefiller itself: its header is removed before the sidecar)
+        short = _chat(gateway, "Say hello.", "pd-short-1", **{"x-prefiller-host-port": "127.0.0.1:9"})
         assert short.json()["choices"][0]["message"]["content"]
         assert _metrics(prefill_url)["vllm:prompt_tokens_total"] == n_prompt
         forwarded = sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["forwarded"]
                         for d in decoders.values())
-        assert forwarded == 1
+        assert forwarded == 1, [httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json() for d in decoders.values()]
+        assert sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["prefill_failed"]
+                   for d in decoders.values()) == 0
 
         # the prefill replica dies: long calls are still answered, prefilled on their decode replica
         pid = next(p["pid"] for p in info["parts"] if p["name"] == "prefill-0")
