@@ -99,6 +99,10 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
         assert sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["prefill_failed"]
                    for d in decoders.values()) == 0
 
+        # every call's place on both replicas was given back (the prefill replica's too)
+        inflight = {r["name"]: r["inflight"] for r in httpx.get(f"{gateway}/admin/replicas", timeout=10).json()["replicas"]}
+        assert inflight == {"prefill-0": 0, "decode-0": 0, "decode-1": 0}
+
         # the prefill replica dies: long calls are still answered, prefilled on their decode replica
         pid = next(p["pid"] for p in info["parts"] if p["name"] == "prefill-0")
         os.kill(pid, signal.SIGKILL)
