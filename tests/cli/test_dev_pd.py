@@ -40,9 +40,10 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def _chat(gateway: str, content: str, task: str, **headers: str) -> httpx.Response:
+def _chat(gateway: str, content: str, task: str, body: dict[str, Any] | None = None, **headers: str) -> httpx.Response:
     r = httpx.post(f"{gateway}/v1/chat/completions", timeout=60, headers={"X-Taskplane-Task-Id": task, **headers},
-                   json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": content}], "max_tokens": 6})
+                   json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+                         **(body or {})})
     assert r.status_code == 200, r.text
     return r
 
@@ -89,8 +90,11 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
         assert _metrics(decoders[other]["engine_url"]).get("vllm:nixl_xfer_time_seconds_count", 0) == 0
 
         # a short call is not disaggregated: the prefill replica sees nothing more (and a
-        # client cannot name a prefiller itself: its header is removed before the sidecar)
-        short = _chat(gateway, "Say hello.", "pd-short-1", **{"x-prefiller-host-port": "127.0.0.1:9"})
+        # client cannot name a prefiller itself, nor KV to pull: its header and params are removed)
+        pull = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 9, "remote_engine_id": "x",
+                "remote_request_id": "y", "remote_block_ids": [1]}
+        short = _chat(gateway, "Say hello.", "pd-short-1", {"kv_transfer_params": pull},
+                      **{"x-prefiller-host-port": "127.0.0.1:9"})
         assert short.json()["choices"][0]["message"]["content"]
         assert _metrics(prefill_url)["vllm:prompt_tokens_total"] == n_prompt
         forwarded = sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["forwarded"]
@@ -98,6 +102,7 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
         assert forwarded == 1, [httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json() for d in decoders.values()]
         assert sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["prefill_failed"]
                    for d in decoders.values()) == 0
+        assert sum(_metrics(d["engine_url"]).get("vllm:nixl_num_failed_transfers_total", 0) for d in decoders.values()) == 0
 
         # every call's place on both replicas was given back (the prefill replica's too)
         inflight = {r["name"]: r["inflight"] for r in httpx.get(f"{gateway}/admin/replicas", timeout=10).json()["replicas"]}
