@@ -125,3 +125,13 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
     finally:
         down = _cli(tmp_path, "dev", "down", "--state-dir", str(state))
         assert down.returncode == 0, down.stderr
+
+
+def test_dev_up_refuses_bad_pd_flags(tmp_path: Path) -> None:
+    state = str(tmp_path / ".taskplane")
+    for args, words in ((["--pd", "2"], "--pd wants P:D"), (["--pd", "0:1"], "--pd wants P:D"),
+                        (["--pd-policy", "llm-d-pd"], "--pd-policy needs --pd"),
+                        (["--pd", "1:1", "--autoscale", "1:2"], "drop --autoscale")):
+        got = _cli(tmp_path, "dev", "up", "--state-dir", state, *args)
+        assert got.returncode == 2 and words in got.stderr, (args, got.stderr)
+    assert not (tmp_path / ".taskplane" / "stack.json").exists()
