@@ -48,7 +48,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("taskplane.engines",),
     ("taskplane.calls", "taskplane.dev"),  # calls: the call lifecycle both data planes drive
     ("taskplane.autoscale", "taskplane.reports", "taskplane.sdk"),
-    ("taskplane", "taskplane.api", "taskplane.demo", "taskplane.integrations", "taskplane.sim"),  # api: the HTTP API
+    ("taskplane", "taskplane.api", "taskplane.demo", "taskplane.integrations", "taskplane.sidecar",
+     "taskplane.sim"),  # api: the HTTP API
     ("taskplane.epp", "taskplane.gateway", "workflows"),  # the two data planes: neither imports the other
     ("taskplane.bench",),
     ("taskplane.cli",),

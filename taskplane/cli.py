@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from taskplane.errors import ConfigError, UserError
+from taskplane.sidecar.command import pd_sidecar
 
 app = typer.Typer(
     help="taskplane: an inference control plane for AI agents.",
@@ -27,6 +28,7 @@ autoscale_app = typer.Typer(help="Run the fleet autoscaler against a cluster.", 
 app.add_typer(dev_app, name="dev")
 app.add_typer(db_app, name="db")
 app.add_typer(autoscale_app, name="autoscale")
+app.command("pd-sidecar")(pd_sidecar)
 
 err = Console(stderr=True)
 
@@ -51,11 +53,14 @@ def dev_up(
     max_loras: Annotated[int, typer.Option(min=1, help="with --enable-lora: adapters in GPU slots, and per batch")] = 1,
     max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="with --enable-lora: adapters kept in host memory")] = None,
     lora_modules: Annotated[list[str] | None, typer.Option("--lora-modules", help="NAME=PATH, registered on every replica (repeatable)")] = None,
+    pd: Annotated[str | None, typer.Option(help="P:D: P prefill and D decode replicas, each decode one behind a pd-sidecar")] = None,
+    pd_policy: Annotated[str | None, typer.Option(help="with --pd: the scheduler preset (default taskplane-pd; llm-d-pd, dynamo-disagg)")] = None,
 ) -> None:
     """Start (or find) the dev stack in the background; --module adds your agents to its worker."""
     from taskplane.autoscale.registry import parse_range
     from taskplane.dev import stack
     from taskplane.dev.lora import DevLora
+    from taskplane.dev.pd import DevPd
 
     try:
         bounds = parse_range(autoscale) if autoscale else None
@@ -63,7 +68,7 @@ def dev_up(
         raise typer.BadParameter(str(exc)) from None
     lora = DevLora.from_flags(enable_lora, max_loras, max_cpu_loras, lora_modules or [])
     info = stack.up(state_dir, replicas=replicas, engine=engine, base_port=base_port, autoscale=bounds,
-                    modules=module or [], sleep_level=sleep_level, lora=lora)
+                    modules=module or [], sleep_level=sleep_level, lora=lora, pd=DevPd.from_flags(pd, pd_policy))
     stack.print_status(info)
 
 
@@ -268,6 +273,7 @@ def sim_engine(
     max_cpu_loras: Annotated[int | None, typer.Option(min=1, help="adapters kept in host memory (default: max-loras)")] = None,
     max_lora_rank: Annotated[int, typer.Option(min=1)] = 16,
     lora_modules: Annotated[list[str] | None, typer.Option(help="NAME=PATH, repeatable: adapters registered at start")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(help='vLLM\'s KV connector JSON: {"kv_connector":"NixlConnector","kv_role":"kv_both"}')] = None,
 ) -> None:
     """One simulated vLLM replica (OpenAI API, vLLM metrics, vLLM KV events over ZMQ)."""
     from taskplane.sim.http_replica import ReplicaOptions
@@ -283,7 +289,7 @@ def sim_engine(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     serve(ReplicaOptions(
-        lora=lora, lora_modules=modules,
+        lora=lora, lora_modules=modules, kv_transfer_config=kv_transfer_config,
         gpu=gpu, model=model, kv_blocks=kv_blocks, block_size=block_size, kv_events_port=kv_events_port,
         seed=seed, speed=speed, host=host, faults=tuple(fault or ()), cold_start_s=cold_start_s,
         max_num_seqs=max_num_seqs, kv_replay_port=kv_replay_port, enable_sleep_mode=enable_sleep_mode,

@@ -40,6 +40,10 @@ class ReplicaConfig(_Strict):
     draining: bool = Field(default=False, description="no new placements; calls in flight finish (autoscaler scale-in)")
     cordoned: bool = Field(default=False, description="no new sessions; sessions last placed here keep coming "
                            "(autoscaler scale-in and pre-drain: the replica empties without re-prefilling anyone)")
+    role: Literal["prefill", "decode", "both"] = Field(
+        default="both", description="prefill/decode disaggregation: prefill (computes prompts whose KV a decode "
+        "replica pulls; vLLM kv_producer), decode (generates; usually a pd-sidecar in front of a kv_consumer) "
+        "or both (whole calls: the aggregated fleet)")
 
     @field_validator("url")
     @classmethod

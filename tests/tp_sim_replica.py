@@ -19,7 +19,7 @@ from taskplane.sim.server import create_app
 async def sim_replica(**replica: Any) -> AsyncIterator[str]:
     """Serve a replica of ``ReplicaOptions(**replica)`` on a free loopback port; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(ReplicaOptions(**replica))), host="127.0.0.1",
+    server = uvicorn.Server(uvicorn.Config(create_app(SimReplica(ReplicaOptions(**{"port": port, **replica}))), host="127.0.0.1",
                                            port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     try:

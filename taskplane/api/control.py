@@ -89,6 +89,7 @@ def _replica_view(state: ApiState, s: ReplicaState) -> dict[str, Any]:
             "kv_events_live": s.kv_events_live, "cost_per_hour_usd": s.price_per_hour,
             "sleeping": s.sleeping, "max_loras": s.max_loras, "lora_running": sorted(s.lora_running),
             "lora_served": None if s.lora_served is None else sorted(s.lora_served),
+            "role": s.config.role,
             **_kv_view(state, s.name)}
 
 

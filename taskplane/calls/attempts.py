@@ -81,6 +81,8 @@ class Attempt:
     t0: float  # stalls.CLOCK time, for its durations
     ttft_ms: float | None = None  # set when the first token came back
     settled: bool = False
+    # disaggregated: the prompt's place on the prefill replica, given back at the first token
+    prefill_lease: Lease | None = None
 
     @property
     def batch_start(self) -> int:

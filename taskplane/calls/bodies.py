@@ -13,8 +13,12 @@ def upstream_body(call: Call, model: str) -> dict[str, Any]:
     """The client's body for the replica: the model that serves it, and (when streaming)
     usage in the last event, which the attempt's row needs whether the client asked or not.
     A call with an adapter names the adapter on its base model's replicas (vLLM serves an
-    adapter as a model of that name); a fallback model is sent as itself."""
+    adapter as a model of that name); a fallback model is sent as itself. A client's
+    ``kv_transfer_params`` (vLLM's KV-connector instructions: pull a prompt's KV from a named
+    host) are dropped: only the decode replica's sidecar sets them, from the prefill replica
+    the picker chose."""
     body = dict(call.body)
+    body.pop("kv_transfer_params", None)
     body["model"] = sent_adapter(call, model) or model
     if call.stream:
         opts = dict(body.get("stream_options") or {})

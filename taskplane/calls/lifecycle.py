@@ -219,12 +219,22 @@ class AttemptLifecycle:
         # the replica's KV event for the last prompt block it computes says the prefill has
         # begun (hashes of the engine's own tokens only; a prompt it holds whole has none)
         last_block = hashes[-1] if call.request.tokenized and decision.cached_blocks < len(hashes) else None
-        lease = self.registry.acquire(replica, prefill_tokens=call.prompt_tokens - decision.cached_blocks * block,
-                                      decode_tokens=call.max_tokens, last_block=last_block)
+        prefill = call.prompt_tokens - decision.cached_blocks * block
+        # disaggregated: the prompt is computed on the prefill replica (its lease, its KV events),
+        # the decode replica only pulls it
+        prefill_at = self.registry.replicas.get(decision.prefill_replica) if decision.prefill_replica else None
+        pre_lease = None if prefill_at is None else self.registry.acquire(
+            prefill_at, prefill_tokens=prefill, decode_tokens=1, last_block=last_block)
+        if pre_lease is not None:
+            prefill, last_block = 0, None
+        lease = self.registry.acquire(replica, prefill_tokens=prefill, decode_tokens=call.max_tokens,
+                                      last_block=last_block)
         attempt = Attempt(call=call, decision=decision, replica=replica, lease=lease, try_index=try_index,
                           queue_ms=queue_ms, model=decision.model or call.pool.model, started=datetime.now(UTC),
-                          t0=CLOCK.now())
+                          t0=CLOCK.now(), prefill_lease=pre_lease)
         self._gauge(replica)
+        if prefill_at is not None:
+            self._gauge(prefill_at)
         self.ledger.note_open(attempt)  # committed while the request goes out
         return attempt
 
@@ -233,6 +243,7 @@ class AttemptLifecycle:
         if attempt.ttft_ms is None:
             attempt.ttft_ms = attempt.elapsed_ms() if ttft_ms is None else ttft_ms
             attempt.lease.prefilled()
+            self._prefill_done(attempt)
 
     def _settle(self, attempt: Attempt) -> int | None:
         """Release the attempt's lease once; the batch it left, or None if already settled."""
@@ -241,7 +252,15 @@ class AttemptLifecycle:
         attempt.settled = True
         batch_end = attempt.lease.release()
         self._gauge(attempt.replica)
+        self._prefill_done(attempt)
         return batch_end
+
+    def _prefill_done(self, attempt: Attempt) -> None:
+        """A disaggregated attempt's prompt is no longer the prefill replica's (idempotent)."""
+        pre = attempt.prefill_lease
+        if pre is not None and not pre.released:
+            pre.release()
+            self._gauge(pre.replica)
 
     def _gauge(self, replica: ReplicaState) -> None:
         self.metrics.child(self.metrics.inflight, replica.name).set(replica.inflight)

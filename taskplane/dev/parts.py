@@ -41,6 +41,9 @@ def _part(info: dict[str, Any], name: str, pid: int | None, address: str, **extr
     info["parts"].append({"name": name, "pid": pid, "address": address, **extra})
 
 
+cli_command, add_part = _py, _part  # for the parts started elsewhere (dev/pd.py)
+
+
 def start_temporal(state_dir: Path, info: dict[str, Any], ports: dict[str, int], logs: Path) -> None:
     port, ui = ports["temporal"], ports["temporal-ui"]
     log_file = logs / "temporal.log"
@@ -131,7 +134,8 @@ DEV_WAKE_HOLD_S = 60.0  # a dev replica is up in a few seconds; a real one in te
 
 def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
     replicas = [{"url": r["url"], "gpu": r["gpu"], "kv_events": r["kv_events"], "kv_replay": r.get("kv_replay"),
-                 "name": r["name"], "block_size": r.get("block_size")} for r in info["replicas"]]
+                 "name": r["name"], "block_size": r.get("block_size"), **({"role": r["role"]} if "role" in r else {})}
+                for r in info["replicas"]]
     cpu = info.get("engine") == "vllm"
     pool: dict[str, Any] = {"model": "llama-3.1-8b", "max_context_tokens": 8192, "replicas": replicas}
     if info.get("autoscale"):
@@ -148,7 +152,7 @@ def gateway_config(info: dict[str, Any]) -> dict[str, Any]:
         "pools": [pool],
         "tenants": DEV_TENANTS,
         "auth": False,
-        "scheduler": {"policy": "taskplane", "seed": 0},
+        "scheduler": {"policy": info["pd"]["policy"] if info.get("pd") else "taskplane", "seed": 0},
         "limits": {"request_timeout_s": 300.0 if cpu else 120.0},
     }
 

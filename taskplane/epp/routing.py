@@ -12,6 +12,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from taskplane.calls.bodies import upstream_body
+from taskplane.calls.disagg import PREFILLER_HEADER, prefiller_host_port
 from taskplane.calls.intake import Call
 from taskplane.calls.service import CallService
 from taskplane.engines.replica import ReplicaState
@@ -39,6 +40,7 @@ MAX_FALLBACKS = NUM_RETRIES  # Envoy's num_retries: the primary and two more
 #: Client headers the replica must not see (the tenant's key, taskplane's own headers), nor
 #: Envoy obey (a client's own retry count or per-try timeout).
 _STRIP_PREFIXES = ("x-taskplane-", "x-envoy-")
+_STRIP_NAMES = frozenset({"authorization", PREFILLER_HEADER})  # a client never names the prefiller
 
 
 class RequestRouting:
@@ -161,8 +163,12 @@ class RequestRouting:
         listed = [e for e in (self.book.endpoint(r.name) for r in picked.order) if e]
         endpoints = ",".join(listed)
         body = msgspec.json.encode(upstream_body(call, picked.model))
-        remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k == "authorization"]
+        remove = [k for k, _ in ex.headers if k.startswith(_STRIP_PREFIXES) or k in _STRIP_NAMES]
         headers = {DEST_HEADER: endpoints, "content-length": str(len(body)), "content-type": "application/json"}
+        prefiller = prefiller_host_port(self.calls.registry, picked.choice.decision)
+        if prefiller is not None:  # disaggregated: the decode replica's sidecar prefills there first
+            headers[PREFILLER_HEADER] = prefiller
+            remove = [k for k in remove if k != PREFILLER_HEADER]
         if listed:  # Envoy retries the listed replicas only: past the list's end its fallback policy
             # would pick any replica of any pool, or the hung one again (the Python proxy never
             # retries a replica that failed the call), and every try there costs a per-try limit

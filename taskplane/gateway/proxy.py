@@ -21,6 +21,7 @@ from taskplane.api.errors import error_response
 from taskplane.calls import failures
 from taskplane.calls.attempts import response_headers
 from taskplane.calls.bodies import sent_adapter, upstream_body
+from taskplane.calls.disagg import PREFILLER_HEADER, prefiller_host_port
 from taskplane.calls.failures import Failure
 from taskplane.calls.intake import Call
 from taskplane.calls.lifecycle import Choice, Tries
@@ -101,7 +102,9 @@ class Proxy:
         path = PATHS.get(call.kind, PATHS["chat"])
         try:
             client = self.upstream.client_for(replica)
-            req = client.build_request("POST", replica.config.url + path, json=upstream_body(call, attempt.model))
+            prefiller = prefiller_host_port(self.calls.registry, choice.decision)
+            req = client.build_request("POST", replica.config.url + path, json=upstream_body(call, attempt.model),
+                                       headers={PREFILLER_HEADER: prefiller} if prefiller else None)
             resp = await open_response(client, req, replica, sent_adapter(call, attempt.model))
             if call.stream:
                 return StreamRelay(attempt, resp, lifecycle=self.lifecycle, leave=lambda: self.lifecycle.leave(call)).response()

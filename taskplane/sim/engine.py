@@ -246,6 +246,28 @@ class SimEngine:
         b.flush_kv(now)
         return n
 
+    def receive(self, hashes: Sequence[int], token_ids: Sequence[int] | None, now: float) -> int:
+        """Cache blocks computed elsewhere (a KV connector's pull from a prefill replica):
+        stored unreferenced and announced as BlockStored, so the call that follows hits
+        them. Returns the blocks newly stored (0 when they do not fit)."""
+        b = self.batcher
+        b.run_until(now, strict=True)
+        kv = self.kv
+        hits = kv.match(hashes, len(hashes))
+        n = len(hashes) - hits
+        if n <= 0 or not kv.can_allocate(hashes, hits, n):
+            return 0
+        hold = kv.acquire(list(hashes[:hits]))
+        kv.allocate(n)
+        stored = kv.store(hashes, hits, len(hashes), token_ids, hold)
+        kv.release(hold, n - stored)
+        b.flush_kv(now)
+        return stored
+
+    def cached_blocks(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``hashes`` the GPU cache holds now."""
+        return self.kv.match(hashes, len(hashes))
+
     def drop(self, hashes: Sequence[int], now: float) -> int:
         """Evict these blocks from the GPU now if unreferenced (a finished session)."""
         self.batcher.run_until(now, strict=True)

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from taskplane.engines.tokenize import tokenize
 from taskplane.sim.engine import EngineConfig, Finished, FirstToken, KVEvents, SimEngine, SimRequest
 from taskplane.sim.faults import Faults, apply_updates, parse_fault_spec
+from taskplane.sim.kv_transfer import KVConnector, KVTransferConfig, PromptSources
 from taskplane.sim.lora import LoraSettings, hash_root
 from taskplane.sim.lora_api import LoraCollector
 from taskplane.sim.metrics import E2E_BUCKETS, TTFT_BUCKETS, EngineCollector
@@ -76,6 +77,8 @@ class ReplicaOptions:
     enable_sleep_mode: bool = False
     lora: LoraSettings | None = None  # --enable-lora (None: the base model only)
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules NAME=PATH: adapters registered at start
+    kv_transfer_config: str | None = None  # --kv-transfer-config JSON (vLLM's NixlConnector, kv_transfer.py)
+    port: int = 0  # the serving port, named in a prefill's kv_transfer_params
 
 
 class SimReplica:
@@ -127,6 +130,12 @@ class SimReplica:
         self.sleep = SleepState() if o.enable_sleep_mode else None  # vLLM's sleep mode (--enable-sleep-mode)
         self.registry.register(SleepCollector(self.sleep, o.model))
         self.registry.register(LoraCollector(self))
+        self.kv_connector = (
+            KVConnector(KVTransferConfig.parse(o.kv_transfer_config), self.registry, host=o.host, port=o.port)
+            if o.kv_transfer_config else None
+        )
+        if self.kv_connector is not None:
+            self.registry.register(PromptSources(self.engine.stats, self.kv_connector, o.model))
 
     # ---------------------------------------------------------------- clock and driver
     def vnow(self) -> float:

@@ -28,9 +28,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from taskplane.engines.keepalive import REPLICA_KEEP_ALIVE_S
+from taskplane.errors import UserError
 from taskplane.sim import responses
 from taskplane.sim.faults import apply_updates
 from taskplane.sim.http_replica import ReplicaOptions, SimReplica
+from taskplane.sim.kv_transfer import KVTransferConfig, transfer_params
+from taskplane.sim.kv_transfer import attach_router as attach_kv_router
 from taskplane.sim.lora_api import attach_router as attach_lora_router
 from taskplane.sim.lora_api import model_cards, runtime_updates_allowed
 from taskplane.sim.openai_api import (
@@ -75,6 +78,8 @@ def create_app(rep: SimReplica) -> FastAPI:
         attach_sleep_router(app, rep)
     if rep.engine.adapters is not None and runtime_updates_allowed():
         attach_lora_router(app, rep)
+    if rep.kv_connector is not None:
+        attach_kv_router(app, rep)
     app.add_api_route("/admin/faults", get_faults, methods=["GET"])
     app.add_api_route("/admin/faults", set_faults, methods=["POST"])
     app.add_api_route("/admin/state", state, methods=["GET"])
@@ -114,6 +119,9 @@ async def _run(rep: SimReplica, body: dict[str, Any], chat: bool) -> tuple[SimCa
     await _hang_if_needed(rep)
     rep.check_faults_on_request()
     arrived = time.monotonic()
+    conn, kv_params = rep.kv_connector, transfer_params(body)
+    if conn is not None and conn.config.consumes and kv_params.get("do_remote_prefill"):
+        await conn.pull(rep, kv_params, len(prompt))  # a failed pull leaves the prompt to be recomputed here
     await rep.until_awake()
     call, sim = rep.make_call(prompt, body, bool(body.get("stream", False)), chat=chat, adapter=adapter)
     call.arrival_wall = arrived  # a call held while the replica slept counts the wait in its TTFT, as in vLLM
@@ -127,6 +135,8 @@ async def _run(rep: SimReplica, body: dict[str, Any], chat: bool) -> tuple[SimCa
         raise
     if fin.error is not None:
         raise ApiError(500, f"Request failed: {fin.error}")
+    if conn is not None and conn.config.produces and kv_params.get("do_remote_decode"):
+        call.extra["kv_transfer_params"] = conn.keep(rep, prompt, call.req_id)
     return call, fin
 
 
@@ -141,7 +151,10 @@ async def _serve(request: Request, chat: bool) -> Response:
         return StreamingResponse(stream(call, chat=chat, cid=cid, created=created, model=str(body["model"]),
                                         include_usage=include_usage, abort=rep.abort),
                                  media_type="text/event-stream")
-    return JSONResponse(completion_body(call, fin, chat=chat, cid=cid, created=created, model=str(body["model"])))
+    out = completion_body(call, fin, chat=chat, cid=cid, created=created, model=str(body["model"]))
+    if "kv_transfer_params" in call.extra:
+        out["kv_transfer_params"] = call.extra["kv_transfer_params"]
+    return JSONResponse(out)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -248,8 +261,13 @@ def serve(options: ReplicaOptions, *, port: int) -> None:
     ``TASKPLANE_SIM_MAX_MODEL_LEN`` sets the context length the options leave open."""
     import uvicorn
 
+    if options.kv_transfer_config is not None:
+        try:
+            KVTransferConfig.parse(options.kv_transfer_config)
+        except ValueError as exc:
+            raise UserError(f"--kv-transfer-config: {exc}") from None
     env_len = os.environ.get("TASKPLANE_SIM_MAX_MODEL_LEN")
     if options.max_model_len is None and env_len:
         options = replace(options, max_model_len=int(env_len))
-    uvicorn.run(create_app(SimReplica(options)), host=options.host, port=port, log_level="warning",
+    uvicorn.run(create_app(SimReplica(replace(options, port=port))), host=options.host, port=port, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=2, timeout_keep_alive=REPLICA_KEEP_ALIVE_S)

@@ -440,3 +440,17 @@ def test_pods_annotated_draining_or_cordoned_stay_replicas_marked_so() -> None:
     cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
     got = {r.replica_name: (r.draining, r.cordoned) for r in replicas_from_pods([drained, serving, cordoned], cfg)}
     assert got == {"vllm-a": (True, False), "vllm-b": (False, False), "vllm-c": (False, True)}
+
+
+def test_pods_labelled_with_llm_d_roles_become_prefill_and_decode_replicas() -> None:
+    """llm-d labels its prefill and decode pods ``llm-d.ai/role``; discovery gives each
+    replica that role (no label, or a value it does not know: both)."""
+    from taskplane.config import DiscoveryConfig
+    from taskplane.engines.kube_replicas import ROLE_LABEL, replicas_from_pods
+
+    pods = [pod(f"vllm-{role}", NS, f"10.4.0.{i}", labels={"app": "vllm", **({ROLE_LABEL: role} if role else {})})
+            for i, role in enumerate(("prefill", "decode", "both", "", "encode"), start=1)]
+    cfg = DiscoveryConfig(source="pods", label_selector="app=vllm", namespace=NS)
+    got = {r.replica_name: r.role for r in replicas_from_pods(pods, cfg)}
+    assert got == {"vllm-prefill": "prefill", "vllm-decode": "decode", "vllm-both": "both", "vllm-": "both",
+                   "vllm-encode": "both"}

@@ -150,3 +150,25 @@ async def test_a_row_waits_for_its_note() -> None:
     await lc.cancelled(attempt)  # no await between begin and the end
     assert [r.outcome for r in sink.rows] == [Outcome.CANCELLED]
     assert not sink.notes, "the note was opened after its row closed it"
+
+
+async def test_a_disaggregated_attempt_counts_its_prompt_on_the_prefill_replica() -> None:
+    """With ``Decision.prefill_replica`` set, the prompt is the prefill replica's to compute
+    (its lease, until the first token), the decode replica only generates; both leases are
+    given back."""
+    lc = _lifecycle(MemorySink())
+    call = lc.prepare("chat", _body("a long prompt " * 40), {"x-taskplane-call-id": "pd1"})
+    await lc.admit(call)
+    tries = lc.tries(call)
+    choice = await lc.choose(call, tries)
+    assert isinstance(choice, Choice)
+    decode = choice.replica
+    prefill = next(r for name, r in lc.registry.replicas.items() if name != decode.name)
+    choice.decision.prefill_replica = prefill.name
+    attempt = await lc.begin(call, choice.decision, decode, try_index=tries.index, queue_ms=0.0)
+    assert (prefill.inflight, prefill.inflight_prompt_tokens) == (1, call.prompt_tokens)
+    assert (decode.inflight, decode.inflight_prompt_tokens, decode.inflight_decode_tokens) == (1, 0, 8)
+    lc.first_token(attempt)
+    assert (prefill.inflight, prefill.inflight_prompt_tokens) == (0, 0)
+    await lc.succeeded(attempt, {"prompt_tokens": call.prompt_tokens, "completion_tokens": 8})
+    assert lc.registry.inflight_total() == 0

@@ -1,0 +1,1 @@
+"""Sidecars in front of replicas: ``pd.py``, the prefill/decode routing sidecar."""
