@@ -1,9 +1,8 @@
 """The Scheduler: the placement pipeline -- filters, then weighted scorers, then a picker,
 over one per-decision state -- and nothing else.
 
-It knows no admission, queue or fallback: flow control
-(:mod:`taskplane.scheduler.flowcontrol`) composes it and decides whether a call is placed
-now. Plugins see a narrow :class:`Handle` (KV index, tenants, latency model, session view),
+It knows no admission, queue or fallback: flow control (:mod:`taskplane.scheduler.flowcontrol`)
+composes it and decides whether a call is placed now. Plugins see a narrow :class:`Handle` (KV index, tenants, latency model, session view),
 never this object; the stateful ones (:class:`Stateful`) and the pipeline's own feedback
 (routing memory, latency calibration) hear of each call's life through lifecycle hooks.
 
@@ -78,15 +77,11 @@ class Scheduler:
         )
         for p in plugins:
             p.bind(self.handle)
-        # prefill/decode disaggregation after the decode placement (a no-op without prefill-role replicas)
-        self.disagg = disagg
+        self.disagg = disagg  # prefill/decode disaggregation after the decode placement
         if disagg is not None:
             disagg.bind(self.handle)
-        self.hooks: list[Stateful] = [
-            *stateful,
-            RoutingMemory(self.handle.kv_index, (p.kv_source for p in plugins)),
-            LatencyFeedback(self.handle.latency),
-        ]
+        self.hooks: list[Stateful] = [*stateful, RoutingMemory(self.handle.kv_index, (p.kv_source for p in plugins)),
+                                      LatencyFeedback(self.handle.latency)]
         # KV lifetimes across tool gaps, from the SDK's hint (presets with kv_lifetimes)
         self.tool_hints = ToolGapHints(lifetimes, policy=name, metrics=metrics) if lifetimes is not None else None
         if self.tool_hints is not None:
@@ -162,13 +157,10 @@ class Scheduler:
         pred = state._prediction
         decision.cached_blocks = int(matched[i]) if matched is not None else 0
         if pred is not None:
-            decision.predicted_ttft_ms = float(pred.ttft_ms[i])
-            decision.predicted_total_ms = float(pred.total_ms[i])
-            decision.predicted_queue_ms = float(pred.queue_ms[i])
-        disagg = self.disagg
-        if disagg is not None and len(state.table.prefill_pool(state.model)):
-            disagg.apply(self.handle, state.request, state.table, state.now_s, state.model, view, decision,
-                         float(state.uncached_tokens()[i]))
+            decision.predicted_ttft_ms, decision.predicted_total_ms, decision.predicted_queue_ms = (
+                float(pred.ttft_ms[i]), float(pred.total_ms[i]), float(pred.queue_ms[i]))
+        if self.disagg is not None:
+            self.disagg.after_placement(state, view, decision, lambda: float(state.uncached_tokens()[i]))
         return decision
 
     def pinned_candidate(self, request: CallRequest, table: ReplicaTable, now_s: float) -> OneCandidate | None:
@@ -198,13 +190,10 @@ class Scheduler:
         pred = one._prediction
         decision.cached_blocks = int(one._matched) if one._matched is not None else 0
         if pred is not None:
-            decision.predicted_ttft_ms = pred.ttft_ms
-            decision.predicted_total_ms = pred.total_ms
-            decision.predicted_queue_ms = pred.queue_ms
-        disagg = self.disagg
-        if disagg is not None and len(one.table.prefill_pool(one.model)):
-            disagg.apply(self.handle, one.request, one.table, one.now_s, one.model, one.view, decision,
-                         one.uncached_tokens())
+            decision.predicted_ttft_ms, decision.predicted_total_ms, decision.predicted_queue_ms = (
+                pred.ttft_ms, pred.total_ms, pred.queue_ms)
+        if self.disagg is not None:
+            self.disagg.after_placement(one, one.view, decision, one.uncached_tokens)
         return decision
 
     def _placed(self, state: CycleState | OneCandidate, view: ReplicaView, scores: dict[str, float]) -> Decision:

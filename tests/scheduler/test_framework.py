@@ -87,7 +87,7 @@ def test_every_preset_builds_and_baselines_have_no_admission() -> None:
     for name in policy_names():
         s = build_policy(name, seed=1)
         assert s.name == name
-        assert (s.admission is not None) == (name == "taskplane")
+        assert (s.admission is not None) == name.startswith("taskplane")  # taskplane and taskplane-pd
     # a baseline never gains admission control from the config flag
     assert build_scheduler(policy="round-robin", admission=True).admission is None
 

@@ -7,12 +7,13 @@ random draw), so aggregated runs are exactly as they were."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from taskplane.scheduler.disagg.base import Decider, PDCandidate
 from taskplane.scheduler.framework.handle import Handle
+from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Filter, Picker, Scorer
 from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.table import ReplicaTable
@@ -62,6 +63,14 @@ class DisaggStep:
             if scorer.weight:
                 totals = totals + scorer.weight * scorer.score(state)
         return self.picker.pick(state, totals)
+
+    def after_placement(self, placed: CycleState | OneCandidate, decode: ReplicaView, decision: Decision,
+                        decode_uncached: Callable[[], float]) -> None:
+        """After the pipeline placed ``placed``'s call on ``decode``: disaggregate it when the
+        fleet has prefill-role replicas for its model (``decode_uncached`` is asked only then)."""
+        if len(placed.table.prefill_pool(placed.model)):
+            self.apply(placed.handle, placed.request, placed.table, placed.now_s, placed.model, decode, decision,
+                       decode_uncached())
 
     def apply(self, handle: Handle, request: CallRequest, table: ReplicaTable, now_s: float, model: str,
               decode: ReplicaView, decision: Decision, decode_uncached: float) -> None:
