@@ -42,7 +42,7 @@ from taskplane.autoscale.victims import drain_seconds, reprefill_gpu_seconds, so
 
 @dataclass(slots=True)
 class PlannerConfig:
-    target_load: float = 1.1  # planned share of the profiled capacity (profiled at >= 95 % met: batching has room above it)
+    target_load: float = 1.2  # planned share of the profiled capacity (profiled at >= 95 % met: batching has room above it)
     interval_s: float = 10.0  # how often the plan is recomputed
     scale_in_delay_s: float = 60.0  # demand must stay below capacity this long before scale-in
     hysteresis: float = 0.85  # scale in only when demand < (replicas - 1) x this
