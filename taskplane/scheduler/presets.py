@@ -6,7 +6,7 @@ state allows; docs/scheduler.md gives each rule and its source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -53,6 +53,23 @@ _TASKPLANE_SCORERS = (
     _s("workflow-context", 1.0),
     _s("adapter-affinity", 8.0),
     _s("adapter-residency", 8.0, preload=True, preload_max_running=0, sessions_per_holder=1.0),
+)
+
+_TASKPLANE = Preset(
+    "taskplane",
+    "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
+    "when they would finish, load balance), scorers "
+    "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
+    "LoRA adapter affinity and residency 8), "
+    "admission control with priority bands, fair share, EDF and shedding; on a fleet with "
+    "prefill-role replicas, taskplane-pd's disaggregation",
+    "this project",
+    filters=_TASKPLANE_FILTERS,
+    scorers=_TASKPLANE_SCORERS,
+    admission=True,
+    sticky=True,
+    kv_lifetimes=True,
+    disaggregation=_TASKPLANE_PD,
 )
 
 PRESETS: dict[str, Preset] = {
@@ -135,36 +152,13 @@ PRESETS: dict[str, Preset] = {
             scorers=(_s("tiered-prefix", 3.0), _s("session-affinity", 3.0), _s("queue", 1.0), _s("kv-usage", 1.0)),
             sticky=True,
         ),
-        Preset(
-            "taskplane",
-            "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
-            "when they would finish, load balance), scorers "
-            "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
-            "LoRA adapter affinity and residency 8), "
-            "admission control with priority bands, fair share, EDF and shedding; on a fleet with "
-            "prefill-role replicas, taskplane-pd's disaggregation",
-            "this project",
-            filters=_TASKPLANE_FILTERS,
-            scorers=_TASKPLANE_SCORERS,
-            admission=True,
-            sticky=True,
-            kv_lifetimes=True,
-            disaggregation=_TASKPLANE_PD,
-        ),
-        Preset(
-            "taskplane-pd",
+        _TASKPLANE,
+        # the same policy under the name the disaggregation benches and ``dev up --pd`` use
+        replace(_TASKPLANE, name="taskplane-pd", summary=(
             "taskplane, disaggregating from the agent's context: a long new prompt, a tight budget or a "
             "decode-heavy replica send the prefill to a prefill replica where the prefix already is "
             "(prefix 3, predicted latency 2, memory 1); a warm session whose KV sits on its decode "
-            "replica stays there",
-            "this project",
-            filters=_TASKPLANE_FILTERS,
-            scorers=_TASKPLANE_SCORERS,
-            admission=True,
-            sticky=True,
-            kv_lifetimes=True,
-            disaggregation=_TASKPLANE_PD,
-        ),
+            "replica stays there")),
         Preset(
             "llm-d-pd",
             "llm-d-scorers over decode (and both) replicas; then, when the prompt's suffix not cached on "
