@@ -100,11 +100,7 @@ class Scheduler:
     @staticmethod
     def pool(table: ReplicaTable, model: str, avoid: tuple[str, ...]) -> np.ndarray:
         """The table rows serving ``model``, without the replicas to avoid."""
-        rows = table.pool(model)
-        if avoid and len(rows):
-            names = table.names
-            rows = rows[np.fromiter((names[i] not in avoid for i in rows), dtype=bool, count=len(rows))]
-        return rows
+        return table.without(table.pool(model), avoid)
 
     def state(self, request: CallRequest, table: ReplicaTable, rows: np.ndarray, now_s: float, model: str) -> CycleState:
         """A decision's state over the pool ``rows`` (serving ``model``)."""

@@ -100,6 +100,13 @@ class ReplicaTable:
             self._pools[model] = rows
         return rows
 
+    def without(self, rows: np.ndarray, avoid: tuple[str, ...]) -> np.ndarray:
+        """``rows`` less the replicas named in ``avoid`` (a retry's failed replicas)."""
+        if not avoid or not len(rows):
+            return rows
+        names = self.names
+        return rows[np.fromiter((names[i] not in avoid for i in rows), dtype=bool, count=len(rows))]
+
     def prefill_pool(self, model: str) -> np.ndarray:
         """Rows of the prefill-role replicas of ``model`` (empty on an aggregated fleet)."""
         key = "\0prefill\0" + model

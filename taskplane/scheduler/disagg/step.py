@@ -37,15 +37,9 @@ class DisaggStep:
     def prefill_state(self, handle: Handle, request: CallRequest, table: ReplicaTable, now_s: float,
                       model: str) -> CycleState | None:
         """The prefill profile's candidates for ``request`` after its filters; None when none."""
-        rows = table.prefill_pool(model)
+        rows = table.without(table.prefill_pool(model), request.avoid_replicas)
         if not len(rows):
             return None
-        avoid = request.avoid_replicas
-        if avoid:
-            names = table.names
-            rows = rows[np.fromiter((names[i] not in avoid for i in rows), dtype=bool, count=len(rows))]
-            if not len(rows):
-                return None
         state = CycleState(handle, request, table, rows, now_s, model)
         for f in self.filters:
             keep = f.filter(state)
