@@ -6,7 +6,6 @@ others from starting. Errors that users can fix print one line and exit non-zero
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -384,14 +383,17 @@ def db_upgrade(
 
 def main() -> None:
     """Console entry point: turn user-fixable errors into one line and a non-zero exit."""
+    from taskplane.process_exit import exit_code_of, exit_past_native_threads
+
     try:
         app()
-    except ConfigError as exc:
+        code = 0
+    except SystemExit as exc:
+        code = exit_code_of(exc)
+    except (ConfigError, UserError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except UserError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        code = 2
+    exit_past_native_threads(code)
 
 
 if __name__ == "__main__":
