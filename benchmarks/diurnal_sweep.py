@@ -1,6 +1,6 @@
 """taskplane's planner with other PlannerConfig settings on the diurnal bench, beside baselines.
 
-    python -m benchmarks.diurnal_sweep --out OUT [--replicas 4] [--seed 1] [--trace T] VARIANT...
+    python -m benchmarks.diurnal_sweep --out OUT [--replicas 4] [--seed 1] [--trace T] [--cold-start-s S] VARIANT...
 
 VARIANT: an autoscaler's name (``aibrix-kpa``, ``taskplane``: as the bench builds it, the
 baselines tuned from the fleet profile), a JSON object of PlannerConfig fields
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trace", type=Path, default=None)
+    ap.add_argument("--cold-start-s", type=float, default=None, help="every replica's (default: the GPU's)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
 
@@ -104,7 +105,8 @@ def main() -> None:
     data = fleet_profile(a.out, a.replicas, a.seed, factory)
     curve = DayCurve()
     wl = diurnal_workload(data["rate"], curve, a.seed, a.trace)
-    gens = default_generations(f"h100:{2 * a.replicas}", wl.tasks[0].model, data["profile"]["capacity_per_s"])
+    gens = default_generations(f"h100:{2 * a.replicas}", wl.tasks[0].model, data["profile"]["capacity_per_s"],
+                               cold_start_s=a.cold_start_s)
     tuned = tuned_baselines(data["profile"])
     for variant in a.variants:
         if variant.startswith("probe:"):
@@ -123,7 +125,7 @@ def main() -> None:
         res = run_autoscalers(wl, [name], factory, bounds, tuned={name: scaler})
         m = autoscaler_metrics(res[name], 1.0)
         row = {"variant": variant, "autoscaler": name, "config": cfg, "trace": str(a.trace) if a.trace else None,
-               "seed": a.seed, "tasks": len(wl.tasks), **{k: m[k] for k in FIELDS}}
+               "cold_start_s": gens[0].cold_start_s, "seed": a.seed, "tasks": len(wl.tasks), **{k: m[k] for k in FIELDS}}
         with (a.out / "sweep.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)

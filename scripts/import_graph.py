@@ -42,7 +42,7 @@ MAX_POSITIONAL = 8
 FLAG_MODULES = frozenset({"taskplane.cli"})
 #: every package of the project, lowest layer first: a package may import only packages of lower layers
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("taskplane.errors", "taskplane.logs", "taskplane.ports", "taskplane.procfs"),  # import nothing of ours
+    ("taskplane.errors", "taskplane.logs", "taskplane.ports", "taskplane.process_exit", "taskplane.procfs"),  # import nothing of ours
     ("taskplane.scheduler", "taskplane.temporal_names"),  # the pure scheduling core (also run by sim and bench)
     ("taskplane.config", "taskplane.context", "taskplane.store"),
     ("taskplane.engines",),
