@@ -42,7 +42,11 @@ from taskplane.autoscale.victims import drain_seconds, reprefill_gpu_seconds, so
 
 @dataclass(slots=True)
 class PlannerConfig:
-    target_load: float = 1.2  # planned share of the profiled capacity (profiled at >= 95 % met: batching has room above it)
+    # planned share of the profiled capacity for the demand of now (profiled at >= 95 % met:
+    # batching has room above it), and for the demand forecast a cold start ahead: that one
+    # already counts every workflow expected, so it needs less headroom (None: target_load)
+    target_load: float = 1.1
+    forecast_load: float | None = 1.3
     interval_s: float = 10.0  # how often the plan is recomputed
     scale_in_delay_s: float = 60.0  # demand must stay below capacity this long before scale-in
     hysteresis: float = 0.85  # scale in only when demand < (replicas - 1) x this
@@ -80,9 +84,12 @@ class TaskplaneAutoscaler:
         return p or AgentProfile(self.cfg.reference_work_per_step, self.cfg.reference_seconds_per_step)
 
     def demand(self, s: PoolSignals, horizon_s: float) -> float:
-        """Work units per second needed now and ``horizon_s`` from now
-        (the larger): live workflows' rates, those still alive at the horizon, plus the
-        workflows expected to arrive by then."""
+        """Work units per second needed now or ``horizon_s`` from now, the larger."""
+        return max(self.demand_now_and_ahead(s, horizon_s))
+
+    def demand_now_and_ahead(self, s: PoolSignals, horizon_s: float) -> tuple[float, float]:
+        """Work units per second needed now (live workflows' rates) and ``horizon_s`` from
+        now (those still alive at the horizon, plus the workflows expected to arrive by then)."""
         now_rate = at_h = 0.0
         for w in s.workflows:
             if w.steps_remaining <= 0:
@@ -102,7 +109,7 @@ class TaskplaneAutoscaler:
         task_s = (prior.steps_per_task or self.cfg.reference_steps_per_task) * prior.seconds_per_step
         arriving = s.arrivals_per_s * min(horizon_s, task_s)
         at_h += arriving * prior.work_per_step / max(prior.seconds_per_step, 1e-3)
-        return max(now_rate, at_h)
+        return now_rate, at_h
 
     # ---------------------------------------------------------------- plan
     def plan(self, s: PoolSignals) -> Plan:
@@ -116,7 +123,8 @@ class TaskplaneAutoscaler:
         self._last = s.now_s
         gens = [g for g in s.generations if g.meets_slo] or s.generations
         horizon = max(g.cold_start_s for g in gens) + cfg.interval_s
-        need = self.demand(s, horizon) / cfg.target_load
+        now_rate, ahead = self.demand_now_and_ahead(s, horizon)
+        need = max(now_rate / cfg.target_load, ahead / (cfg.forecast_load or cfg.target_load))
         if cfg.concurrency_per_replica and s.generations:
             load = sum(r.inflight for r in active) + s.queued_requests
             need = max(need, load / cfg.concurrency_per_replica * s.generations[0].capacity_per_s)

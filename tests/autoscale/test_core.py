@@ -275,3 +275,22 @@ def test_a_fleet_with_many_spare_replicas_gives_them_up_faster_than_one_per_dela
     assert not shrinks_by(15.0, 8) and shrinks_by(25.0, 8)
     assert not shrinks_by(25.0, 2)  # one spare: the whole delay
     assert shrinks_by(61.0, 2)
+
+
+def test_the_forecast_a_cold_start_ahead_is_planned_with_its_own_headroom() -> None:
+    """10 live workflows need 1,000 work units/s now; a cold start ahead (28 s) the 20 s of
+    arrivals at 1 per second add 2,000. The forecast already counts every workflow expected,
+    so it is divided by ``forecast_load``, the demand of now by ``target_load``."""
+    profile = AgentProfile(work_per_step=500.0, seconds_per_step=5.0, steps_per_task=4.0)
+
+    def planned(cfg: PlannerConfig, arrivals: float) -> float:
+        s = sig(0.0, [ready("r0")], workflows=10, arrivals_per_s=arrivals)
+        s.profiles, s.default_profile = {"a": profile}, profile
+        scaler = TaskplaneAutoscaler(cfg)
+        scaler.plan(s)
+        return scaler.last_demand
+
+    assert planned(PlannerConfig(target_load=1.0, forecast_load=2.0), 0.0) == 1000.0  # now: no forecast share
+    assert planned(PlannerConfig(target_load=1.0, forecast_load=2.0), 1.0) == 3000.0 / 2.0
+    assert planned(PlannerConfig(target_load=1.0, forecast_load=None), 1.0) == 3000.0
+    assert planned(PlannerConfig(target_load=0.5, forecast_load=2.0), 1.0) == 1000.0 / 0.5  # now is the larger
