@@ -23,6 +23,7 @@ from taskplane.scheduler.feedback import LatencyFeedback, RoutingMemory, ToolGap
 from taskplane.scheduler.framework.handle import Handle, Load
 from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Filter, Picker, Scorer, Stateful
+from taskplane.scheduler.framework.profile import run_filters, weighted_scores
 from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.kv.lifetimes import LifetimePlanner
 from taskplane.scheduler.kv.precise import BatchResult
@@ -108,37 +109,13 @@ class Scheduler:
 
     def filter(self, state: CycleState) -> str | None:
         """Run the filters; the name of the one that left no candidate, else None."""
-        for f in self.filters:
-            keep = f.filter(state)
-            if keep is None:
-                continue
-            dropped = state.narrow(keep)
-            if dropped:
-                if self.metrics:
-                    f.filtered.inc(dropped)
-                if len(state.sel) == 0:
-                    return f.name
-        return None
+        return run_filters(self.filters, state, metrics=self.metrics)
 
     def place(self, state: CycleState) -> Decision:
         """Score the candidates and pick one. A single candidate (a pool of one) is a
         forced choice: it is not scored."""
         n = len(state.sel)
-        totals: np.ndarray | None = None
-        scored: list[tuple[Scorer, np.ndarray]] = []
-        if n > 1:
-            for scorer in self.scorers:
-                s = scorer.score(state)
-                weight = scorer.weight
-                if weight:
-                    term = s if weight == 1.0 else weight * s  # 1.0 * s is s: skip the product
-                    if totals is None:
-                        totals = term + 0.0  # a copy (``term`` may be shared), as adding it to zeros gives
-                    else:
-                        totals += term
-                scored.append((scorer, s))
-        if totals is None:
-            totals = np.zeros(n)
+        totals, scored = weighted_scores(self.scorers, state) if n > 1 else (np.zeros(n), [])
         pos = self.picker.pick(state, totals) if n > 1 else 0
         i = int(state.sel[pos])
         view = state.view(i)

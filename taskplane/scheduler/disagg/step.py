@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from taskplane.scheduler.disagg.base import Decider, PDCandidate
 from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Filter, Picker, Scorer
+from taskplane.scheduler.framework.profile import run_filters, weighted_scores
 from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import CallRequest, Decision, ReplicaView
@@ -41,21 +40,13 @@ class DisaggStep:
         if not len(rows):
             return None
         state = CycleState(handle, request, table, rows, now_s, model)
-        for f in self.filters:
-            keep = f.filter(state)
-            if keep is not None and state.narrow(keep) and len(state.sel) == 0:
-                return None
-        return state
+        return None if run_filters(self.filters, state, metrics=handle.metrics) else state
 
     def pick(self, state: CycleState) -> int:
         """The prefill profile's choice: a position among ``state.sel``."""
-        n = len(state.sel)
-        if n == 1:
+        if len(state.sel) == 1:
             return 0
-        totals = np.zeros(n)
-        for scorer in self.scorers:
-            if scorer.weight:
-                totals = totals + scorer.weight * scorer.score(state)
+        totals, _ = weighted_scores(self.scorers, state)
         return self.picker.pick(state, totals)
 
     def after_placement(self, placed: CycleState | OneCandidate, decode: ReplicaView, decision: Decision,
