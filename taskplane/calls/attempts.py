@@ -200,10 +200,18 @@ class AttemptLedger:
             await asyncio.wait((note,))  # its failure is logged by the note itself; not cancelled with us
         return await self.sink.record_attempt(rec)
 
-    def charge(self, rec: AttemptRecord, replica: ReplicaState, total_ms: float, batch_start: int, batch_end: int) -> None:
-        """Price the attempt's share of the replica's batch (see ``costing``)."""
-        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, batch_start, batch_end)
-        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, replica.price_per_hour)
+    def charge(self, rec: AttemptRecord, a: Attempt, total_ms: float, batch_end: int) -> None:
+        """Price the attempt's share of the replica's batch (see ``costing``). A disaggregated
+        attempt also held a share of its prefill replica until the first token (or its end)."""
+        rec.gpu_seconds = costing.gpu_seconds(total_ms / 1000.0, a.batch_start, batch_end)
+        rec.cost_usd = costing.cost_usd(rec.gpu_seconds, a.replica.price_per_hour)
+        pre = a.prefill_lease
+        if pre is not None:
+            prefill_ms = min(total_ms, a.ttft_ms) if a.ttft_ms is not None else total_ms
+            prefill_gpu_s = costing.gpu_seconds(prefill_ms / 1000.0, pre.batch_start, pre.release())
+            rec.prefill_replica = pre.replica.name
+            rec.gpu_seconds += prefill_gpu_s
+            rec.cost_usd += costing.cost_usd(prefill_gpu_s, pre.replica.price_per_hour)
         self.metrics.child(self.metrics.cost, rec.tenant).inc(rec.cost_usd)
 
     def success(self, a: Attempt, total_ms: float, ttft_ms: float | None, usage: Mapping[str, Any],
@@ -216,7 +224,7 @@ class AttemptLedger:
                          cached_tokens=token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
                          completion_tokens=token_count(usage.get("completion_tokens")),
                          queue_ms=a.queue_ms, total_ms=total_ms, ttft_ms=ttft_ms)
-        self.charge(rec, replica, total_ms, a.batch_start, batch_end)
+        self.charge(rec, a, total_ms, batch_end)
         m, model = self.metrics, call.pool.model
         m.child(m.attempts, replica.name, "success").inc()
         m.child(m.requests, model, "success").inc()
@@ -231,7 +239,7 @@ class AttemptLedger:
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=outcome, model_served=a.model,
                          started=a.started, error_type=error_type.value, queue_ms=a.queue_ms, total_ms=total_ms,
                          ttft_ms=ttft_ms)
-        self.charge(rec, a.replica, total_ms, a.batch_start, batch_end)
+        self.charge(rec, a, total_ms, batch_end)
         self.metrics.child(self.metrics.attempts, a.replica.name, rec.outcome.value).inc()
         return rec
 

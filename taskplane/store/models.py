@@ -87,6 +87,7 @@ class LlmCall(Base):
     adapter: Mapped[str | None] = mapped_column(Text)  # the LoRA adapter on model_requested; NULL: the base model
     model_served: Mapped[str | None] = mapped_column(Text)
     replica: Mapped[str | None] = mapped_column(Text)
+    prefill_replica: Mapped[str | None] = mapped_column(Text)  # disaggregated: where the prompt was computed
     gpu: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -61,6 +61,9 @@ class AttemptRecord(BaseModel):
     adapter: str | None = None
     model_served: str | None = None
     replica: str | None = None
+    # disaggregated: the replica that computed the prompt (``replica`` decoded it); its share
+    # of that GPU is in ``gpu_seconds`` and ``cost_usd``. None: aggregated, and rows from before
+    prefill_replica: str | None = None
     gpu: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import yaml
+from tp_cost_rows import cost_rows
 
 import taskplane
 from taskplane.dev.ports import free_base
@@ -62,19 +62,6 @@ def _wait_served(gateway_url: str, expected: dict[str, list[str]]) -> None:
     while (got := _served_by(gateway_url)) != expected:
         assert time.monotonic() < deadline, got
         time.sleep(0.2)
-
-
-async def _rows(database_url: str, task_ids: list[str], n: int) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
-    try:
-        for _ in range(150):  # the gateway's outbox delivers rows within moments
-            rows = list(await conn.fetch("SELECT * FROM llm_calls WHERE task_id = ANY($1::text[])", task_ids))
-            if len(rows) >= n:
-                break
-            await asyncio.sleep(0.2)
-        return rows
-    finally:
-        await conn.close()
 
 
 def _lower_sessions_per_holder(state: Path, config: Path, value: float) -> None:
@@ -131,7 +118,7 @@ def test_two_adapters_two_agents_on_the_dev_stack(tmp_path: Path) -> None:
             return [str(x) for x in await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)]
 
         assert asyncio.run(run_all()) == [f"{who} {tid}" for tid, (who, _) in tasks.items()]
-        rows = asyncio.run(_rows(info["database_url"], list(tasks), 3 * len(tasks)))
+        rows = asyncio.run(cost_rows(info["database_url"], list(tasks), 3 * len(tasks)))
         assert len(rows) == 3 * len(tasks)  # one attempt per call: none went where its adapter is not
         for row in rows:
             adapter = f"tenant-{tasks[row['task_id']][0]}"
@@ -160,7 +147,7 @@ def test_two_adapters_two_agents_on_the_dev_stack(tmp_path: Path) -> None:
             ids = {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
             assert ("tenant-a" in ids) == ("tenant-a" in (served[replica] or [])), (replica, ids)
         assert "adapter_preloaded" in (state / "logs" / "gateway.log").read_text()
-        for row in asyncio.run(_rows(info["database_url"], list(more), 3 * len(more))):
+        for row in asyncio.run(cost_rows(info["database_url"], list(more), 3 * len(more))):
             assert row["adapter"] == "tenant-a" and row["outcome"] == "success", dict(row)
             assert "tenant-a" in (served[row["replica"]] or []), dict(row)
 

@@ -7,6 +7,7 @@ the prefill replica dead, calls are still answered, prefilled where they decode.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tp_cost_rows import cost_rows
 
 from taskplane.dev.ports import free_base
 
@@ -103,6 +105,14 @@ def test_dev_stack_disaggregates_long_prompts(tmp_path: Path, data_plane: str) -
         assert sum(httpx.get(f"{d['url']}/pd-sidecar/stats", timeout=10).json()["prefill_failed"]
                    for d in decoders.values()) == 0
         assert sum(_metrics(d["engine_url"]).get("vllm:nixl_num_failed_transfers_total", 0) for d in decoders.values()) == 0
+
+        # the rows name the replica that computed each prompt, and charge the long call's
+        # share of the prefill GPU beside the decode one's (at most its duration on each)
+        rows = {r["task_id"]: r for r in asyncio.run(cost_rows(info["database_url"], ["pd-long-1", "pd-short-1"], 2))}
+        long_row, short_row = rows["pd-long-1"], rows["pd-short-1"]
+        assert (long_row["replica"], long_row["prefill_replica"]) == (served, "prefill-0"), dict(long_row)
+        assert long_row["gpu_seconds"] > long_row["total_ms"] / 1000.0, dict(long_row)
+        assert short_row["prefill_replica"] is None and short_row["gpu_seconds"] <= short_row["total_ms"] / 1000.0
 
         # every call's place on both replicas was given back (the prefill replica's too)
         inflight = {r["name"]: r["inflight"] for r in httpx.get(f"{gateway}/admin/replicas", timeout=10).json()["replicas"]}

@@ -55,7 +55,7 @@ async def test_upgrade_twice_and_concurrently_is_a_no_op(fresh_db_url: str) -> N
             }
     finally:
         await engine.dispose()
-    assert version == "0005_call_adapter"
+    assert version == "0006_call_prefill_replica"
     assert prices >= 5
     assert {"ix_llm_calls_task_id", "ix_llm_calls_started_at", "ix_llm_calls_tenant"} <= indexes
     assert any("attempt_key" in name for name in indexes)
