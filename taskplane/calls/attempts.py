@@ -157,7 +157,8 @@ class AttemptLedger:
         if not self.journal:
             return
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
-                         started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms)
+                         started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms,
+                         prefill_replica=a.prefill_lease.replica.name if a.prefill_lease else None)
         note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
                                 price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
         key = rec.attempt_key
