@@ -8,7 +8,10 @@ all name the same reason.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+from temporalio.exceptions import is_cancelled_exception
 
 
 class AgentError(Exception):
@@ -111,3 +114,16 @@ class StructuredOutputError(LlmError):
         super().__init__("invalid_output", message)
         self.raw = raw
         self.errors = errors or []
+
+
+def raise_if_cancelled(exc: BaseException) -> None:
+    """Raise a cancellation the task itself asked for as the cancellation it is.
+
+    At the deadline (or on a cancel request) the agent body's task is cancelled; the step,
+    LLM call or sub-agent it was awaiting then resolves as an error whose cause is
+    Temporal's CancelledError. Reported as that call's own failure it would hide the reason
+    the task ended (StepFailed instead of DeadlineExceeded, failed instead of cancelled).
+    """
+    task = asyncio.current_task()
+    if is_cancelled_exception(exc) and task is not None and task.cancelling():
+        raise asyncio.CancelledError() from exc

@@ -24,7 +24,7 @@ from temporalio.exceptions import (
 )
 
 from taskplane.sdk import retry
-from taskplane.sdk.errors import DeadlineExceeded, LlmError
+from taskplane.sdk.errors import DeadlineExceeded, LlmError, raise_if_cancelled
 from taskplane.sdk.runtime import TaskRuntime, runtime
 from taskplane.sdk.structured import Format, parse_output, request_format
 from taskplane.sdk.tools import Tool, run_tool_calls, tool_choice_value, tool_schema
@@ -150,6 +150,7 @@ async def _call(
             summary=f"LLM step {ctx.step} · {summary}",
         )
     except ActivityError as exc:
+        raise_if_cancelled(exc)
         raise _llm_failure(rt, ctx.step, exc) from None
     rt.add_call(result.cost_usd, result.attempt)
     rt.publish()

@@ -26,7 +26,7 @@ from temporalio.exceptions import (
 
 from taskplane.sdk import retry
 from taskplane.sdk.convert import return_hint, summarize_args
-from taskplane.sdk.errors import DeadlineExceeded, StepFailed
+from taskplane.sdk.errors import DeadlineExceeded, StepFailed, raise_if_cancelled
 from taskplane.sdk.runtime import runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -169,6 +169,7 @@ async def _run_step(s: Step, args: tuple[Any, ...]) -> Any:
             summary=summarize_args(s.name, args),
         )
     except ActivityError as exc:
+        raise_if_cancelled(exc)
         cause = exc.cause
         out_of_budget = budget_s is not None and exc.retry_state == RetryState.TIMEOUT
         if out_of_budget or (isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_CLOSE):

@@ -15,7 +15,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 from taskplane.sdk.convert import convert_value, return_hint
-from taskplane.sdk.errors import DeadlineExceeded, SubAgentFailed
+from taskplane.sdk.errors import DeadlineExceeded, SubAgentFailed, raise_if_cancelled
 from taskplane.sdk.runtime import runtime
 from taskplane.sdk.spec import AgentSpec, execution_timeout
 from taskplane.sdk.start_attributes import start_memo, start_search_attributes
@@ -67,6 +67,7 @@ async def run_sub_agent(spec: AgentSpec, args: tuple[Any, ...]) -> Any:
         status = str(info.get("status") or ("cancelled" if isinstance(cause, asyncio.CancelledError) else "failed"))
         rt.add_child(cost, int(info.get("llm_calls") or 0), int(info.get("attempts") or 0))
         rt.publish()
+        raise_if_cancelled(exc)
         message = str(info.get("message") or (cause.message if isinstance(cause, ApplicationError) else cause or exc))
         if status == "failed-deadline":
             # the child's own message already names it ("task <child_id> ran out of its deadline budget ...")

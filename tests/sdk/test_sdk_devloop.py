@@ -89,6 +89,21 @@ async def test_a_deadline_ends_the_task_whatever_it_is_doing(
     assert await handle.status() == "failed-deadline"
 
 
+async def test_a_task_cancelled_during_a_tool_ends_cancelled_not_step_failed(
+    tp_client: Client, dev_worker: TaskplaneWorker
+) -> None:
+    # the deadline timer ends a body the same way: by cancelling it while the tool runs
+    handle = await taskplane.submit(devloop.long_tool_agent, 60.0, client=tp_client, task_queue=dev_worker.task_queue)
+    for _ in range(200):
+        if (await handle.state()).current == "tool slow_tool":
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # the tool's activity is running on the worker
+    await handle.cancel()
+    out = await asyncio.wait_for(handle.outcome(), timeout=30)
+    assert (out.status, out.failure_type) == ("cancelled", "Cancelled")
+
+
 async def test_outcome_for_failed_and_cancelled_tasks(tp_client: Client, rec_worker: TaskplaneWorker) -> None:
     failed = await taskplane.submit(agents.budget_agent, 10, client=tp_client, task_queue=rec_worker.task_queue)
     out = await failed.outcome()

@@ -30,6 +30,12 @@ async def slow_tool_agent(sleep_s: float) -> str:
     return await slow_tool(sleep_s)
 
 
+@agent(name="tp_long_tool", tenant="acme")
+async def long_tool_agent(sleep_s: float) -> str:
+    """No deadline: only a cancel request ends it while its tool runs."""
+    return await slow_tool(sleep_s)
+
+
 @dataclass
 class Summary:
     title: str
