@@ -89,6 +89,11 @@ class Attempt:
         """Calls in flight on the replica once this one was added."""
         return self.lease.batch_start
 
+    @property
+    def prefill_replica(self) -> str | None:
+        """The replica that computed the prompt of a disaggregated attempt, else None."""
+        return self.prefill_lease.replica.name if self.prefill_lease else None
+
     def elapsed_ms(self) -> float:
         """Milliseconds since the attempt began, less any stall of the gateway's own (``stalls``)."""
         return (CLOCK.now() - self.t0) * 1000.0
@@ -158,7 +163,7 @@ class AttemptLedger:
             return
         rec = new_record(a.call, try_index=a.try_index, replica=a.replica, outcome=Outcome.ERROR, model_served=a.model,
                          started=a.started, error_type=GATEWAY_LOST, queue_ms=a.queue_ms,
-                         prefill_replica=a.prefill_lease.replica.name if a.prefill_lease else None)
+                         prefill_replica=a.prefill_replica)
         note = lost.AttemptNote(record=rec, timeout_s=self.request_timeout_s,
                                 price_per_hour_usd=a.replica.price_per_hour, batch_at_start=a.batch_start)
         key = rec.attempt_key
@@ -210,7 +215,7 @@ class AttemptLedger:
         if pre is not None:
             prefill_ms = min(total_ms, a.ttft_ms) if a.ttft_ms is not None else total_ms
             prefill_gpu_s = costing.gpu_seconds(prefill_ms / 1000.0, pre.batch_start, pre.release())
-            rec.prefill_replica = pre.replica.name
+            rec.prefill_replica = a.prefill_replica
             rec.gpu_seconds += prefill_gpu_s
             rec.cost_usd += costing.cost_usd(prefill_gpu_s, pre.replica.price_per_hour)
         self.metrics.child(self.metrics.cost, rec.tenant).inc(rec.cost_usd)
