@@ -5,6 +5,9 @@ Every ``interval_s`` the ``adapter-residency`` plugin (``preload`` on) plans, fr
 replicas' views, which adapters to load where ahead of demand (scheduler/scorers/residency.py);
 each pre-load is ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` to that replica,
 the path being the adapter's ``root`` in the ``/v1/models`` of a replica already serving it.
+Before the pre-loads, the plan's unloads (``unload`` on): ``POST /v1/unload_lora_adapter
+{"lora_name"}`` where an adapter's predicted demand is lowest and a busier one needs its
+slot (log line ``adapter_unloaded``; a 404 means it is gone already).
 Only adapters whose sessions were seen are planned (``prior=False``): which adapters a fleet
 serves at all is the operator's registrations.
 vLLM registers the adapter and reads it into host memory, so the next session's first call
@@ -34,6 +37,7 @@ class AdapterLoader:
     def __init__(self, registry: ReplicaRegistry, planner: Any, *, interval_s: float = 2.0) -> None:
         self.registry, self.planner, self.interval_s = registry, planner, interval_s
         self.loaded = 0
+        self.unloaded = 0
         self._no_api: set[str] = set()
 
     async def run(self) -> None:
@@ -51,6 +55,7 @@ class AdapterLoader:
     async def step(self, client: httpx.AsyncClient) -> int:
         """One plan, carried out; the adapters loaded."""
         views = [v for v in self.registry.views() if v.name not in self._no_api]
+        self.unloaded += await self._unload(client, views)
         done = 0
         for replica, adapter in self.planner.plan(views, time.monotonic(), prior=False):
             state, path = self.registry.replicas.get(replica), self._path(adapter)
@@ -69,6 +74,23 @@ class AdapterLoader:
                 log.info("adapter_preloaded", replica=replica, adapter=adapter)
                 await self.registry.scrape(state)
         self.loaded += done
+        return done
+
+    async def _unload(self, client: httpx.AsyncClient, views: list[Any]) -> int:
+        """The plan's unloads (``POST /v1/unload_lora_adapter``); the adapters unloaded."""
+        plan = getattr(self.planner, "unloads", None)
+        done = 0
+        for replica, adapter in plan(views, time.monotonic()) if plan is not None else ():
+            state = self.registry.replicas.get(replica)
+            if state is None:
+                continue
+            r = await client.post(f"{state.config.url}/v1/unload_lora_adapter", json={"lora_name": adapter})
+            if r.status_code in (200, 404):  # unloaded, or not there any more
+                self.planner.unloaded(replica, adapter)
+            if r.status_code == 200:
+                done += 1
+                log.info("adapter_unloaded", replica=replica, adapter=adapter)
+                await self.registry.scrape(state)
         return done
 
 

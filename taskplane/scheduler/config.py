@@ -31,6 +31,18 @@ class DisaggregationConfig(BaseModel):
     picker: PluginConfig | None = Field(default=None, description="the prefill profile's picker")
 
 
+class AdapterCostsConfig(BaseModel):
+    """LoRA adapter load times in the latency model's TTFT (``scheduler.adapter_costs``); the
+    defaults are the simulator's (docs/scheduler.md, "Latency model")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    disk_load_s: float = Field(default=0.25, ge=0, description="reading an adapter from disk into host memory")
+    gpu_load_s: float = Field(default=0.005, ge=0, description="copying an adapter from host memory into a GPU slot")
+    step_overhead: float = Field(default=0.05, ge=0, description="slowdown of a step with any LoRA request")
+    per_adapter_overhead: float = Field(default=0.02, ge=0, description="extra slowdown per distinct adapter in a step")
+
+
 class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -49,3 +61,7 @@ class SchedulerConfig(BaseModel):
         description="prefill/decode disaggregation over prefill-role replicas (overrides the preset's)",
     )
     response_cache_entries: int = Field(default=1024, ge=0, description="exact cache for temperature-0 calls; 0 = off")
+    adapter_costs: AdapterCostsConfig = Field(
+        default_factory=AdapterCostsConfig,
+        description="LoRA adapter load times and batch slowdown the latency model adds to a call's predicted TTFT",
+    )

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from taskplane.scheduler.adapter_cost import AdapterCosts
 from taskplane.scheduler.types import ReplicaView
 
 
@@ -85,6 +86,15 @@ def _times(rate: Any, base: Any, per_seq: Any, cold_ms: Any, uncached_tokens: An
     return queue, prefill, decode, ttft, total
 
 
+def _with_adapter(rate: Any, base: Any, per_seq: Any, cold_ms: Any, load_ms: Any,
+                  slow: Any) -> tuple[Any, Any, Any, Any]:
+    """The timing of a call with a LoRA adapter: its load joins the cold start (vLLM loads it
+    before the step that schedules the call, holding the batch) and every step, the prefill
+    included, is ``1 + slow`` times as long."""
+    f = 1.0 + slow
+    return rate / f, base * f, per_seq * f, cold_ms + load_ms
+
+
 def _idle_total(prefill: Any, cold_ms: Any, base: Any, per_seq: Any, completion_tokens: Any) -> Any:
     """Total ms of the same call on an idle replica (but as warm)."""
     return cold_ms + prefill + base + completion_tokens * (base + per_seq)
@@ -100,11 +110,13 @@ class LatencyModel:
         alpha: float = 0.1,
         default_completion_tokens: int = 256,
         default_prompt_tokens: int = 1024,
+        adapter_costs: AdapterCosts | None = None,
     ) -> None:
         self.priors = dict(GPU_PRIORS if priors is None else priors)
         self.alpha = alpha
         self.default_completion_tokens = default_completion_tokens
         self.default_prompt_tokens = default_prompt_tokens
+        self.adapter_costs = adapter_costs or AdapterCosts()  # LoRA load times (adapter_cost.py)
         self._log_prefill: dict[str, float] = {}  # gpu -> log(observed/prior) prefill rate
         self._log_decode: dict[str, float] = {}  # gpu -> log(observed/prior) step time
         self._cold: dict[str, float] = {}
@@ -193,17 +205,22 @@ class LatencyModel:
         running: np.ndarray,
         loaded: np.ndarray,
         completion_tokens: float,
+        adapter: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> Prediction:
         """Vectorised prediction for one call over candidate replicas.
 
         ``params`` from :meth:`gpu_params`, or one :meth:`gpu_row` when every replica has the
         same GPU (scalars broadcast: fewer array operations, the same results);
-        ``queued_tokens``: prefill work ahead of the call.
+        ``queued_tokens``: prefill work ahead of the call; ``adapter``: the call's LoRA
+        adapter's (load ms, step slowdown) per replica (``adapter_cost.adapter_terms``),
+        None for a base-model call.
         """
         cols: tuple[Any, ...] = params if isinstance(params, tuple) else tuple(params[:, k] for k in range(4))
         rate, base, per_seq, cold_s = cols
         # no cold start anywhere (the usual case): a scalar 0 adds the same as an array of them
         cold_ms = 0.0 if np.count_nonzero(loaded) == len(loaded) else np.where(loaded, 0.0, cold_s * 1000.0)
+        if adapter is not None:
+            rate, base, per_seq, cold_ms = _with_adapter(rate, base, per_seq, cold_ms, *adapter)
         times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)
         return Prediction(*times, idle=(cold_ms, base, per_seq, completion_tokens))
 
@@ -216,11 +233,14 @@ class LatencyModel:
         running: float,
         loaded: bool,
         completion_tokens: float,
+        adapter: tuple[float, float] | None = None,
     ) -> OnePrediction:
         """:meth:`predict` for one replica (``params`` from :meth:`gpu_row`): the same
         operations in the same order, so the same floats, without numpy's per-call cost."""
         rate, base, per_seq, cold_s = params
         cold_ms = 0.0 if loaded else cold_s * 1000.0
+        if adapter is not None:
+            rate, base, per_seq, cold_ms = _with_adapter(rate, base, per_seq, cold_ms, *adapter)
         times = _times(rate, base, per_seq, cold_ms, uncached_tokens, queued_tokens, running, completion_tokens)
         return OnePrediction(*times, _idle_total(times[1], cold_ms, base, per_seq, completion_tokens))
 

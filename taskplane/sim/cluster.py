@@ -48,7 +48,7 @@ from taskplane.sim.events import Event, EventQueue
 from taskplane.sim.fleet import ClusterSpec, ReplicaSpec
 from taskplane.sim.lifecycle import Lifecycle, fail_call
 from taskplane.sim.lifetimes import Lifetimes
-from taskplane.sim.lora_plan import Preloads, find_planner
+from taskplane.sim.lora_plan import Preloads, find_planner, refusal
 from taskplane.sim.policy import Policy, PolicyHooks, round_robin
 from taskplane.sim.replicas import SimReplicas
 from taskplane.sim.requests import Finished, FirstToken, KVEvents
@@ -222,9 +222,10 @@ class ClusterSim:
         call.replica = i
         call.dispatched_s = t
         call.model_served = d.model or call.task.spec.model
-        if not self.fleet.healthy[i]:
-            self._record(call, t, Outcome.ERROR, "replica_error", replica=i)
-            self.lifecycle.retry_or_fail(call, t, 0.0, "replica_error", avoid=self.fleet.name(i))
+        error = "replica_error" if not self.fleet.healthy[i] else refusal(self.fleet.engines[i], call.task.spec.adapter)
+        if error:
+            self._record(call, t, Outcome.ERROR, error, replica=i)
+            self.lifecycle.retry_or_fail(call, t, 0.0, error, avoid=self.fleet.name(i))
             return
         self._submit(call, d, i, t)
 

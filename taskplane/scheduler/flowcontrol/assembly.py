@@ -14,6 +14,7 @@ from taskplane.scheduler import disagg as _disagg  # noqa: F401  (registers the 
 from taskplane.scheduler import filters as _filters  # noqa: F401  (registers the plugins)
 from taskplane.scheduler import pickers as _pickers  # noqa: F401
 from taskplane.scheduler import scorers as _scorers  # noqa: F401
+from taskplane.scheduler.adapter_cost import AdapterCosts
 from taskplane.scheduler.config import SchedulerConfig
 from taskplane.scheduler.core import Scheduler
 from taskplane.scheduler.disagg.step import DisaggStep
@@ -22,6 +23,7 @@ from taskplane.scheduler.flowcontrol.settings import AdmissionSettings
 from taskplane.scheduler.framework.plugin import Filter, Kind, Picker, Scorer
 from taskplane.scheduler.framework.registry import REGISTRY
 from taskplane.scheduler.kv.lifetimes import LifetimePlanner
+from taskplane.scheduler.latency import LatencyModel
 from taskplane.scheduler.presets import PRESETS
 
 
@@ -46,6 +48,8 @@ class PipelineOptions:
     # replaces the preset's disaggregation (decider, prefill filters, scorers, picker) key by key;
     # {"decider": None}: none
     disaggregation: Mapping[str, Any] | None = None
+    # LoRA adapter load times and batch slowdown in the latency model (None: the defaults)
+    adapter_costs: AdapterCosts | None = None
 
 
 def _spec(value: Any) -> Any:
@@ -107,6 +111,7 @@ def assemble(
         seed=o.seed,
         tenants=tenants,
         load=flow.load() if flow is not None else None,
+        latency=LatencyModel(adapter_costs=o.adapter_costs),
         sticky=preset.sticky,
         metrics=metrics,
         lifetimes=LifetimePlanner() if preset.kv_lifetimes else None,
@@ -152,6 +157,7 @@ def assemble_from_config(
         response_cache_entries=config.response_cache_entries,
         flow_control=getattr(config, "flow_control", None),
         disaggregation=_disagg_override(getattr(config, "disaggregation", None)),
+        adapter_costs=_adapter_costs(getattr(config, "adapter_costs", None)),
     )
     return assemble(options, tenants=tenants, pools=pools, name=name, metrics=metrics)
 
@@ -163,3 +169,10 @@ def _disagg_override(value: Any) -> Mapping[str, Any] | None:
     if isinstance(value, Mapping):
         return value
     return value.model_dump(exclude_unset=True)
+
+
+def _adapter_costs(value: Any) -> AdapterCosts | None:
+    """A config's ``adapter_costs`` section as the latency model's settings (None: defaults)."""
+    if value is None:
+        return None
+    return AdapterCosts(**(value if isinstance(value, Mapping) else value.model_dump()))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from taskplane.scheduler.adapter_cost import AdapterWarmth
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
 from taskplane.scheduler.predict import Predictor
@@ -91,3 +92,6 @@ class Handle:
     policy: str = "custom"
     # what the pipeline has learned of the future (steps left, session ends, gaps, outputs)
     predictor: Predictor = field(default_factory=Predictor)
+    # where LoRA adapters' weights probably are (a plugin mirroring its placements offers it
+    # in ``bind``); None: only what the replicas report
+    adapter_warmth: AdapterWarmth | None = None

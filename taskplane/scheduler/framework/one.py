@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from taskplane.scheduler.adapter_cost import adapter_term
 from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.state import CycleState
 from taskplane.scheduler.latency import OnePrediction
@@ -118,6 +119,7 @@ class OneCandidate:
         if self._prediction is None:
             lat = self.handle.latency
             queued = max(self.inflight_prefill, self.waiting * lat.expected_prompt_tokens(self.model))
+            adapter = self.request.adapter
             self._prediction = lat.predict_scalar(
                 lat.gpu_row(self.view.gpu),
                 uncached_tokens=self.uncached_tokens(),
@@ -125,6 +127,8 @@ class OneCandidate:
                 running=self.running,
                 loaded=self.loaded,
                 completion_tokens=self.completion_tokens,
+                adapter=adapter_term(self.view, adapter, lat.adapter_costs, self.handle.adapter_warmth)
+                if adapter else None,
             )
         return self._prediction
 

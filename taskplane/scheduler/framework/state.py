@@ -8,6 +8,7 @@ import functools
 
 import numpy as np
 
+from taskplane.scheduler.adapter_cost import adapter_terms
 from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.normalise import ratio_low_is_better
 from taskplane.scheduler.latency import Prediction
@@ -191,6 +192,7 @@ class CycleState:
             gpus = self.table.gpus
             # a fleet (or cell) of one GPU generation: its parameters as scalars
             params = lat.gpu_row(gpus[0]) if len(gpus) == 1 else lat.gpu_params(gpus)[self.gpu_codes]
+            adapter = self.request.adapter
             self._prediction = lat.predict(
                 params=params,
                 uncached_tokens=self.uncached_tokens(),
@@ -198,6 +200,8 @@ class CycleState:
                 running=self.running,
                 loaded=self.loaded,
                 completion_tokens=self.completion_tokens,
+                adapter=adapter_terms([self.view(i) for i in range(self.n)], adapter, lat.adapter_costs,
+                                      self.handle.adapter_warmth) if adapter else None,
             )
         return self._prediction
 

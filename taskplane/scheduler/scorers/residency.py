@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from taskplane.scheduler.adapter_cost import Tier
+from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.one import OneCandidate
 from taskplane.scheduler.framework.plugin import Scorer, Stateful, param
 from taskplane.scheduler.framework.registry import register
 from taskplane.scheduler.framework.state import CycleState
+from taskplane.scheduler.scorers.adapter_demand import ReplicaDemand, UnloadRule
 from taskplane.scheduler.types import Decision, ReplicaView
 
 
@@ -52,12 +55,20 @@ class AdapterResidencyParams:
     prior_rate: float = param(1e-4, "the demand of an adapter registered on the fleet (/v1/models) whose "
                               "sessions were not seen yet: each gets one holder, after the adapters seen")
     preload_max_running: int = param(8, "pre-load only on replicas with at most this many calls running")
+    unload: bool = param(False, "plan unloads (``unloads``): where more adapters have demand than GPU slots, the "
+                         "least demanded one not running, waiting or pinned there, if another replica serves it")
+    unload_half_life_s: float = param(30.0, "the decay of each adapter's call rate per replica (unloads)")
+    unload_pin_window_s: float = param(60.0, "a session whose last call on a replica is this recent is pinned there")
+    unload_session_weight: float = param(0.1, "calls per second one pinned session adds to its adapter's demand there")
+    max_unloads: int = param(4, "unloads one plan may ask for, at most one per replica")
 
     def validate(self) -> None:
         if not (0.0 <= self.host_score <= 1.0 and 0.0 <= self.gpu_score <= 1.0):
             raise ValueError("gpu_score and host_score must be in [0, 1]")
         if self.host_slots < 1 or self.half_life_s <= 0 or self.sessions_per_holder <= 0:
             raise ValueError("host_slots, half_life_s and sessions_per_holder must be positive")
+        if self.unload_half_life_s <= 0 or self.unload_pin_window_s < 0 or self.max_unloads < 0:
+            raise ValueError("unload_half_life_s must be positive, unload_pin_window_s and max_unloads >= 0")
 
 
 class _Lru:
@@ -91,6 +102,12 @@ class AdapterResidencyScorer(Scorer, Stateful):
         self._host: dict[str, _Lru] = {}
         self._rate: dict[str, float] = {}  # adapter -> decayed new sessions per second
         self._at = 0.0
+        self._unloaded: dict[tuple[str, str], float] = {}  # -> when: no pre-load back there for a while
+        self._plan_s = 0.0
+        p = self.params
+        self.replica_demand = ReplicaDemand(UnloadRule(
+            half_life_s=p.unload_half_life_s, pin_window_s=p.unload_pin_window_s,
+            session_weight=p.unload_session_weight, max_per_plan=p.max_unloads))
 
     # ---------------------------------------------------------------- scoring
     def score(self, state: CycleState) -> np.ndarray:
@@ -100,12 +117,26 @@ class AdapterResidencyScorer(Scorer, Stateful):
         return np.array([self._score(state.view(int(i)).name, adapter) for i in state.sel], dtype=np.float64)
 
     def _score(self, replica: str, adapter: str) -> float:
-        gpu, host = self._gpu.get(replica), self._host.get(replica)
-        if gpu is not None and adapter in gpu.names:
+        tier = self.where(replica, adapter)
+        if tier == "gpu":
             return self.params.gpu_score
-        if host is not None and adapter in host.names:
+        if tier == "host":
             return self.params.host_score
         return 0.0
+
+    def where(self, replica: str, adapter: str) -> Tier | None:
+        """Where the mirror puts ``adapter``'s weights on ``replica`` (``AdapterWarmth``)."""
+        gpu, host = self._gpu.get(replica), self._host.get(replica)
+        if gpu is not None and adapter in gpu.names:
+            return "gpu"
+        if host is not None and adapter in host.names:
+            return "host"
+        return None
+
+    def bind(self, handle: Handle) -> None:
+        """Offer the mirror to the latency model's adapter load times."""
+        super().bind(handle)
+        handle.adapter_warmth = self
 
     def placed(self, state: CycleState | OneCandidate, view: ReplicaView, decision: Decision) -> None:
         adapter = state.request.adapter
@@ -113,6 +144,9 @@ class AdapterResidencyScorer(Scorer, Stateful):
             return
         self._gpu.setdefault(view.name, _Lru(1)).touch(adapter, view.max_loras or 1)
         self._host.setdefault(view.name, _Lru(self.params.host_slots)).touch(adapter)
+        if self.params.unload:
+            self.replica_demand.placed(view.name, adapter, state.request.session_id or state.request.task_id,
+                                       state.now_s)
         if isinstance(state, CycleState):  # a free choice of replica: a new session (or a moved one)
             self._decay(state.now_s)
             self._rate[adapter] = self._rate.get(adapter, 0.0) + 1.0 / self._window()
@@ -120,6 +154,10 @@ class AdapterResidencyScorer(Scorer, Stateful):
     def replica_removed(self, replica: str) -> None:
         self._gpu.pop(replica, None)
         self._host.pop(replica, None)
+        self.replica_demand.forget(replica)
+
+    def task_ended(self, session: str) -> None:
+        self.replica_demand.ended(session)
 
     def replica_failed(self, replica: str) -> int:
         self.replica_removed(replica)
@@ -160,7 +198,8 @@ class AdapterResidencyScorer(Scorer, Stateful):
             have = set(self.holders(adapter))
             if len(have) >= want:
                 continue
-            spots = [v for v in able if v.name not in have and self._room_for(v.name, r, rate)]
+            spots = [v for v in able if v.name not in have and self._room_for(v.name, r, rate)
+                     and now_s - self._unloaded.get((v.name, adapter), -math.inf) >= p.unload_pin_window_s]
             if not spots:
                 continue
             best = min(spots, key=lambda v: (v.num_running + v.num_waiting, v.name))
@@ -181,6 +220,22 @@ class AdapterResidencyScorer(Scorer, Stateful):
     def preloaded(self, replica: str, adapter: str) -> None:
         """The planner loaded ``adapter``'s host copy on ``replica``."""
         self._host.setdefault(replica, _Lru(self.params.host_slots)).touch(adapter)
+
+    def unloads(self, views: list[ReplicaView], now_s: float) -> list[tuple[str, str]]:
+        """(replica, adapter) unloads by predicted demand (none unless ``unload``): see
+        ``adapter_demand.ReplicaDemand.plan_unloads``."""
+        if not self.params.unload:
+            return []
+        self._plan_s = now_s
+        return self.replica_demand.plan_unloads(views, now_s)
+
+    def unloaded(self, replica: str, adapter: str) -> None:
+        """The planner unloaded ``adapter`` on ``replica``: its copies and demand there are gone."""
+        for mirror in (self._gpu.get(replica), self._host.get(replica)):
+            if mirror is not None:
+                mirror.names.pop(adapter, None)
+        self.replica_demand.forget(replica, adapter)
+        self._unloaded[(replica, adapter)] = self._plan_s
 
 
 def find_planner(policy: Any) -> Any | None:
