@@ -40,6 +40,7 @@ COLUMNS = (
     ("adapter_cold_loads", "adapter\ncold loads", "{:.0f}"),
     ("adapter_disk_loads", "disk\nloads", "{:.0f}"),
     ("adapter_preloads", "pre-\nloads", "{:.0f}"),
+    ("adapter_unloads", "un-\nloads", "{:.0f}"),
     ("ttft_p50_ms", "TTFT\np50 ms", "{:.0f}"),
     ("ttft_p99_ms", "TTFT\np99 ms", "{:.0f}"),
     ("cost_per_successful_task_usd", "$ per\nok task", "{:.5f}"),
@@ -90,8 +91,9 @@ def lora_figures(result: ClusterResult) -> dict[str, int]:
     disk = sum(r.lora_disk_loads for r in result.replicas)
     gpu = sum(r.lora_gpu_loads for r in result.replicas)
     pre = sum(r.lora_preloads for r in result.replicas)
+    unloads = sum(r.lora_unloads for r in result.replicas)
     return {"adapter_cold_loads": disk + gpu, "adapter_disk_loads": disk, "adapter_gpu_loads": gpu,
-            "adapter_preloads": pre}
+            "adapter_preloads": pre, "adapter_unloads": unloads}
 
 
 def run_adapters(options: BenchOptions, shape: AdapterWorkload | None = None) -> dict[str, Any]:

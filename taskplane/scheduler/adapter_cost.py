@@ -62,7 +62,7 @@ def adapter_term(view: ReplicaView, adapter: str, costs: AdapterCosts,
     if view.max_loras <= 0:
         return 0.0, 0.0
     if adapter in view.lora_running or adapter in view.lora_waiting:
-        return 0.0, 0.0
+        return 0.0, _slowdown(view, adapter, costs)
     tier = warmth.where(view.name, adapter) if warmth is not None else None
     if tier == "gpu":
         load_s = 0.0
@@ -70,10 +70,14 @@ def adapter_term(view: ReplicaView, adapter: str, costs: AdapterCosts,
         load_s = costs.gpu_load_s
     else:
         load_s = costs.disk_load_s + costs.gpu_load_s
-    slow = costs.per_adapter_overhead
-    if not (view.lora_running or view.lora_waiting):
-        slow += costs.step_overhead
-    return load_s * 1000.0, slow
+    return load_s * 1000.0, _slowdown(view, adapter, costs)
+
+
+def _slowdown(view: ReplicaView, adapter: str, costs: AdapterCosts) -> float:
+    """The step-time fraction the call's batch runs slower there: the LoRA overhead plus one
+    share per distinct adapter it mixes, the call's own included."""
+    mixed = view.lora_running | view.lora_waiting
+    return costs.step_overhead + costs.per_adapter_overhead * (len(mixed) + (adapter not in mixed))
 
 
 def adapter_terms(views: list[ReplicaView], adapter: str, costs: AdapterCosts,

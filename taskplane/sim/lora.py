@@ -81,6 +81,7 @@ class Adapters:
         self.loads_from_disk = 0
         self.loads_to_gpu = 0
         self.preloads = 0  # host copies read ahead of demand (``preload``), off the request path
+        self.unloads = 0  # adapters unregistered at run time (``unregister``)
         self._busy_until = 0.0  # a pre-load's read holds the engine until then
 
     # ---------------------------------------------------------------- the LoRA API
@@ -102,6 +103,7 @@ class Adapters:
         del self.registered[name]
         self._cpu.pop(name, None)
         self._gpu.pop(name, None)
+        self.unloads += 1
 
     def preload(self, name: str, now_s: float) -> bool:
         """Read a registered adapter's weights into host memory ahead of its requests (what

@@ -151,4 +151,4 @@ def _lora_figures(engine: SimEngine) -> dict[str, int]:
     """A replica's adapter load counters for its :class:`ReplicaResult` (none without LoRA)."""
     a = engine.adapters
     return {} if a is None else {"lora_disk_loads": a.loads_from_disk, "lora_gpu_loads": a.loads_to_gpu,
-                                "lora_preloads": a.preloads}
+                                "lora_preloads": a.preloads, "lora_unloads": a.unloads}

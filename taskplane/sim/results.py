@@ -108,6 +108,7 @@ class ReplicaResult:
     lora_disk_loads: int = 0
     lora_gpu_loads: int = 0
     lora_preloads: int = 0  # host copies read ahead of demand by a policy's pre-load plan
+    lora_unloads: int = 0  # adapters a policy's plan unregistered (/v1/unload_lora_adapter)
 
 
 @dataclass
