@@ -17,6 +17,7 @@ import numpy as np
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
 from taskplane.scheduler.predict import Predictor
+from taskplane.scheduler.swapcost import SwapCosts
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
 from taskplane.scheduler.types import CallRequest
@@ -91,3 +92,5 @@ class Handle:
     policy: str = "custom"
     # what the pipeline has learned of the future (steps left, session ends, gaps, outputs)
     predictor: Predictor = field(default_factory=Predictor)
+    # how long a model swap takes on a replica hosting several base models (vLLM sleep mode)
+    swap: SwapCosts = field(default_factory=SwapCosts)
