@@ -58,8 +58,8 @@ class ModelsWorkload:
     models: tuple[str, ...] = ("llama-3.1-8b", "qwen-2.5-7b")  # (the second is modelled as an 8B)
     heavy_share: float = 0.9  # the busy model's share of arrivals in its phase
     phases: int = 2
-    tasks: int = 400
-    tasks_per_s_per_replica: float = 0.4  # heavy enough that one model's half of the fleet is overloaded
+    tasks: int = 600
+    tasks_per_s_per_replica: float = 0.3  # heavy enough that one model's half of the fleet is overloaded
 
 
 def models_tasks(shape: ModelsWorkload, replicas: int, seed: int) -> Workload:

@@ -6,8 +6,9 @@ the replicas this filter keeps the scorers prefer the cheapest swap; the filter 
 price cannot say. A warm replica wins whenever one can take the call now within its budget.
 When none can (every warm replica saturated or predicted past the budget), a swap pays where
 it moves capacity from a model with slack: the replica's awake model is awake elsewhere with
-room to spare (none of its other replicas saturated) or has had no call for ``idle_s``, and
-the replica did not swap in the last ``hold_s`` (no flapping). A model with no warm replica
+room to spare (none of its other replicas saturated) or has had no call for ``idle_s``, its
+live sessions pin little of its KV cache (a swap loses their context: they would prefill it
+again elsewhere), and it did not swap in the last ``hold_s`` (no flapping). A model with no warm replica
 at all may swap any replica hosting it: that is the only way to serve it.
 """
 
@@ -30,8 +31,10 @@ from taskplane.scheduler.workflow import call_budget_ms
 @dataclass(slots=True)
 class SwapGateParams:
     idle_s: float = param(30.0, "a model with no call for this long has no demand: its last awake replica may swap")
-    hold_s: float = param(30.0, "a replica that swapped stays on its model at least this long (no flapping)")
+    hold_s: float = param(60.0, "a replica that swapped stays on its model at least this long (no flapping)")
     free_kv: float = param(0.2, "an awake replica has room to spare with at least this share of its KV blocks free")
+    max_pinned: float = param(0.5, "no swap of a replica whose live sessions pin more than this share of its KV "
+                                    "(they would lose their context and prefill it again elsewhere)")
 
 
 @register("swap-gate")
@@ -79,10 +82,13 @@ class SwapGateFilter(Filter, Stateful):
         now, table = state.now_s, state.table
         watched = self.since is not None and now - self.since >= p.idle_s
         slack = models_with_slack(table, p.free_kv, state.saturation_waiting)
+        pins = state.handle.sessions
+        pinned = (pins.working_sets_of_rows(table, state.rows) if pins is not None else np.zeros(state.n))
+        light = pinned <= p.max_pinned * state.total * state.block_size
         out = np.zeros(len(state.sel), dtype=bool)
         for k, i in enumerate(state.sel):
             view = state.view(int(i))
-            if now - self.swapped.get(view.name, -np.inf) < p.hold_s:
+            if not light[i] or now - self.swapped.get(view.name, -np.inf) < p.hold_s:
                 continue
             idle = watched and self.demand.last_call.get(view.model, -np.inf) < now - p.idle_s
             out[k] = idle or slack.get(view.model, 0) > 1
