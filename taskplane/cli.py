@@ -320,7 +320,7 @@ def report(
 @app.command()
 def bench(
     out: Annotated[Path, typer.Option(help="directory for results.json, results.md and plots")],
-    workload: Annotated[str, typer.Option(help="agents|mooncake|scale (one policy at fleet scale)|diurnal (autoscalers side by side)|adapters (LoRA tenants)")] = "agents",
+    workload: Annotated[str, typer.Option(help="agents|mooncake|scale (one policy at fleet scale)|diurnal (autoscalers side by side)|adapters (LoRA tenants)|models (two base models, demand shifting)")] = "agents",
     trace: Annotated[Path | None, typer.Option(help="a file in the Mooncake trace format")] = None,
     replicas: Annotated[int, typer.Option(min=1)] = 16,
     policies: Annotated[str | None, typer.Option(help="comma-separated; default all")] = None,

@@ -41,6 +41,9 @@ class ReplicaState:
     # re-prefilled elsewhere if this replica went away
     live_sessions: int = 0
     live_session_tokens: int = 0
+    # other base models the replica hosts asleep (vLLM sleep mode, one engine each): it can
+    # serve one of them after a swap (seconds) instead of a new replica's cold start
+    models_asleep: frozenset[str] = frozenset()
 
     @property
     def inflight(self) -> int:

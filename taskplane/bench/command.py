@@ -5,7 +5,8 @@
 (:mod:`taskplane.bench.real`); ``scale`` runs one policy at fleet scale
 (:mod:`taskplane.bench.scale`); ``diurnal`` the autoscalers over a day
 (:mod:`taskplane.bench.diurnal_command`); ``adapters`` LoRA tenants' agent sessions
-(:mod:`taskplane.bench.adapters`).
+(:mod:`taskplane.bench.adapters`); ``models`` two base models sharing a fleet
+(:mod:`taskplane.bench.models`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         from taskplane.bench.adapters import run_adapters
 
         return run_adapters(options)
+    if options.workload == "models":
+        from taskplane.bench.models import run_models
+
+        return run_models(options)
     if options.cells != 1:
         raise UserError("--cells splits the fleet for --workload scale only")
     if options.engine == "vllm" and (options.host_kv_gb or options.remote_kv_gb):

@@ -14,8 +14,8 @@ from taskplane.errors import UserError
 
 WORKLOADS = ("agents", "mooncake")
 #: every ``--workload``: the policy comparisons, then one policy at fleet scale, then the autoscalers,
-#: then LoRA adapters placed by each policy
-ALL_WORKLOADS = (*WORKLOADS, "scale", "diurnal", "adapters")
+#: then LoRA adapters placed by each policy, then two base models sharing the fleet
+ALL_WORKLOADS = (*WORKLOADS, "scale", "diurnal", "adapters", "models")
 DEFAULT_LOADS = (0.5, 1.0, 1.3)
 
 

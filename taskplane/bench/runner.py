@@ -125,8 +125,10 @@ def run_policy(
     seed: int = 0,
     progress: Progress | None = None,
     kv_lifetimes: LifetimePlanner | None = None,
+    simulator: Callable[..., ClusterResult] = simulate,
 ) -> Run:
-    """Simulate ``workload`` on ``cluster`` placed by ``policy``; returns records and timings."""
+    """Simulate ``workload`` on ``cluster`` placed by ``policy``; returns records and timings
+    (``simulator``: another loop with ``simulate``'s signature, e.g. several models per replica)."""
     timed = wrap(policy, progress)
     # the simulator allocates millions of short-lived objects; a cyclic-GC pass landing
     # inside a timed decision would be charged to the policy, so the collector is paused
@@ -137,7 +139,7 @@ def run_policy(
     c0 = time.process_time()
     t0 = time.perf_counter()
     try:
-        result = simulate(cluster, workload, timed, seed=seed, kv_lifetimes=kv_lifetimes)
+        result = simulator(cluster, workload, timed, seed=seed, kv_lifetimes=kv_lifetimes)
     finally:
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0

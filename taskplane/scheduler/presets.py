@@ -42,7 +42,7 @@ _TASKPLANE_PD = {
     "scorers": (_s("tiered-prefix", 3.0), _s("latency", 2.0), _s("memory-headroom", 1.0)),
 }
 
-_TASKPLANE_FILTERS = ("healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance")
+_TASKPLANE_FILTERS = ("healthy", "swap-gate", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance")
 _TASKPLANE_SCORERS = (
     _s("tiered-prefix", 3.0),
     _s("session-affinity", 2.0, predict_end=True),
@@ -57,7 +57,7 @@ _TASKPLANE_SCORERS = (
 
 _TASKPLANE = Preset(
     "taskplane",
-    "all seven axes: filters (health, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
+    "all seven axes: filters (health, a swap to a model hosted asleep only when it pays, tenant GPUs, the call's adapter registered, memory headroom, latency budget, long prefills by "
     "when they would finish, load balance), scorers "
     "(prefix 3, session pin 2, predicted latency 2, memory 1, warmth 1, price 1, workflow 1, "
     "LoRA adapter affinity and residency 8), "

@@ -36,6 +36,8 @@ COLUMNS: tuple[str, ...] = (
     "model_loaded",
     "has_kv_events",
     "kv_host_blocks_total",
+    "sleep_level",
+    "swap_ready_s",
 )
 COL = {name: i for i, name in enumerate(COLUMNS)}
 _ROW = attrgetter(*COLUMNS)
@@ -62,6 +64,7 @@ class ReplicaTable:
         self._pools: dict[str, np.ndarray] = {}
         self._key: tuple[str, ...] | None = None
         self._ids: dict[int, tuple[Any, np.ndarray]] = {}  # id(slots) -> (token, ids by row)
+        self._multi: bool | None = None  # some replica hosts a model asleep (None: not looked at yet)
 
     # -- reading
 
@@ -95,10 +98,22 @@ class ReplicaTable:
         rows = self._pools.get(model)
         if rows is None:
             rows = np.fromiter(
-                (i for i, v in enumerate(self.views) if v.model == model and v.role != "prefill"), dtype=np.intp
+                (i for i, v in enumerate(self.views)
+                 if (v.model == model or model in v.models_asleep) and v.role != "prefill"), dtype=np.intp
             )
             self._pools[model] = rows
         return rows
+
+    def asleep_mask(self, rows: np.ndarray, model: str) -> np.ndarray | None:
+        """Per row of ``rows`` (a pool of ``model``): True where the replica hosts ``model``
+        asleep, so a call there costs a swap. None when no replica of the table hosts a model
+        asleep (every single-model fleet): nothing is computed for them."""
+        if self._multi is None:
+            self._multi = any(v.models_asleep for v in self.views)
+        if not self._multi:
+            return None
+        views = self.views
+        return np.fromiter((views[i].model != model for i in rows), dtype=bool, count=len(rows))
 
     def without(self, rows: np.ndarray, avoid: tuple[str, ...]) -> np.ndarray:
         """``rows`` less the replicas named in ``avoid`` (a retry's failed replicas)."""
@@ -149,6 +164,7 @@ class ReplicaTable:
         self._pools.clear()
         self._key = None
         self._ids = {}
+        self._multi = None
 
     def upsert(self, view: ReplicaView) -> None:
         """Add a replica, or replace the one with the same name."""
@@ -166,7 +182,7 @@ class ReplicaTable:
         self.views[i] = view
         self.cols[i] = _ROW(view)  # numpy converts the tuple as np.array would, without the temporary
         self.gpu_codes[i] = self._code(view.gpu)
-        if old.model != view.model or old.role != view.role:
+        if old.model != view.model or old.role != view.role or old.models_asleep != view.models_asleep:
             self._changed()
 
     def update(self, name: str, **changes: Any) -> ReplicaView:
@@ -181,7 +197,7 @@ class ReplicaTable:
                 self.cols[i, col] = float(value)
         if "gpu" in changes:
             self.gpu_codes[i] = self._code(new.gpu)
-        if ("model" in changes and new.model != old.model) or ("role" in changes and new.role != old.role):
+        if new.model != old.model or new.role != old.role or new.models_asleep != old.models_asleep:
             self._changed()
         return new
 
@@ -217,6 +233,7 @@ class ReplicaTable:
         t._pools = dict(self._pools)
         t._key = self._key
         t._ids = dict(self._ids)
+        t._multi = self._multi
         return t
 
 

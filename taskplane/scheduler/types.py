@@ -45,6 +45,14 @@ class ReplicaView:
     # calls (the aggregated fleet); "prefill" only computes prompts whose KV a decode replica
     # pulls; "decode" generates, pulling the prompt's KV from the prefill replica named
     role: str = "both"
+    # several base models on one GPU (vLLM sleep mode, one engine per model): the models hosted
+    # here asleep, whose engines' vllm:engine_sleep_state shows weights_offloaded (level 1) or
+    # discard_all (level 2); a call of one of them costs a swap (``model``'s engine sleeps,
+    # that one wakes, the KV cache is lost)
+    models_asleep: frozenset[str] = frozenset()
+    sleep_level: int = 1
+    # when the swap to ``model`` the control plane started here should be done (its clock, s; 0: none)
+    swap_ready_s: float = 0.0
 
 
 @dataclass(slots=True)

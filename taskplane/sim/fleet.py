@@ -27,6 +27,14 @@ class ReplicaSpec:
     lora: LoraSettings | None = None  # --enable-lora and its limits (None: the base model only)
     adapters: tuple[str, ...] = ()  # registered at start, as --lora-modules would
     role: str = "both"  # "prefill" (computes prompts for decode replicas), "decode" or "both"
+    # several base models on the GPU (vLLM sleep mode, one engine each): ``model`` starts awake,
+    # the others of ``models`` asleep at ``sleep_level`` (taskplane.sim.swap_cluster swaps them)
+    models: tuple[str, ...] = ()
+    sleep_level: int = 1
+
+    def hosted(self) -> tuple[str, ...]:
+        """Every base model of the replica, the awake one first."""
+        return (self.model, *(m for m in self.models if m != self.model))
 
 
 @dataclass(slots=True)

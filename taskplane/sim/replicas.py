@@ -56,8 +56,11 @@ class SimReplicas:
                 kv_host_blocks_total=eng.tiers.host.capacity if eng.tiers is not None and eng.tiers.host is not None else 0,
                 max_loras=r.lora.max_loras if r.lora is not None else 0,
                 # the adapters registered at start: what the replica's /v1/models lists
-                lora_served=frozenset(r.adapters) if r.lora is not None else None, role=r.role))
+                lora_served=frozenset(r.adapters) if r.lora is not None else None, role=r.role,
+                models_asleep=frozenset(r.hosted()[1:]), sleep_level=r.sleep_level))
         self.healthy = [True] * len(self.engines)
+        # calls held at a replica for a model swap: (calls, prompt tokens), counted as waiting there
+        self.held: dict[int, tuple[int, int]] = {}
         self._table = ReplicaTable(self.views) if table else None
         self._dirty: set[int] = set()  # replicas whose engine changed since their view was set
         self._unsynced: set[int] = set()  # replicas whose view changed since their table row was written
@@ -89,6 +92,10 @@ class SimReplicas:
              v.inflight_decode_tokens) = e.load()
             v.model_loaded = e.model_loaded
             v.healthy = healthy[i]
+            if self.held:
+                calls, tokens = self.held.get(i, (0, 0))
+                v.num_waiting += calls
+                v.inflight_prefill_tokens += tokens
             if e.adapters is not None:
                 v.lora_running, v.lora_waiting = lora_state(e)
         if self._table is not None:

@@ -109,6 +109,9 @@ class ReplicaResult:
     lora_gpu_loads: int = 0
     lora_preloads: int = 0  # host copies read ahead of demand by a policy's pre-load plan
     lora_unloads: int = 0  # adapters a policy's plan unregistered (/v1/unload_lora_adapter)
+    # several base models (taskplane.sim.swap_cluster): swaps done, and the seconds they took
+    model_swaps: int = 0
+    swap_s: float = 0.0
 
 
 @dataclass

@@ -75,7 +75,7 @@ def test_from_scheduler_config_with_overrides() -> None:
     s = scheduler_from_config(cfg)
     assert [x.type_name for x in s.pipeline.scorers] == ["least-loaded"]
     assert [x.type_name for x in s.pipeline.filters] == [
-        "healthy", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"
+        "healthy", "swap-gate", "tenant-gpu", "adapter-served", "memory-headroom", "latency-budget", "prefill-finish", "load-balance"
     ]
     assert s.admission is None and s.pipeline.seed == 7
     assert s.response_cache is not None and s.response_cache.max_entries == 16

@@ -18,6 +18,7 @@ from taskplane.scheduler.adapter_cost import AdapterWarmth
 from taskplane.scheduler.kvindex import KVIndex
 from taskplane.scheduler.latency import LatencyModel
 from taskplane.scheduler.predict import Predictor
+from taskplane.scheduler.swapcost import SwapCosts
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.tenants import TenantPolicy
 from taskplane.scheduler.types import CallRequest
@@ -95,3 +96,5 @@ class Handle:
     # where LoRA adapters' weights probably are (a plugin mirroring its placements offers it
     # in ``bind``); None: only what the replicas report
     adapter_warmth: AdapterWarmth | None = None
+    # how long a model swap takes on a replica hosting several base models (vLLM sleep mode)
+    swap: SwapCosts = field(default_factory=SwapCosts)

@@ -62,7 +62,7 @@ class OneCandidate:
         self.model = request.model
         self.view = table.views[row]
         (free, total, running, waiting, prefill, _, _, max_seqs, block_size, healthy, loaded, _,
-         host) = table.cols[row].tolist()
+         host, *_) = table.cols[row].tolist()
         self.free = free
         self.total = max(total, 1.0)
         self.host_total = host

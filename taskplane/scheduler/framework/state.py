@@ -12,6 +12,7 @@ from taskplane.scheduler.adapter_cost import adapter_terms
 from taskplane.scheduler.framework.handle import Handle
 from taskplane.scheduler.framework.normalise import ratio_low_is_better
 from taskplane.scheduler.latency import Prediction
+from taskplane.scheduler.swapcost import swap_priced
 from taskplane.scheduler.table import ReplicaTable
 from taskplane.scheduler.types import CallRequest, ReplicaView
 
@@ -55,6 +56,14 @@ class CycleState:
         self.healthy = cols[:, 9] > 0.0
         self.loaded = cols[:, 10] > 0.0
         self.host_total = cols[:, 12]  # host-tier KV blocks (0: GPU only)
+        self.sleep_level = cols[:, 13]  # of the models asleep on a multi-model replica
+        self.swap_ready_s = cols[:, 14]  # when a swap under way ends (0: none)
+        # replicas hosting the model asleep (None: none does, every single-model fleet): a call
+        # there costs a swap, priced in the prediction; their weights are not warm for it
+        self.asleep = table.asleep_mask(rows, model)
+        self._weights = self.loaded  # resident on the replica (awake or asleep): no cold start
+        if self.asleep is not None:
+            self.loaded = self.loaded & ~self.asleep
         self.sel = _everyone(n)
         self._all = True  # sel is the whole pool
         self.rng = handle.rng
@@ -146,6 +155,8 @@ class CycleState:
                 ).astype(np.float64)
             else:
                 arr = np.zeros(self.n)
+            if self.asleep is not None:  # a swap starts the model's KV cache empty
+                arr = np.where(self.asleep | (self.swap_ready_s > self.now_s), 0.0, arr)
             self._matched[source] = arr
         return arr
 
@@ -193,16 +204,21 @@ class CycleState:
             # a fleet (or cell) of one GPU generation: its parameters as scalars
             params = lat.gpu_row(gpus[0]) if len(gpus) == 1 else lat.gpu_params(gpus)[self.gpu_codes]
             adapter = self.request.adapter
-            self._prediction = lat.predict(
+            pred = lat.predict(
                 params=params,
                 uncached_tokens=self.uncached_tokens(),
                 queued_tokens=self.queued_tokens,
                 running=self.running,
-                loaded=self.loaded,
+                loaded=self._weights,
                 completion_tokens=self.completion_tokens,
                 adapter=adapter_terms([self.view(i) for i in range(self.n)], adapter, lat.adapter_costs,
                                       self.handle.adapter_warmth) if adapter else None,
             )
+            if self.asleep is not None:
+                pred = swap_priced(pred, asleep=self.asleep, level=self.sleep_level,
+                                   ready_in_s=np.maximum(self.swap_ready_s - self.now_s, 0.0), running=self.running,
+                                   inflight_decode=self.inflight_decode, costs=self.handle.swap)
+            self._prediction = pred
         return self._prediction
 
     @property
