@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-PREFILL, DECODE = "prefill", "decode"
+PREFILL, DECODE, BOTH = "prefill", "decode", "both"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +49,13 @@ class RolePlannerConfig:
     sustain: int = 2
     #: seconds after a move before the next one
     cooldown_s: float = 30.0
+    #: minimum replicas per side (a lent replica counts as prefill: it still prefills for decode ones)
     min_prefill: int = 1
     min_decode: int = 1
+    #: a prefill replica the prefill side does not need (at ``min_prefill``) serves whole calls
+    #: as well ("both"): decode replicas still disaggregate onto it; it is reclaimed when the
+    #: prefill queue backs up
+    lend_idle_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.prefill_tokens_per_s <= 0:
@@ -68,7 +73,7 @@ class ReplicaLoad:
     """One replica as the planner reads it (its metrics and the router's bookkeeping)."""
 
     name: str
-    role: str  # "prefill" or "decode" (other roles are left alone)
+    role: str  # "prefill", "decode" or "both" (a lent prefill replica)
     num_running: int = 0
     num_waiting: int = 0
     prefill_tokens: float = 0.0  # uncached prompt tokens placed on it and not yet computed
@@ -92,12 +97,14 @@ class RoleMove:
 
 @dataclass(frozen=True, slots=True)
 class Pressure:
-    """The two sides' load: prefill seconds queued per prefill replica, decode load per decode replica."""
+    """The two sides' load: prefill seconds queued per prefill-side replica (lent ones
+    included), decode load per decode replica; ``lent``: prefill replicas serving whole calls."""
 
     n_prefill: int
     n_decode: int
     prefill_s: float
     decode: float
+    lent: int = 0
 
     def prefill_without_one(self) -> float:
         return self.prefill_s * self.n_prefill / max(self.n_prefill - 1, 1)
@@ -108,12 +115,22 @@ class Pressure:
 
 def pressure(replicas: Sequence[ReplicaLoad], cfg: RolePlannerConfig) -> Pressure:
     """Both sides' load from the replicas' observed state (decode: the worse of seqs and KV)."""
-    pre = [r for r in replicas if r.role == PREFILL]
+    pre = [r for r in replicas if r.role in (PREFILL, BOTH)]
     dec = [r for r in replicas if r.role == DECODE]
     queued = sum(r.prefill_tokens for r in pre) / cfg.prefill_tokens_per_s
     seqs = sum(r.num_running + r.num_waiting for r in dec) / max(len(dec), 1) / cfg.decode_target_seqs
     kv = sum(r.kv_usage for r in dec) / max(len(dec), 1) / cfg.decode_target_kv
-    return Pressure(len(pre), len(dec), queued / max(len(pre), 1), max(seqs, kv))
+    return Pressure(len(pre), len(dec), queued / max(len(pre), 1), max(seqs, kv),
+                    lent=sum(1 for r in pre if r.role == BOTH))
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """A move the load asks for: one replica of ``source`` role becomes ``target``."""
+
+    source: str
+    target: str
+    reason: str
 
 
 class RolePlanner:
@@ -121,45 +138,53 @@ class RolePlanner:
 
     def __init__(self, config: RolePlannerConfig | None = None) -> None:
         self.config = config or RolePlannerConfig()
-        self._want: str | None = None  # the role the last plans asked for
+        self._want: tuple[str, str] | None = None  # (source, target) the last plans asked for
         self._streak = 0  # consecutive plans that asked for it
         self._last_move_s = -float("inf")
         self.last: Pressure | None = None  # the last plan's pressures (for logs and tests)
 
-    def wanted(self, p: Pressure) -> tuple[str | None, str]:
-        """The role that needs one more replica now (None: neither), and why."""
+    def wanted(self, p: Pressure) -> Want | None:
+        """The move the load asks for now (None: none); a lent replica is reclaimed first."""
         c = self.config
-        if p.n_decode > c.min_decode and p.prefill_s > c.prefill_high_s and p.decode_without_one() < c.decode_high:
-            return PREFILL, f"prefill backlog {p.prefill_s:.2f}s per replica, decode load {p.decode:.2f}"
-        if p.n_prefill > c.min_prefill and p.prefill_without_one() < c.prefill_high_s and p.decode > c.decode_high:
-            return DECODE, f"decode load {p.decode:.2f}, prefill backlog {p.prefill_s:.2f}s per replica"
-        if p.n_prefill > c.min_prefill and p.prefill_without_one() < c.prefill_low_s and p.decode > c.decode_low:
-            return DECODE, f"prefill idle ({p.prefill_s:.2f}s per replica), decode load {p.decode:.2f}"
-        return None, ""
+        load = f"prefill {p.prefill_s:.2f}s queued per replica, decode load {p.decode:.2f}"
+        if p.prefill_s > c.prefill_high_s:
+            if p.lent:
+                return Want(BOTH, PREFILL, f"prefill backed up: {load}")
+            if p.n_decode > c.min_decode and p.decode_without_one() < c.decode_high:
+                return Want(DECODE, PREFILL, f"prefill backed up: {load}")
+        can_give = p.n_prefill - p.lent > 0 and p.n_prefill > c.min_prefill
+        if can_give and p.prefill_without_one() < c.prefill_high_s and p.decode > c.decode_high:
+            return Want(PREFILL, DECODE, f"decode overloaded: {load}")
+        if can_give and p.prefill_without_one() < c.prefill_low_s and p.decode > c.decode_low:
+            return Want(PREFILL, DECODE, f"prefill idle: {load}")
+        if c.lend_idle_prefill and p.n_prefill > p.lent and p.prefill_s < c.prefill_low_s and p.decode > c.decode_low:
+            return Want(PREFILL, BOTH, f"prefill idle, lent to whole calls: {load}")
+        return None
 
     def plan(self, s: RoleSignals) -> RoleMove | None:
         """At most one move: sustained for ``sustain`` plans and ``cooldown_s`` after the last."""
         c = self.config
         p = self.last = pressure(s.replicas, c)
-        want, reason = self.wanted(p)
-        self._streak = self._streak + 1 if want is not None and want == self._want else int(want is not None)
-        self._want = want
+        want = self.wanted(p)
+        key = None if want is None else (want.source, want.target)
+        self._streak = self._streak + 1 if key is not None and key == self._want else int(key is not None)
+        self._want = key
         if want is None or self._streak < c.sustain or s.now_s - self._last_move_s < c.cooldown_s:
             return None
-        donor = pick_donor(s.replicas, DECODE if want == PREFILL else PREFILL)
+        donor = pick_donor(s.replicas, want.source)
         if donor is None:
             return None
         self._last_move_s, self._streak, self._want = s.now_s, 0, None
-        return RoleMove(donor.name, want, reason)
+        return RoleMove(donor.name, want.target, want.reason)
 
 
 def pick_donor(replicas: Sequence[ReplicaLoad], role: str) -> ReplicaLoad | None:
-    """The replica of ``role`` that gives up the least: a prefill replica with the least prompt
-    work queued; a decode replica with the fewest requests (they finish where they are), then
-    the least KV held (the sessions whose cache would stop being reused there)."""
+    """The replica of ``role`` that gives up the least: a prefill (or lent) replica with the
+    least prompt work queued; a decode replica with the fewest requests (they finish where
+    they are), then the least KV held (the sessions whose cache would stop being reused there)."""
     pool = [r for r in replicas if r.role == role]
     if not pool:
         return None
-    if role == PREFILL:
+    if role != DECODE:
         return min(pool, key=lambda r: (r.prefill_tokens, r.num_running + r.num_waiting, r.name))
     return min(pool, key=lambda r: (r.num_running + r.num_waiting, r.kv_usage, r.name))

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from taskplane.autoscale.roles import (
+    BOTH,
     DECODE,
     PREFILL,
     ReplicaLoad,
@@ -55,7 +56,7 @@ class RoleDriver:
         fleet = self.fleet
         fleet.snapshot()
         loads = [replica_load(v) for v, ok in zip(fleet.views, fleet.healthy, strict=True)
-                 if ok and v.role in (PREFILL, DECODE)]
+                 if ok and v.role in (PREFILL, DECODE, BOTH)]
         move = self.planner.plan(RoleSignals(now_s=t, replicas=loads))
         if move is not None:
             i = fleet.find(move.replica)
