@@ -21,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from taskplane.autoscale.roles import RolePlanner
+from taskplane.autoscale.roles import RolePlanner, RolePlannerConfig
 from taskplane.bench.options import BenchOptions
 from taskplane.bench.suite import agent_points, fleet_capacity, preset_factories
 from taskplane.bench.workloads import agent_tenants, mooncake_workload
@@ -34,15 +34,21 @@ from taskplane.store.records import Outcome, TaskStatus
 
 AGGREGATED = ("llm-d-scorers", "taskplane")
 DISAGGREGATED = ("llm-d-pd", "dynamo-disagg", "taskplane-pd")
-ROLE_MODES = ("fixed", "auto")
+#: ``--pd-roles``: the split as given, the role planner, the role planner lending an idle prefill replica
+ROLE_MODES = ("fixed", "auto", "lend")
 
 
 def parse_roles(spec: str) -> list[str]:
-    """``--pd-roles``: ``"fixed"``, ``"auto"`` or both, comma-separated, in that order."""
+    """``--pd-roles``: any of ``fixed``, ``auto``, ``lend``, comma-separated (run in that order)."""
     modes = [m.strip() for m in spec.split(",") if m.strip()]
     if not modes or any(m not in ROLE_MODES for m in modes):
-        raise UserError(f"--pd-roles takes fixed, auto or fixed,auto, got {spec!r}")
+        raise UserError(f"--pd-roles takes fixed, auto, lend or a comma-separated mix, got {spec!r}")
     return [m for m in ROLE_MODES if m in modes]
+
+
+def role_planner(mode: str) -> RolePlanner:
+    """The planner of a ``--pd-roles`` mode other than ``fixed``."""
+    return RolePlanner(RolePlannerConfig(lend_idle_prefill=mode == "lend"))
 
 
 def parse_pd(spec: str) -> tuple[int, int]:
@@ -102,8 +108,8 @@ def _point(workload: Workload, n_p: int, n_d: int, seed: int, names: list[str],
             if mode == "fixed":
                 out[f"{name} ({n_p}P:{n_d}D)"] = pd_metrics(simulate_pd(pd_fleet(n_p, n_d), workload, make(), seed=seed))
                 continue
-            res = simulate_pd(pd_fleet(n_p, n_d), workload, make(), seed=seed, roles=RolePlanner())
-            out[f"{name} ({n_p}P:{n_d}D, auto roles)"] = {**pd_metrics(res), **role_metrics(res)}
+            res = simulate_pd(pd_fleet(n_p, n_d), workload, make(), seed=seed, roles=role_planner(mode))
+            out[f"{name} ({n_p}P:{n_d}D, {mode} roles)"] = {**pd_metrics(res), **role_metrics(res)}
     return out
 
 

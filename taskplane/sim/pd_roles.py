@@ -68,7 +68,7 @@ class RoleDriver:
         return move
 
     def prefill_share(self, end_s: float) -> float:
-        """Time-weighted mean number of prefill-role replicas up to ``end_s``."""
+        """Time-weighted mean number of prefill-role replicas up to ``end_s`` (a lent one is "both")."""
         n = sum(1 for v in self.fleet.views if v.role == PREFILL)
         for _, _, role in self.moves:  # unwind to the start
             n += -1 if role == PREFILL else 1
