@@ -339,6 +339,7 @@ def bench(
     hints: Annotated[str, typer.Option(help="sim: the steps hints the SDK sends: author (a fixed @agent(steps=N) per agent), none, noisy, or exact (the true count: an oracle, an upper bound)")] = "author",
     cold_start_s: Annotated[float | None, typer.Option("--cold-start-s", min=0.0, help="diurnal: every replica's provisioning to first placement, in seconds (default: the GPU's and model's)")] = None,
     pd: Annotated[str | None, typer.Option("--pd", help="P:D: P prefill + D decode replicas (same GPUs as P+D aggregated), disaggregated policies beside the aggregated fleet")] = None,
+    pd_roles: Annotated[str, typer.Option("--pd-roles", help="with --pd: fixed (the P:D split all run), auto (the role planner moves replicas between prefill and decode), lend (auto, and an idle last prefill replica serves whole calls too), or a comma-separated mix (one row each)")] = "fixed",
 ) -> None:
     """Compare placement policies side by side on one workload."""
     from taskplane.bench.command import run_bench
@@ -348,12 +349,11 @@ def bench(
         from taskplane.bench.matrix import run_matrix
 
         run_matrix(out, only=matrix_cells)
-        return
-
-    run_bench(BenchOptions(
-        out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
-        time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
-        cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s, pd=pd))
+    else:
+        run_bench(BenchOptions(
+            out=out, workload=workload, trace=trace, replicas=replicas, policies=policies, seed=seed,
+            time_scale=time_scale, engine=engine, tasks=tasks, load=load, fleet=fleet, duration_s=duration_s,
+            cells=cells, host_kv_gb=host_kv_gb, remote_kv_gb=remote_kv_gb, hints=hints, cold_start_s=cold_start_s, pd=pd, pd_roles=pd_roles))
 
 
 @app.command()

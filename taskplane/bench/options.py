@@ -41,6 +41,7 @@ class BenchOptions:
     hints: str = "author"  # the steps hints the simulated SDK sends: author, none, noisy, exact
     cold_start_s: float | None = None  # diurnal: provisioning to first placement (default: the GPU's)
     pd: str | None = None  # "P:D": disaggregated fleets beside the aggregated one (taskplane.bench.pd)
+    pd_roles: str = "fixed"  # with pd: "fixed", "auto" (taskplane.autoscale.roles) or "fixed,auto"
 
 
 def parse_policies(spec: str | None) -> list[str]:

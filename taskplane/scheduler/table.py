@@ -123,13 +123,16 @@ class ReplicaTable:
         return rows[np.fromiter((names[i] not in avoid for i in rows), dtype=bool, count=len(rows))]
 
     def prefill_pool(self, model: str) -> np.ndarray:
-        """Rows of the prefill-role replicas of ``model`` (empty on an aggregated fleet)."""
+        """Rows of the replicas that compute prompts for decode replicas of ``model``: the
+        prefill-role ones and, on a fleet that has decode-role replicas, the "both" ones (a
+        kv_both replica serving whole calls can prefill for a decode-only one as well). Empty
+        on an aggregated fleet (every replica "both", none "decode")."""
         key = "\0prefill\0" + model
         rows = self._pools.get(key)
         if rows is None:
-            rows = np.fromiter(
-                (i for i, v in enumerate(self.views) if v.model == model and v.role == "prefill"), dtype=np.intp
-            )
+            mine = [(i, v.role) for i, v in enumerate(self.views) if v.model == model]
+            lend = any(role == "decode" for _, role in mine)
+            rows = np.fromiter((i for i, role in mine if role == "prefill" or (lend and role == "both")), dtype=np.intp)
             self._pools[key] = rows
         return rows
 

@@ -123,6 +123,8 @@ class ClusterResult:
     decision_ns: array  # wall time of each policy call (not deterministic; not in records)
     policy_calls: int = 0
     kv_lifetimes: dict[str, int] = field(default_factory=dict)  # lifetime plans carried out (with tiers)
+    role_moves: list[tuple[float, str, str]] = field(default_factory=list)  # (t, replica, new role): role planning
+    mean_prefill_replicas: float | None = None  # time-weighted prefill-role replicas (role planning only)
 
     @property
     def fleet_gpu_seconds(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskplane.bench.pd import parse_pd, pd_fleet, pd_metrics
+from taskplane.bench.pd import _point, parse_pd, parse_roles, pd_fleet, pd_metrics
 from taskplane.bench.workloads import agent_tenants, agent_workload
 from taskplane.errors import UserError
 from taskplane.scheduler.policies import build_policy
@@ -34,3 +34,26 @@ def test_metrics_side_by_side_on_the_same_gpus() -> None:
     assert agg["ttft_p50_ms"] is not None and agg["itl_p99_ms"] is not None
     assert split["calls"] > 0 and 0.0 <= split["disaggregated"] <= 1.0
     assert (split["transfer_ms_mean"] > 0) == (split["disaggregated"] > 0)
+
+
+def test_parse_roles() -> None:
+    assert parse_roles("fixed") == ["fixed"]
+    assert parse_roles("auto, fixed") == ["fixed", "auto"]  # always run in the same order
+    assert parse_roles("lend,auto,fixed") == ["fixed", "auto", "lend"]
+    for bad in ("", "dynamic", "fixed,,x"):
+        with pytest.raises(UserError):
+            parse_roles(bad)
+
+
+def test_role_modes_are_rows_beside_the_fixed_split() -> None:
+    wl = agent_workload(30, 1.5, 1)
+    rows = _point(wl, 2, 2, 1, ["taskplane", "taskplane-pd"], ("fixed", "auto", "lend"))
+    assert list(rows) == ["taskplane", "taskplane-pd (2P:2D)", "taskplane-pd (2P:2D, auto roles)",
+                          "taskplane-pd (2P:2D, lend roles)"]
+    assert "role_moves" not in rows["taskplane-pd (2P:2D)"]  # the fixed row is what it always was
+    for mode in ("auto", "lend"):
+        row = rows[f"taskplane-pd (2P:2D, {mode} roles)"]
+        assert row["calls"] > 0 and row["role_moves"] >= 0
+        # dedicated prefill replicas, time-weighted: a lent one no longer counts
+        floor = 1.0 if mode == "auto" else 0.0
+        assert row["mean_prefill_replicas"] is not None and floor <= row["mean_prefill_replicas"] <= 2.0

@@ -92,3 +92,21 @@ def test_an_aggregated_fleet_never_disaggregates_and_a_bad_param_is_refused() ->
         build_policy({"policy": "llm-d-pd", "disaggregation": {"decider": {"type": "llm-d-pd",
                       "params": {"threshold": -1}}}}, metrics=False)
     assert BS == 16
+
+
+def test_a_lent_replica_takes_whole_calls_and_prefills_for_decode_replicas_never_for_itself() -> None:
+    # one "both" replica (a prefill replica the role planner lent to whole calls) and two decode ones
+    fleet = [replica("b0", role="both"), replica("d0", role="decode"), replica("d1", role="decode")]
+    s = build_policy("llm-d-pd", seed=1, metrics=False)
+    placed = {s.decide(request(tokens(10 + k, 100), session_id=f"s{k}", step=0), fleet, float(k)).replica
+              for k in range(12)}
+    assert "b0" in placed  # it serves whole calls
+    for k in range(12):
+        d = s.decide(request(tokens(40 + k, 100), session_id=f"t{k}", step=0), fleet, 20.0 + k)
+        if d.replica == "b0":
+            assert d.prefill_replica is None  # never disaggregated onto itself
+        else:
+            assert d.prefill_replica == "b0"  # threshold 0: decode replicas prefill on the lent one
+    # without decode-role replicas a "both" replica is no prefill target: an aggregated fleet
+    agg = [replica("b0", role="both"), replica("b1", role="both")]
+    assert all(s.decide(request(tokens(80 + k, 100)), agg, 40.0 + k).prefill_replica is None for k in range(4))

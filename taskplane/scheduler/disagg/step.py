@@ -34,9 +34,11 @@ class DisaggStep:
             p.bind(handle)
 
     def prefill_state(self, handle: Handle, request: CallRequest, table: ReplicaTable, now_s: float,
-                      model: str) -> CycleState | None:
-        """The prefill profile's candidates for ``request`` after its filters; None when none."""
-        rows = table.without(table.prefill_pool(model), request.avoid_replicas)
+                      model: str, decode: str | None = None) -> CycleState | None:
+        """The prefill profile's candidates for ``request`` after its filters, never its decode
+        replica (a "both" one is in the prefill pool too); None when none."""
+        avoid = request.avoid_replicas if decode is None else (*request.avoid_replicas, decode)
+        rows = table.without(table.prefill_pool(model), avoid)
         if not len(rows):
             return None
         state = CycleState(handle, request, table, rows, now_s, model)
@@ -60,7 +62,8 @@ class DisaggStep:
     def apply(self, handle: Handle, request: CallRequest, table: ReplicaTable, now_s: float, model: str,
               decode: ReplicaView, decision: Decision, decode_uncached: float) -> None:
         """Set ``decision.prefill_replica`` when the call is disaggregated."""
-        state = self.prefill_state(handle, request, table, now_s, model)
+        state = self.prefill_state(handle, request, table, now_s, model,
+                                   decode.name if decode.role == "both" else None)
         if state is None:
             return
         c = PDCandidate(request=request, decode=decode, decode_uncached_tokens=decode_uncached,
