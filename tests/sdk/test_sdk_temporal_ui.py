@@ -65,16 +65,21 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _wait_for_text(driver: Any, text: str, timeout: float = 30, reload_every: float = 3) -> str:
+def _wait_for_text(driver: Any, text: str, timeout: float = 60, reload_every: float = 3) -> str:
+    """Wait for ``text`` on the page, reloading a rendered page that lacks it (the list is
+    eventually consistent). A blank page is still loading the UI's scripts: reloading it
+    would start that over, which on a busy machine can take longer than the interval, so
+    it is left to finish, and each reload waits twice as long as the one before."""
     end = time.monotonic() + timeout
     last_reload = time.monotonic()
     while time.monotonic() < end:
         body = driver.find_element("tag name", "body").text
         if text in body:
             return str(body)
-        if time.monotonic() - last_reload > reload_every:
+        if body.strip() and time.monotonic() - last_reload > reload_every:
             driver.refresh()
             last_reload = time.monotonic()
+            reload_every *= 2
         time.sleep(0.3)
     raise AssertionError(f"{text!r} did not appear; page shows: {driver.find_element('tag name', 'body').text[:800]}")
 
